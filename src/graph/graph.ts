@@ -1,0 +1,133 @@
+/**
+ * A thin in-memory index over one GraphProto: producers, consumers, initializers and constants.
+ * The GraphProto stays the source of truth; the index is rebuilt after each batch of edits.
+ */
+import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { ConstTensor, readTensor } from './tensor';
+
+export class Graph {
+  producer = new Map<string, NodeProto>();
+  consumers = new Map<string, NodeProto[]>();
+  initializers = new Map<string, TensorProto>();
+  inputs = new Set<string>();
+  outputs = new Set<string>();
+  valueInfo = new Map<string, ValueInfoProto>();
+  private names = new Set<string>();
+  private constCache = new Map<string, ConstTensor | null>();
+
+  constructor(readonly proto: GraphProto) {
+    this.reindex();
+  }
+
+  get nodes(): NodeProto[] {
+    return this.proto.node;
+  }
+
+  reindex(): void {
+    this.producer.clear();
+    this.consumers.clear();
+    this.initializers.clear();
+    this.constCache.clear();
+    this.names.clear();
+    this.inputs = new Set(this.proto.input.map((v) => v.name));
+    this.outputs = new Set(this.proto.output.map((v) => v.name));
+    for (const t of this.proto.initializer) this.initializers.set(t.name, t);
+    for (const v of [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo]) this.valueInfo.set(v.name, v);
+    for (const node of this.proto.node) {
+      if (node.name) this.names.add(node.name);
+      for (const out of node.output) if (out) this.producer.set(out, node);
+      for (const name of node.input) {
+        if (!name) continue;
+        const list = this.consumers.get(name) ?? [];
+        list.push(node);
+        this.consumers.set(name, list);
+      }
+    }
+    for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.names.add(n);
+  }
+
+  consumersOf(name: string): NodeProto[] {
+    return this.consumers.get(name) ?? [];
+  }
+
+  /** A name not yet used by any tensor or node of this graph. */
+  uniqueName(base: string): string {
+    let name = base;
+    for (let i = 1; this.names.has(name); i++) name = `${base}_${i}`;
+    this.names.add(name);
+    return name;
+  }
+
+  /** True when the tensor is fixed at load time: an initializer (not overridable by an input) or a Constant output. */
+  isConstant(name: string): boolean {
+    if (this.initializers.has(name) && !this.inputs.has(name)) return true;
+    return this.producer.get(name)?.opType === 'Constant';
+  }
+
+  /** Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable. */
+  constValue(name: string): ConstTensor | null {
+    if (this.constCache.has(name)) return this.constCache.get(name) ?? null;
+    let value: ConstTensor | null = null;
+    if (this.initializers.has(name) && !this.inputs.has(name)) value = readTensor(this.initializers.get(name)!);
+    else {
+      const node = this.producer.get(name);
+      if (node?.opType === 'Constant') value = constantNodeValue(node);
+    }
+    this.constCache.set(name, value);
+    return value;
+  }
+
+  /** Element type of a tensor when the graph declares it (input, output, value_info, initializer). */
+  elemType(name: string): number | undefined {
+    const init = this.initializers.get(name);
+    if (init) return init.dataType;
+    return this.valueInfo.get(name)?.type?.tensorType?.elemType || undefined;
+  }
+
+  /** Declared rank of a tensor, if any. */
+  declaredRank(name: string): number | undefined {
+    const init = this.initializers.get(name);
+    if (init) return init.dims.length;
+    const shape = this.valueInfo.get(name)?.type?.tensorType?.shape;
+    return shape ? shape.dim.length : undefined;
+  }
+}
+
+export function attr(node: NodeProto, name: string): AttributeProto | undefined {
+  return node.attribute.find((a) => a.name === name);
+}
+
+export function attrInt(node: NodeProto, name: string): number | undefined {
+  const a = attr(node, name);
+  return a && (a.type === AttributeType.INT || a.i !== undefined) ? toNumber(a.i) : undefined;
+}
+
+export function attrInts(node: NodeProto, name: string): number[] | undefined {
+  const a = attr(node, name);
+  return a ? a.ints.map(toNumber) : undefined;
+}
+
+export function attrFloat(node: NodeProto, name: string): number | undefined {
+  return attr(node, name)?.f;
+}
+
+function constantNodeValue(node: NodeProto): ConstTensor | null {
+  const a = node.attribute[0];
+  if (!a) return null;
+  if (a.name === 'value' && a.t) return readTensor(a.t);
+  if (a.name === 'value_float') return { dims: [], dataType: 1, values: [a.f ?? 0] };
+  if (a.name === 'value_floats') return { dims: [a.floats.length], dataType: 1, values: [...a.floats] };
+  if (a.name === 'value_int') return { dims: [], dataType: 7, values: [toNumber(a.i)] };
+  if (a.name === 'value_ints') return { dims: [a.ints.length], dataType: 7, values: a.ints.map(toNumber) };
+  return null;
+}
+
+/** Every graph held in a node's attributes (If branches, Loop/Scan bodies, contrib-op subgraphs). */
+export function subgraphsOf(node: NodeProto): GraphProto[] {
+  const out: GraphProto[] = [];
+  for (const a of node.attribute) {
+    if (a.g) out.push(a.g);
+    if (a.graphs?.length) out.push(...a.graphs);
+  }
+  return out;
+}

@@ -1,0 +1,101 @@
+/** Reading values out of TensorProto and building small tensors for the nodes this tool inserts. */
+import { DataType, Int64, TensorProto, toNumber } from '../io/onnx';
+
+export interface ConstTensor {
+  dims: number[];
+  dataType: number;
+  values: number[];
+}
+
+const float16ToNumber = (h: number): number => {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >> 10) & 0x1f;
+  const frac = h & 0x3ff;
+  if (exp === 0) return sign * 2 ** -14 * (frac / 1024);
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * 2 ** (exp - 15) * (1 + frac / 1024);
+};
+
+const elementCount = (dims: number[]): number => dims.reduce((a, b) => a * b, 1);
+
+function readRaw(raw: Uint8Array, dataType: number, count: number): number[] | null {
+  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  const out: number[] = [];
+  const step: Record<number, number> = {
+    [DataType.FLOAT]: 4, [DataType.DOUBLE]: 8, [DataType.INT32]: 4, [DataType.INT64]: 8, [DataType.BOOL]: 1,
+    [DataType.UINT8]: 1, [DataType.INT8]: 1, [DataType.FLOAT16]: 2, [DataType.BFLOAT16]: 2, [DataType.INT16]: 2,
+    [DataType.UINT16]: 2, [DataType.UINT32]: 4, [DataType.UINT64]: 8,
+  };
+  const size = step[dataType];
+  if (!size || raw.byteLength < size * count) return null;
+  for (let i = 0; i < count; i++) {
+    const o = i * size;
+    switch (dataType) {
+      case DataType.FLOAT: out.push(view.getFloat32(o, true)); break;
+      case DataType.DOUBLE: out.push(view.getFloat64(o, true)); break;
+      case DataType.INT32: out.push(view.getInt32(o, true)); break;
+      case DataType.INT64: out.push(Number(view.getBigInt64(o, true))); break;
+      case DataType.UINT64: out.push(Number(view.getBigUint64(o, true))); break;
+      case DataType.UINT32: out.push(view.getUint32(o, true)); break;
+      case DataType.INT16: out.push(view.getInt16(o, true)); break;
+      case DataType.UINT16: out.push(view.getUint16(o, true)); break;
+      case DataType.INT8: out.push(view.getInt8(o)); break;
+      case DataType.BOOL: case DataType.UINT8: out.push(view.getUint8(o)); break;
+      case DataType.FLOAT16: out.push(float16ToNumber(view.getUint16(o, true))); break;
+      case DataType.BFLOAT16: out.push(new Float32Array(new Uint32Array([view.getUint16(o, true) << 16]).buffer)[0]); break;
+    }
+  }
+  return out;
+}
+
+/** Values of a tensor held in the model (not external data); null when the type or layout is not readable. */
+export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor | null {
+  const dims = (t.dims ?? []).map(toNumber);
+  const count = elementCount(dims);
+  if (count > maxElements || t.dataLocation === 1) return null;
+  let values: number[] | null = null;
+  if (t.rawData && t.rawData.length > 0) values = readRaw(t.rawData, t.dataType, count);
+  else if (t.floatData?.length) values = [...t.floatData];
+  else if (t.int64Data?.length) values = t.int64Data.map(toNumber);
+  else if (t.doubleData?.length) values = [...t.doubleData];
+  else if (t.uint64Data?.length) values = t.uint64Data.map(toNumber);
+  else if (t.int32Data?.length) {
+    values = t.dataType === DataType.FLOAT16 ? t.int32Data.map(float16ToNumber) : [...t.int32Data];
+  } else if (count === 0) values = [];
+  if (!values || values.length !== count) return null;
+  return { dims, dataType: t.dataType, values };
+}
+
+function float32ToFloat16Bits(x: number): number {
+  const f32 = new Float32Array([x]);
+  const u = new Uint32Array(f32.buffer)[0];
+  const sign = (u >>> 16) & 0x8000;
+  const exp = ((u >>> 23) & 0xff) - 127 + 15;
+  const mant = u & 0x7fffff;
+  if (exp <= 0) return sign;
+  if (exp >= 31) return sign | 0x7c00;
+  const rounded = (exp << 10) | (mant >>> 13);
+  return sign | (rounded + ((mant >>> 12) & 1));
+}
+
+/** A TensorProto holding `values` as raw little-endian bytes. */
+export function makeTensor(name: string, dataType: number, dims: number[], values: number[]): TensorProto {
+  const size = { [DataType.FLOAT]: 4, [DataType.INT64]: 8, [DataType.FLOAT16]: 2, [DataType.BFLOAT16]: 2,
+    [DataType.DOUBLE]: 8, [DataType.INT32]: 4 }[dataType];
+  if (!size) throw new Error(`makeTensor: unsupported data type ${dataType}`);
+  const raw = new Uint8Array(size * values.length);
+  const view = new DataView(raw.buffer);
+  values.forEach((v, i) => {
+    const o = i * size;
+    if (dataType === DataType.FLOAT) view.setFloat32(o, v, true);
+    else if (dataType === DataType.DOUBLE) view.setFloat64(o, v, true);
+    else if (dataType === DataType.INT64) view.setBigInt64(o, BigInt(Math.trunc(v)), true);
+    else if (dataType === DataType.INT32) view.setInt32(o, v, true);
+    else if (dataType === DataType.FLOAT16) view.setUint16(o, float32ToFloat16Bits(v), true);
+    else view.setUint16(o, new Uint32Array(new Float32Array([v]).buffer)[0] >>> 16, true);
+  });
+  return {
+    name, dataType, dims: dims as Int64[], rawData: raw, floatData: [], int32Data: [], int64Data: [], doubleData: [],
+    uint64Data: [], stringData: [], externalData: [], dataLocation: 0,
+  };
+}

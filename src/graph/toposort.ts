@@ -1,0 +1,46 @@
+/** Topological order of a graph's nodes, as ONNX requires, with cycles reported as input errors. */
+import { InputError } from '../errors';
+import { GraphProto, NodeProto } from '../io/onnx';
+import { subgraphsOf } from './graph';
+
+/** Names a node reads, including names its subgraphs capture from the enclosing scope. */
+function readsOf(node: NodeProto): string[] {
+  const reads = node.input.filter(Boolean);
+  for (const g of subgraphsOf(node)) {
+    const local = new Set<string>([...g.input.map((v) => v.name), ...g.initializer.map((t) => t.name)]);
+    for (const inner of g.node) for (const o of inner.output) local.add(o);
+    for (const inner of g.node) for (const name of readsOf(inner)) if (!local.has(name)) reads.push(name);
+  }
+  return reads;
+}
+
+/** Sorts `graph.node` in place (stable: keeps the original order where dependencies allow). */
+export function topoSort(graph: GraphProto): void {
+  const producerIndex = new Map<string, number>();
+  graph.node.forEach((n, i) => n.output.forEach((o) => o && producerIndex.set(o, i)));
+  const deps = graph.node.map((n) => {
+    const set = new Set<number>();
+    for (const name of readsOf(n)) {
+      const p = producerIndex.get(name);
+      if (p !== undefined) set.add(p);
+    }
+    return set;
+  });
+  const dependents = graph.node.map(() => [] as number[]);
+  deps.forEach((set, i) => set.forEach((d) => dependents[d].push(i)));
+  const remaining = deps.map((s) => s.size);
+  // A min-heap would keep exact original order; a sorted ready list is enough for graphs of this size.
+  const ready = remaining.flatMap((c, i) => (c === 0 ? [i] : []));
+  const order: number[] = [];
+  while (ready.length) {
+    ready.sort((a, b) => a - b);
+    const i = ready.shift()!;
+    order.push(i);
+    for (const d of dependents[i]) if (--remaining[d] === 0) ready.push(d);
+  }
+  if (order.length !== graph.node.length) {
+    const stuck = graph.node.find((_, i) => remaining[i] > 0);
+    throw new InputError(`graph has a cycle through node '${stuck?.name || stuck?.opType}'`);
+  }
+  graph.node = order.map((i) => graph.node[i]);
+}

@@ -1,0 +1,47 @@
+/** Adds nodes and constants to a graph under one name prefix, so every inserted name is unique and findable. */
+import { Graph } from '../graph/graph';
+import { makeTensor } from '../graph/tensor';
+import { AttributeProto, AttributeType, DataType, NodeProto, TensorProto } from '../io/onnx';
+
+export type AttrValue = number | number[] | string;
+
+export class Builder {
+  readonly added: NodeProto[] = [];
+
+  constructor(readonly graph: Graph, readonly prefix: string, private readonly irVersion: number) {}
+
+  /** Adds one node and returns its (first) output name. */
+  op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string): string {
+    const output = this.graph.uniqueName(`${this.prefix}${outName ?? opType.toLowerCase()}`);
+    const node: NodeProto = {
+      opType, domain: '', input: inputs, output: [output], name: this.graph.uniqueName(`${this.prefix}${outName ?? opType}`),
+      attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
+    };
+    this.added.push(node);
+    return output;
+  }
+
+  constant(name: string, dataType: number, dims: number[], values: number[]): string {
+    return this.addInitializer(makeTensor(this.graph.uniqueName(`${this.prefix}${name}`), dataType, dims, values));
+  }
+
+  int64(name: string, values: number[], scalar = false): string {
+    return this.constant(name, DataType.INT64, scalar ? [] : [values.length], values);
+  }
+
+  addInitializer(t: TensorProto): string {
+    this.graph.proto.initializer.push(t);
+    if (this.irVersion < 4) {
+      // IR < 4 requires every initializer to be declared as a graph input as well.
+      this.graph.proto.input.push({ name: t.name, type: { tensorType: { elemType: t.dataType, shape: { dim: t.dims.map((d) => ({ dimValue: d })) } } } });
+    }
+    return t.name;
+  }
+}
+
+function makeAttribute(name: string, v: AttrValue): AttributeProto {
+  const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
+  if (typeof v === 'string') return { ...base, type: AttributeType.STRING, s: Buffer.from(v) };
+  if (Array.isArray(v)) return { ...base, type: AttributeType.INTS, ints: v };
+  return { ...base, type: AttributeType.INT, i: v };
+}

@@ -1,0 +1,56 @@
+/** The record of a patch kept in metadata_props, and finding an earlier patch's s in the graph. */
+import { Graph } from '../graph/graph';
+import { ModelProto, NodeProto } from '../io/onnx';
+
+export const RECORD_KEY = 'ssmax_patch';
+
+export interface SiteRecord {
+  layer: number;
+  softmax: string;
+  n: string;
+  s: number | number[];
+  sInitializer: string;
+  apply: string;
+  factor: string;
+  factorType: number;
+}
+
+export interface PatchRecord {
+  tool: 'ssmax-patch';
+  version: string;
+  preset: 'ssmax';
+  scale: string;
+  trainLen?: number;
+  sites: SiteRecord[];
+}
+
+export function writeRecord(model: ModelProto, record: PatchRecord): void {
+  const props = model.metadataProps.filter((p) => p.key !== RECORD_KEY);
+  props.push({ key: RECORD_KEY, value: JSON.stringify(record) });
+  model.metadataProps = props;
+}
+
+export function readRecord(model: ModelProto): PatchRecord | null {
+  const entry = model.metadataProps.find((p) => p.key === RECORD_KEY);
+  if (!entry) return null;
+  try {
+    return JSON.parse(entry.value) as PatchRecord;
+  } catch {
+    return null;
+  }
+}
+
+/** The s initializer feeding an inserted factor, found by walking up from the Mul that applies it. */
+export function findScaleInitializer(graph: Graph, apply: NodeProto): string | null {
+  const queue = [apply.input[1]];
+  const seen = new Set<string>();
+  while (queue.length) {
+    const name = queue.shift()!;
+    if (seen.has(name)) continue;
+    seen.add(name);
+    if (graph.initializers.has(name) && /\/s(_\d+)?$/.test(name)) return name;
+    const node = graph.producer.get(name);
+    if (node) queue.push(...node.input.filter(Boolean));
+  }
+  return null;
+}
