@@ -1,0 +1,32 @@
+/** Reads the PyTorch reference files written by fixtures/torch/make.py. */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { Feeds, HostTensor } from '../../src/verify/inputs';
+
+export const FIXTURES = path.resolve(__dirname, '../../../fixtures');
+export const TORCH = path.join(FIXTURES, 'torch');
+
+interface RefTensor { dtype: 'int64' | 'float32'; dims: number[]; data: string }
+export interface RefCase {
+  name: string;
+  patch: null | { n: 'keys' | 'causal'; s: number | number[] | number[][] };
+  inputs: Record<string, RefTensor>;
+  outputs: Record<string, RefTensor>;
+}
+export interface RefFile { model: string; opset: number; num_layers: number; num_heads: number; causal: boolean; cases: RefCase[] }
+
+export function loadRef(name: string): RefFile {
+  return JSON.parse(fs.readFileSync(path.join(TORCH, `${name}.ref.json`), 'utf8')) as RefFile;
+}
+
+export function decode(t: RefTensor): HostTensor {
+  const bytes = Buffer.from(t.data, 'base64');
+  const buf = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+  return t.dtype === 'int64'
+    ? { type: 'int64', dims: t.dims, data: new BigInt64Array(buf) }
+    : { type: 'float32', dims: t.dims, data: new Float32Array(buf) };
+}
+
+export function feedsOf(c: RefCase): Feeds {
+  return Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)]));
+}
