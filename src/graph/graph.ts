@@ -13,6 +13,7 @@ export class Graph {
   outputs = new Set<string>();
   valueInfo = new Map<string, ValueInfoProto>();
   private names = new Set<string>();
+  private nodeNames = new Set<string>();
   private constCache = new Map<string, ConstTensor | null>();
 
   constructor(readonly proto: GraphProto) {
@@ -29,12 +30,13 @@ export class Graph {
     this.initializers.clear();
     this.constCache.clear();
     this.names.clear();
+    this.nodeNames.clear();
     this.inputs = new Set(this.proto.input.map((v) => v.name));
     this.outputs = new Set(this.proto.output.map((v) => v.name));
     for (const t of this.proto.initializer) this.initializers.set(t.name, t);
     for (const v of [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo]) this.valueInfo.set(v.name, v);
     for (const node of this.proto.node) {
-      if (node.name) this.names.add(node.name);
+      if (node.name) this.nodeNames.add(node.name);
       for (const out of node.output) if (out) this.producer.set(out, node);
       for (const name of node.input) {
         if (!name) continue;
@@ -55,6 +57,14 @@ export class Graph {
     let name = base;
     for (let i = 1; this.names.has(name); i++) name = `${base}_${i}`;
     this.names.add(name);
+    return name;
+  }
+
+  /** A node name not yet used in this graph (node names and tensor names are separate namespaces). */
+  uniqueNodeName(base: string): string {
+    let name = base;
+    for (let i = 1; this.nodeNames.has(name); i++) name = `${base}_${i}`;
+    this.nodeNames.add(name);
     return name;
   }
 

@@ -22,6 +22,10 @@ export function inferRanks(graph: Graph): Map<string, number> {
   const ranks = new Map<string, number>();
   const rank = (name: string): number | undefined => ranks.get(name) ?? graph.declaredRank(name);
   for (const [name, t] of graph.initializers) ranks.set(name, t.dims.length);
+  for (const name of graph.inputs) {
+    const d = graph.declaredRank(name);
+    if (d !== undefined) ranks.set(name, d);
+  }
   for (const node of graph.nodes) {
     const r = nodeOutputRank(node, rank, graph);
     if (r !== undefined) for (const o of node.output.slice(0, node.opType === 'Split' ? undefined : 1)) ranks.set(o, r);

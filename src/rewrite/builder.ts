@@ -14,7 +14,7 @@ export class Builder {
   op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string): string {
     const output = this.graph.uniqueName(`${this.prefix}${outName ?? opType.toLowerCase()}`);
     const node: NodeProto = {
-      opType, domain: '', input: inputs, output: [output], name: this.graph.uniqueName(`${this.prefix}${outName ?? opType}`),
+      opType, domain: '', input: inputs, output: [output], name: this.graph.uniqueNodeName(`${this.prefix}${outName ?? opType}`),
       attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
     };
     this.added.push(node);
