@@ -1,0 +1,76 @@
+/**
+ * Runs the patcher over every ONNX file in fixtures/ and in ../shared/corpus (when present): it never crashes,
+ * answers either with a patch or with one clear reason, and every model it writes loads in onnxruntime.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import * as ort from 'onnxruntime-node';
+import { InputError } from '../src/errors';
+import { readModel, writeModel } from '../src/io/model-file';
+import { patchModel } from '../src/rewrite/patch';
+import { FIXTURES } from './support/ref';
+
+const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
+
+function onnxFiles(dir: string): string[] {
+  if (!fs.existsSync(dir)) return [];
+  return fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) return onnxFiles(p);
+    return e.name.endsWith('.onnx') ? [p] : [];
+  });
+}
+
+async function loads(file: string): Promise<string | null> {
+  try {
+    const s = await ort.InferenceSession.create(file, { logSeverityLevel: 4 });
+    await s.release();
+    return null;
+  } catch (e) {
+    return String((e as Error).message).split('\n')[0];
+  }
+}
+
+/** Writes the patched model beside links to the original's external data files, so references resolve. */
+function writeBesideData(input: string, model: Parameters<typeof writeModel>[1]): string {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-corpus-'));
+  for (const f of fs.readdirSync(path.dirname(input))) {
+    if (!f.endsWith('.onnx')) fs.symlinkSync(path.join(path.dirname(input), f), path.join(dir, f));
+  }
+  const out = path.join(dir, 'patched.onnx');
+  writeModel(out, model);
+  return out;
+}
+
+for (const [label, dir] of [['fixtures', FIXTURES], ['corpus', CORPUS]] as const) {
+  const files = onnxFiles(dir);
+  describe(`every model in ${label}`, { skip: files.length === 0 ? `${dir} not present` : false }, () => {
+    const tally = { patched: 0, refused: 0 };
+    for (const file of files) {
+      it(path.relative(dir, file), async () => {
+        let result;
+        try {
+          result = patchModel(readModel(file), { trainLen: 64 });
+        } catch (e) {
+          assert.ok(e instanceof InputError, `crashed: ${(e as Error).stack}`);
+          assert.doesNotMatch(e.message, /\n/);
+          tally.refused++;
+          return;
+        }
+        tally.patched++;
+        assert.ok(result.report.sites.length > 0);
+        const originalError = await loads(file);
+        if (originalError) return; // onnxruntime cannot run the original either (e.g. preview ops)
+        const error = await loads(writeBesideData(file, result.model));
+        assert.equal(error, null, `onnxruntime refused the patched model: ${error}`);
+      });
+    }
+    it('tally', () => {
+      process.stdout.write(`# ${label}: ${files.length} models, ${tally.patched} patched, ${tally.refused} refused with a reason\n`);
+      assert.equal(tally.patched + tally.refused, files.length);
+    });
+  });
+}
