@@ -30,13 +30,34 @@ export function shapeElements(graph: Graph, name: string): (number | undefined)[
   return out;
 }
 
-export function inferHeads(graph: Graph, query: string, logitsRank: number | undefined, ranks: Map<string, number>): HeadInfo {
+/**
+ * `queryAxis`: the axis of `query` that becomes the logits' head axis, when the product is not a plain MatMul
+ * (an Einsum may take the heads from any axis); `logits`: the logits tensor, whose declared shape is the
+ * last resort.
+ */
+export function inferHeads(
+  graph: Graph, query: string, logitsRank: number | undefined, ranks: Map<string, number>,
+  extra: { queryAxis?: number; logits?: string } = {},
+): HeadInfo {
   if (logitsRank !== 3 && logitsRank !== 4) return { reason: 'rank of the logits unknown' };
+  const axis = logitsRank === 4 ? 1 : 0;
   // In [B·H, Tq, Tk] logits the heads are the inner part of axis 0; we look for them at axis 1 of the 4-D source.
-  const found = traceHeadAxis(graph, query, logitsRank === 4 ? 1 : 0, logitsRank === 3, ranks, 0);
-  return found
-    ? { heads: found.heads, axis: logitsRank === 4 ? 1 : 0, reason: found.reason }
-    : { axis: logitsRank === 4 ? 1 : 0, reason: 'no Reshape with a constant head count found on the query path' };
+  const start = extra.queryAxis ?? (logitsRank === 4 ? 1 : 0);
+  const found = traceHeadAxis(graph, query, start, logitsRank === 3 && extra.queryAxis === undefined, ranks, 0);
+  if (found) return { heads: found.heads, axis, reason: found.reason };
+  const declared = logitsRank === 4 && extra.logits ? declaredDim(graph, extra.logits, 1) : undefined;
+  if (declared) return { heads: declared, axis, reason: `declared shape of the logits has ${declared} heads at axis 1` };
+  const q = logitsRank === 4 ? declaredDim(graph, query, start) : undefined;
+  if (q) return { heads: q, axis, reason: `declared shape of the query has ${q} heads at axis ${start}` };
+  return { axis, reason: 'no Reshape with a constant head count found on the query path' };
+}
+
+/** A positive static dimension from a declared shape, if the graph has one. */
+export function declaredDim(graph: Graph, name: string, axis: number): number | undefined {
+  const dims = graph.valueInfo.get(name)?.type?.tensorType?.shape?.dim;
+  const d = dims?.[axis < 0 ? dims.length + axis : axis];
+  const v = d?.dimValue !== undefined ? Number(typeof d.dimValue === 'number' ? d.dimValue : d.dimValue.toNumber()) : 0;
+  return v > 0 ? v : undefined;
 }
 
 function traceHeadAxis(

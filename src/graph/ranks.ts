@@ -18,8 +18,9 @@ const broadcasting = new Set([
   'Or', 'Xor', 'Max', 'Min', 'Mod', 'BitShift', 'Sum', 'Mean', 'PRelu',
 ]);
 
-export function inferRanks(graph: Graph): Map<string, number> {
-  const ranks = new Map<string, number>();
+/** `outer`: ranks already known in the enclosing scope, for the names a subgraph reads from it. */
+export function inferRanks(graph: Graph, outer?: Map<string, number>): Map<string, number> {
+  const ranks = new Map<string, number>(outer ?? []);
   const rank = (name: string): number | undefined => ranks.get(name) ?? graph.declaredRank(name);
   for (const [name, t] of graph.initializers) ranks.set(name, t.dims.length);
   for (const name of graph.inputs) {

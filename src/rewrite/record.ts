@@ -6,7 +6,12 @@ export const RECORD_KEY = 'ssmax_patch';
 
 export interface SiteRecord {
   layer: number;
+  /** The graph holding the site, when recorded (`main`, a subgraph path). */
+  scope?: string;
+  /** The Softmax node, the fused operator node, or `<call> → <node in the function body>`. */
   softmax: string;
+  /** The fused operator, for fused sites. */
+  kind?: string;
   n: string;
   s: number | number[];
   sInitializer: string;
