@@ -41,7 +41,7 @@ export type NPlan =
   /**
    * Per-batch total lengths from an input (GQA: seqlens_k + 1; ONNX Attention: nonpad_kv_seqlen).
    * causal: n_{b,i} = past_b + i + 1 with past_b = T_b − S, or 0 while GQA processes the first prompt;
-   * window: at most window + 1 keys (GQA local_window_size). Otherwise n_b = T_b.
+   * window: at most `window` keys (GQA local_window_size). Otherwise n_b = T_b.
    */
   | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number };
 

@@ -52,7 +52,7 @@ export function describePlan(plan: NPlan): string {
     case 'lengths': {
       const total = `T_b = input ${plan.lengths}${plan.plusOne ? ' + 1' : ''}`;
       const rows = plan.causal ? `n_{b,i} = T_b − S + i + 1${plan.promptTotal !== undefined ? ' (i + 1 on the first prompt)' : ''}` : 'n_b = T_b';
-      return `${rows}, ${total}${plan.window !== undefined ? `, at most ${plan.window + 1}` : ''}`;
+      return `${rows}, ${total}${plan.window !== undefined ? `, at most ${plan.window}` : ''}`;
     }
   }
 }
@@ -118,7 +118,10 @@ function lnRows(b: Builder, site: FusedSite, plan: NPlan): string {
   }
 }
 
-/** Per-batch lengths T_b: n_b = T_b, or causal n_{b,i} = past_b + i + 1, clamped to ≥ 1 and to the window. */
+/**
+ * Per-batch lengths T_b: n_b = T_b, or causal n_{b,i} = past_b + i + 1, clamped to ≥ 1 and to the window
+ * (onnxruntime 1.30's GroupQueryAttention lets row i see keys i − W + 1 … i: W keys, self included).
+ */
 function lnFromLengths(b: Builder, site: FusedSite, plan: Extract<NPlan, { kind: 'lengths' }>, S: string, one: string): string {
   let total = b.op('Cast', [site.node.input[plan.lengths]], { to: DataType.INT64 }, 'total');
   if (plan.plusOne) total = b.op('Add', [total, one], {}, 'total');
@@ -137,7 +140,7 @@ function lnFromLengths(b: Builder, site: FusedSite, plan: Extract<NPlan, { kind:
     n = b.op('Add', [b.op('Reshape', [past, column]), b.op('Unsqueeze', [positions, b.int64('axes0', [0])], {}, 'positions_row')], {}, 'n_rows');
   }
   let nf = b.op('Cast', [n], { to: DataType.FLOAT }, 'n');
-  if (plan.window !== undefined) nf = b.op('Min', [nf, b.constant('window', DataType.FLOAT, [], [plan.window + 1])], {}, 'n_window');
+  if (plan.window !== undefined) nf = b.op('Min', [nf, b.constant('window', DataType.FLOAT, [], [plan.window])], {}, 'n_window');
   // Rows before the first visible key (n ≤ 0) see nothing; factor 0 there instead of ln 0 = −inf.
   nf = b.op('Max', [nf, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_clamped');
   return b.op('Log', [nf], {}, 'ln_n_rows');
