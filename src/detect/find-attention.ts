@@ -230,7 +230,9 @@ function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined):
 
 /**
  * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final
- * content logits in the Softmax's precision, but stops before any mask or reshape.
+ * content logits in the Softmax's precision, but stops before any mask or reshape. A softcap
+ * (Div → Tanh → Mul, Gemma 2) is passed too: the capped logits are what the Softmax normalises, so the
+ * factor after the cap is exactly SSMax.
  */
 function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits: string; consumer: Step; offset: number } {
   let logits = matmul.output[0];
@@ -240,7 +242,7 @@ function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits
     const linear = (node.opType === 'Div' && index === 0) || node.opType === 'Mul';
     const other = node.input[1 - index];
     const scaling = linear && isShapeOrConstant(graph, other);
-    if (!(scaling || node.opType === 'Cast' || node.opType === 'Identity')) break;
+    if (!(scaling || node.opType === 'Cast' || node.opType === 'Identity' || node.opType === 'Tanh')) break;
     if (node.name.startsWith(PATCH_PREFIX)) break;
     logits = node.output[0];
     offset++;

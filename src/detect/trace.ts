@@ -11,7 +11,7 @@ export interface Step {
 /** Ops that carry the logits toward the Softmax, and which inputs may carry them. */
 const logitCarriers: Record<string, number[]> = {
   Cast: [0], Identity: [0], Reshape: [0], Div: [0], Mul: [0, 1], Add: [0, 1], Sub: [0], Where: [1, 2],
-  Squeeze: [0], Unsqueeze: [0], Max: [0, 1], Min: [0, 1],
+  Squeeze: [0], Unsqueeze: [0], Max: [0, 1], Min: [0, 1], Tanh: [0], Clip: [0],
 };
 
 const MAX_DEPTH = 12;
