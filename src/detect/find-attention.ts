@@ -11,11 +11,12 @@
  */
 import { attrInt, Graph } from '../graph/graph';
 import { calledFunction, defaultOpsetOf, modelScopes, nodeLabel, Scope } from '../graph/scopes';
+import { topoOrder } from '../graph/toposort';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import { FusedSite, isFusedCandidate, matchFused } from './fused';
 import { HeadInfo, inferHeads } from './heads';
 import { classifyMasks, maskOperands, MaskVerdict } from './mask';
-import { einsumTerms, findLogitsMatMul, findValueMatMul, isShapeOrConstant, Step } from './trace';
+import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, isShapeOrConstant, Step } from './trace';
 
 export type { FusedSite } from './fused';
 
@@ -146,7 +147,8 @@ function scanScope(model: ModelProto, scope: Scope, force: Set<string>, skipped:
     skipped.push({ node: label(node), reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
       ...(forcible ? { forcible } : {}), ...(attention ? { attention } : {}) });
   };
-  for (const node of scope.graph.nodes) {
+  // Graph order is topological order: a few files in the wild store their nodes out of order.
+  for (const node of topoOrder(scope.graph.proto)) {
     if (node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')) {
       const result = matchSite(scope, node, force.has(label(node)));
       if ('reason' in result) skip(node, result.reason, result.forcible);
@@ -198,19 +200,21 @@ function matchSite(scope: Scope, softmax: NodeProto, forced: boolean): Match {
     consumer: point.consumer,
     logitsRank,
     logitsType: types.get(point.logits),
-    heads: inferHeads(graph, source.matmul.input[0], logitsRank, ranks, { ...queryHeadAxis(source.matmul, logitsRank), logits: point.logits }),
+    heads: headsOf(scope, source.matmul, logitsRank, point.logits),
     mask: classifyMasks(graph, maskOperands(source.path.slice(point.offset))),
     patchedBy: patched.find((n) => /\/apply(_\d+)?$/.test(n.name)) ?? patched[0],
     ...(axisProblem ? { forced: axisProblem } : {}),
   };
 }
 
-/** For an Einsum, the axis of the query operand that becomes the logits' head axis. */
-function queryHeadAxis(product: NodeProto, logitsRank: number | undefined): { queryAxis?: number } {
-  if (product.opType !== 'Einsum' || logitsRank !== 4) return {};
-  const t = einsumTerms(product);
-  const axis = t ? t.a.indexOf(t.out[1]) : -1;
-  return axis >= 0 ? { queryAxis: axis } : {};
+/** Heads traced from the query operand (for an Einsum: the operand and axis the logits' head axis comes from). */
+function headsOf(scope: Scope, product: NodeProto, logitsRank: number | undefined, logits: string): HeadInfo {
+  if (product.opType !== 'Einsum') return inferHeads(scope.graph, product.input[0], logitsRank, scope.ranks, { logits });
+  const q = einsumQueryOperand(product);
+  const t = einsumTerms(product)!;
+  const letters = q === 0 ? t.a : t.b;
+  const axis = logitsRank === 4 ? letters.indexOf(t.out[1]) : -1;
+  return inferHeads(scope.graph, product.input[q], logitsRank, scope.ranks, { logits, ...(axis >= 0 ? { queryAxis: axis } : {}) });
 }
 
 /**

@@ -64,6 +64,10 @@ function traceHeadAxis(
   graph: Graph, name: string, axis: number, merged: boolean, ranks: Map<string, number>, depth: number,
 ): { heads: number; reason: string } | null {
   const node = graph.producer.get(name);
+  if (!node && !merged) {
+    const h = declaredDim(graph, name, axis);
+    return h ? { heads: h, reason: `declared shape of '${name}' has ${h} heads at axis ${axis}` } : null;
+  }
   if (!node || depth > 24) return null;
   if (node.opType === 'Transpose') {
     const perm = attrInts(node, 'perm');

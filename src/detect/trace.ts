@@ -46,14 +46,21 @@ function isProduct(node: NodeProto): boolean {
   return node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum';
 }
 
-/** Einsum as query·keyᵀ: the output's last axis (keys) comes from the second operand only, rows from the first. */
-function einsumIsQK(node: NodeProto): boolean {
+/**
+ * Which operand of an Einsum is the query: the output's last axis (keys) comes from the other operand only,
+ * its second-to-last (query rows) from this one, and some axis is contracted. keras writes the key first
+ * (`aecd,abcd->acbe`), torch code usually the query first (`bhqd,bhkd->bhqk`). -1 when it is not query·keyᵀ.
+ */
+export function einsumQueryOperand(node: NodeProto): number {
   const t = einsumTerms(node);
-  if (!t || node.input.length !== 2 || t.out.length < 2) return false;
+  if (!t || node.input.length !== 2 || t.out.length < 2) return -1;
   const key = t.out[t.out.length - 1];
   const row = t.out[t.out.length - 2];
   const contracted = [...t.a].some((c) => t.b.includes(c) && !t.out.includes(c));
-  return t.b.includes(key) && !t.a.includes(key) && t.a.includes(row) && !t.b.includes(row) && contracted;
+  if (!contracted) return -1;
+  if (t.b.includes(key) && !t.a.includes(key) && t.a.includes(row) && !t.b.includes(row)) return 0;
+  if (t.a.includes(key) && !t.b.includes(key) && t.b.includes(row) && !t.a.includes(row)) return 1;
+  return -1;
 }
 
 /** Finds the MatMul (or Einsum) of two activations whose output reaches `tensor` through logit-carrying ops. */
@@ -68,8 +75,8 @@ export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProt
         closest = 'logits come from a MatMul with a constant weight (a projection, not query·key)';
         return null;
       }
-      if (node.opType === 'Einsum' && !einsumIsQK(node)) {
-        closest = 'logits come from an Einsum that is not query·keyᵀ (key axis must come from the second operand)';
+      if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
+        closest = 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)';
         return null;
       }
       return { matmul: node, path };
