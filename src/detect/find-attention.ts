@@ -62,6 +62,8 @@ export interface SkippedSoftmax {
   forcible?: boolean;
   /** True when the node is attention that was refused (not a Softmax that is something else). */
   attention?: boolean;
+  /** Refused attention keeps its layer number, so patched layers are numbered the same with or without it. */
+  layer?: number;
 }
 
 export interface Detection {
@@ -90,6 +92,7 @@ export function findAttentionSoftmax(model: ModelProto, _graph?: Graph, options:
 }
 
 type Entry =
+  | { kind: 'refused'; skip: SkippedSoftmax }
   | { kind: 'softmax'; site: Omit<AttentionSite, 'layer' | 'scope'> }
   | { kind: 'fused'; site: Omit<FusedSite, 'layer' | 'scope'> }
   | { kind: 'call'; node: NodeProto; fn: FunctionProto };
@@ -107,7 +110,8 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
   for (const scope of scopes.filter((s) => s.kind !== 'function')) {
     let layer = 0;
     for (const entry of scanScope(model, scope, force, out.skipped)) {
-      if (entry.kind === 'softmax') out.sites.push({ ...entry.site, layer: layer++, scope: scope.path });
+      if (entry.kind === 'refused') out.skipped.push({ ...entry.skip, layer: layer++ });
+      else if (entry.kind === 'softmax') out.sites.push({ ...entry.site, layer: layer++, scope: scope.path });
       else if (entry.kind === 'fused') out.fused.push({ ...entry.site, layer: layer++, scope: scope.path });
       else {
         called.add(entry.fn);
@@ -131,7 +135,8 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
 function numbered(entries: Entry[], path: string, skipped: SkippedSoftmax[], scope: Scope): (AttentionSite | FusedSite)[] {
   const inner: (AttentionSite | FusedSite)[] = [];
   for (const e of entries) {
-    if (e.kind === 'softmax') inner.push({ ...e.site, layer: inner.length, scope: path });
+    if (e.kind === 'refused') skipped.push(e.skip);
+    else if (e.kind === 'softmax') inner.push({ ...e.site, layer: inner.length, scope: path });
     else if (e.kind === 'fused') inner.push({ ...e.site, layer: inner.length, scope: path });
     else {
       skipped.push({ node: label(e.node), scope: scope.path, attention: true,
@@ -144,8 +149,10 @@ function numbered(entries: Entry[], path: string, skipped: SkippedSoftmax[], sco
 function scanScope(model: ModelProto, scope: Scope, force: Set<string>, skipped: SkippedSoftmax[]): Entry[] {
   const entries: Entry[] = [];
   const skip = (node: NodeProto, reason: string, forcible = false, attention = forcible): void => {
-    skipped.push({ node: label(node), reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
-      ...(forcible ? { forcible } : {}), ...(attention ? { attention } : {}) });
+    const entry = { node: label(node), reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
+      ...(forcible ? { forcible } : {}), ...(attention ? { attention } : {}) };
+    if (attention) entries.push({ kind: 'refused', skip: entry });
+    else skipped.push(entry);
   };
   // Graph order is topological order: a few files in the wild store their nodes out of order.
   for (const node of topoOrder(scope.graph.proto)) {

@@ -90,7 +90,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   checkForced(options.force ?? [], detection);
   const sites = orderedSites(detection, scopes);
   if (sites.length === 0) throw new InputError(noAttentionMessage(detection));
-  const scales = scalesForSites(spec, sites);
+  const scales = scalesForSites(spec, sites, detection.skipped);
   const already = sites.filter((a) => patchedBy(a));
   if (already.length > 0) {
     if (!options.updateS) {
@@ -226,30 +226,36 @@ function checkForced(force: string[], d: Detection): void {
 /**
  * s for every site. Layers are numbered per graph, so a per-layer s file gives row k to layer k of every graph
  * that holds attention (e.g. both branches of an If, or the init and step decoders of a GreedySearch).
+ * Refused attention keeps its layer number: its row is read and not used.
  */
-function scalesForSites(spec: ScaleSpec, sites: AnySite[]): LayerScale[] {
-  const byScope = new Map<string, number[]>();
-  sites.forEach((a, i) => byScope.set(a.site.scope, [...(byScope.get(a.site.scope) ?? []), i]));
-  const scales: LayerScale[] = new Array(sites.length);
-  for (const [scope, indices] of byScope) {
-    let rows: LayerScale[];
+function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: SkippedSoftmax[]): LayerScale[] {
+  const heads = new Map<string, (number | undefined)[]>();
+  const slot = (scope: string, layer: number, h: number | undefined): void => {
+    const list = heads.get(scope) ?? [];
+    while (list.length <= layer) list.push(undefined);
+    list[layer] = h;
+    heads.set(scope, list);
+  };
+  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
+  for (const a of sites) slot(a.site.scope, a.site.layer, headsOf(a));
+  const rows = new Map<string, LayerScale[]>();
+  for (const [scope, list] of heads) {
     try {
-      rows = scalesForLayers(spec, indices.map((i) => headsOf(sites[i])));
+      rows.set(scope, scalesForLayers(spec, list));
     } catch (e) {
       if (e instanceof InputError && scope !== 'main') throw new InputError(`${scope}: ${e.message}`);
       throw e;
     }
-    indices.forEach((i, k) => {
-      const row = rows[k];
-      const a = sites[i];
-      if (Array.isArray(row) && row.length > 1 && headsOf(a) === undefined) {
-        const why = a.kind === 'call' ? a.site.inner.heads.reason : a.site.heads.reason;
-        throw new InputError(`layer ${a.site.layer}${scope === 'main' ? '' : ` of ${scope}`}: per-head s given, but the head count is unknown (${why}); give one s for the layer`);
-      }
-      scales[i] = row;
-    });
   }
-  return scales;
+  return sites.map((a) => {
+    const row = rows.get(a.site.scope)![a.site.layer];
+    if (Array.isArray(row) && row.length > 1 && headsOf(a) === undefined) {
+      const why = a.kind === 'call' ? a.site.inner.heads.reason : a.site.heads.reason;
+      const where = a.site.scope === 'main' ? '' : ` of ${a.site.scope}`;
+      throw new InputError(`layer ${a.site.layer}${where}: per-head s given, but the head count is unknown (${why}); give one s for the layer`);
+    }
+    return row;
+  });
 }
 
 function patchedBy(a: AnySite): boolean {
