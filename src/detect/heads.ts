@@ -2,7 +2,7 @@
  * Head count of an attention site, read from the graph: the head axis of the logits is traced back through
  * Transpose and Reshape to the Reshape that split the hidden size into heads.
  */
-import { attrInts, Graph } from '../graph/graph';
+import { attrInt, attrInts, Graph } from '../graph/graph';
 
 export interface HeadInfo {
   heads?: number;
@@ -81,11 +81,18 @@ function traceHeadAxis(
       // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
       return traceHeadAxis(graph, node.input[0], 1, false, ranks, depth + 1);
     }
-    if (!merged && shape && shape.length === 4) {
+    if (!merged && shape && shape.length >= 4) {
       const h = shape[axis];
       if (h !== undefined && h > 0) return { heads: h, reason: `Reshape '${node.name || node.output[0]}' splits ${h} heads` };
     }
     return null;
+  }
+  if (node.opType === 'Gather' && !merged) {
+    // Picking one slot of a packed [B,S,H,3,D] view (BLOOM's fused QKV) removes an axis before the heads' one.
+    const index = graph.constValue(node.input[1]);
+    const a = attrInt(node, 'axis') ?? 0;
+    if (!index || index.dims.length !== 0 || a < 0) return null;
+    return traceHeadAxis(graph, node.input[0], axis >= a ? axis + 1 : axis, merged, ranks, depth + 1);
   }
   if (passThrough.has(node.opType)) {
     for (const input of node.input) {
