@@ -399,3 +399,49 @@ describe('com.microsoft DecoderMaskedMultiHeadAttention', () => {
       (_b, n) => ssmaxFactor(s, P + 1, n), { scale: parseScaleJson({ s }, 't') });
   });
 });
+
+describe('fused sites: --n, per-head s checks, shared buffers, --update-s', () => {
+  const B = 2, N = 4, Nkv = 2, H = 8;
+  function gqaPrompt(): ModelProto {
+    return withMs(model({
+      nodes: [ms('GroupQueryAttention', ['q', 'k', 'v', '', '', 'seqlens_k', 'total'], ['out'], { num_heads: N, kv_num_heads: Nkv })],
+      inputs: [value('q', DataType.FLOAT, ['B', 'S', N * H]), value('k', DataType.FLOAT, ['B', 'S', Nkv * H]), value('v', DataType.FLOAT, ['B', 'S', Nkv * H]),
+        value('seqlens_k', DataType.INT32, ['B']), value('total', DataType.INT32, [])],
+      outputs: [value('out', DataType.FLOAT, [])],
+    }));
+  }
+  const S = 6;
+  const q = floats(B * S * N * H, 1, 1.5), k = floats(B * S * Nkv * H, 2, 1.5), v = floats(B * S * Nkv * H, 3);
+  const feeds: Feeds = { q: f32([B, S, N * H], q), k: f32([B, S, Nkv * H], k), v: f32([B, S, Nkv * H], v),
+    seqlens_k: i32([B], [S - 1, S - 1]), total: i32([], [S]) };
+
+  it('--n keys on a causal GroupQueryAttention: every row gets n = total length', async () => {
+    const { model: patched, report } = patchModel(gqaPrompt(), { s: 0.5, n: 'keys' });
+    assert.equal(report.sites[0].n, 'keys');
+    const want = toBsd(attention({ B, N, Nkv, S, T: S, H, scale: 1 / Math.sqrt(H), q: bsd(q, S, N, H), k: bsd(k, S, Nkv, H), v: bsd(v, S, Nkv, H),
+      visible: (_b, _n, i, j) => j <= i, factor: () => ssmaxFactor(0.5, S, 0) }), B, N, S, H);
+    assert.ok(maxDiff(await runOnce(patched, feeds, 'out'), want) < TOL);
+  });
+
+  it('per-head s is checked against num_heads', () => {
+    assert.throws(() => patchModel(gqaPrompt(), { scale: parseScaleJson({ s: [0.1, 0.2, 0.3] }, 'f') }), /s file gives 3 heads for layer 0, the model has 4 heads there/);
+  });
+
+  it('a shared past/present buffer without past_sequence_length is refused: its length is not the sequence length', () => {
+    const m = withMs(model({
+      nodes: [ms('DecoderMaskedMultiHeadAttention', ['q', 'k', 'v', '', '', 'pk', 'pv'], ['out', 'pko', 'pvo'], { num_heads: 2, past_present_share_buffer: 1 })],
+      inputs: [...['q', 'k', 'v'].map((n) => value(n, DataType.FLOAT, ['B', 1, 16])), value('pk', DataType.FLOAT, ['B', 2, 'M', 8]), value('pv', DataType.FLOAT, ['B', 2, 'M', 8])],
+      outputs: ['out', 'pko', 'pvo'].map((n) => value(n, DataType.FLOAT, [])),
+    }));
+    assert.throws(() => patchModel(m, { s: 0.5 }), /shared past\/present buffer without past_sequence_length/);
+  });
+
+  it('--update-s replaces s of a patched fused site in place', async () => {
+    const once = patchModel(gqaPrompt(), { s: 0.3 }).model;
+    assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
+    const updated = patchModel(once, { s: 0.6, updateS: true });
+    assert.equal(updated.report.updated, true);
+    const fresh = patchModel(gqaPrompt(), { s: 0.6 }).model;
+    assert.ok(maxDiff(await runOnce(updated.model, feeds, 'out'), await runOnce(fresh, feeds, 'out')) < 1e-6);
+  });
+});

@@ -200,6 +200,18 @@ describe('attention inside model-local functions', () => {
     assert.ok(maxDiff(await runOnce(twoLayers(), { x: f32([B, S, D], x) }, 'out'), reference(x, [[0, 0], [0, 0]].map((r) => r.map(() => 1 / Math.log(S))))) < TOL);
   });
 
+  it('--update-s changes the per-call s of a patched function in place', async () => {
+    const once = patchModel(twoLayers(), { s: 0.3 }).model;
+    const s = [[0.6, 0.2], [0.5, 0.5]];
+    assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
+    assert.throws(() => patchModel(once, { scale: parseScaleJson({ s }, 't'), updateS: true }), /cannot change s from shape \[\] to \[2,1,1\]/);
+    const updated = patchModel(once, { s: 0.45, updateS: true });
+    const fresh = patchModel(twoLayers(), { s: 0.45 }).model;
+    const x = floats(B * S * D, 19, 1.5);
+    assert.ok(maxDiff(await runOnce(updated.model, { x: f32([B, S, D], x) }, 'out'), await runOnce(fresh, { x: f32([B, S, D], x) }, 'out')) < 1e-6);
+    assert.equal(updated.model.functions[0].input.length, 5, 'no second factor added');
+  });
+
   it('inside a function, weights passed in from initializers are constants: a classifier head there is skipped', () => {
     const fn: FunctionProto = {
       name: 'Head', domain: 'local', input: ['h', 'w'], output: ['p'], opsetImport: [{ domain: '', version: 17 }],

@@ -205,7 +205,8 @@ function noAttentionMessage(d: Detection): string {
   const reasons = [...new Set(d.skipped.map((s) => s.reason))].join('; ');
   const forcible = d.skipped.filter((s) => s.forcible).map((s) => s.node);
   const hint = forcible.length ? ` (--force-site ${forcible[0]} patches a refused site anyway)` : '';
-  return `no attention Softmax found (${d.skipped.length} Softmax skipped: ${reasons})${hint}`;
+  const what = d.skipped.some((k) => k.attention) ? 'node(s)' : 'Softmax';
+  return `no attention Softmax found (${d.skipped.length} ${what} skipped: ${reasons})${hint}`;
 }
 
 /** Every --force-site name must name a refused or patched site, so a typo is not silently ignored. */
