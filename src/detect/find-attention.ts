@@ -103,7 +103,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
   const bodies = new Map<FunctionProto, (AttentionSite | FusedSite)[]>();
   for (const scope of scopes.filter((s) => s.kind === 'function')) {
     const entries = scanScope(model, scope, force, out.skipped);
-    const inner = numbered(entries, scope.path, out.skipped, scope);
+    const inner = numbered(entries, scope, out.skipped);
     bodies.set(scope.fn!, inner);
   }
   const called = new Set<FunctionProto>();
@@ -132,8 +132,9 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
 }
 
 /** Sites of a function body, numbered in body order; nested function calls there are reported and skipped. */
-function numbered(entries: Entry[], path: string, skipped: SkippedSoftmax[], scope: Scope): (AttentionSite | FusedSite)[] {
+function numbered(entries: Entry[], scope: Scope, skipped: SkippedSoftmax[]): (AttentionSite | FusedSite)[] {
   const inner: (AttentionSite | FusedSite)[] = [];
+  const path = scope.path;
   for (const e of entries) {
     if (e.kind === 'refused') skipped.push(e.skip);
     else if (e.kind === 'softmax') inner.push({ ...e.site, layer: inner.length, scope: path });

@@ -8,13 +8,13 @@ import { InputError } from '../errors';
 import { Graph } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { makeTensor } from '../graph/tensor';
-import { DataType, decodeModel, encodeModel, ModelProto, toNumber } from '../io/onnx';
+import { DataType, decodeModel, encodeModel, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { chooseN, NMode, NOption } from '../policy/n-mode';
 import { LayerScale, resolveScaleSpec, ScaleOptions, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
 import { insertScale } from './insert-scale';
-import { readRecord, SiteRecord, writeRecord } from './record';
+import { findScaleTensor, readRecord, SiteRecord, writeRecord } from './record';
 import { VERSION } from '../version';
 
 export interface PatchOptions extends ScaleOptions {
@@ -295,28 +295,14 @@ function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number):
   if (old.dims.map(toNumber).join() !== dims.join()) {
     throw new InputError(`layer ${layer}: cannot change s from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
   }
-  const list = Map.prototype.has.call(graph.initializers, name) ? graph.proto.initializer : graph.parent!.proto.initializer;
+  // The initializer may belong to an enclosing graph.
+  let owner: Graph | undefined = graph;
+  while (owner && !owner.proto.initializer.includes(old)) owner = owner.parent;
+  const list = owner!.proto.initializer;
   list[list.indexOf(old)] = makeTensor(name, DataType.FLOAT, dims, Array.isArray(s) ? s : [s]);
 }
 
-/** The s tensor feeding an inserted factor: an initializer `.../s`, or (in a function body) a `ssmax_s*` input. */
-function findScaleTensor(graph: Graph, apply: { input: string[] }): string | null {
-  const queue = [...apply.input];
-  const seen = new Set<string>();
-  while (queue.length) {
-    const name = queue.shift()!;
-    if (!name || seen.has(name)) continue;
-    seen.add(name);
-    if (graph.initializers.has(name) && /\/s(_\d+)?$/.test(name)) return name;
-    if (graph.inputs.has(name) && /^ssmax_s/.test(name)) return name;
-    const node = graph.producer.get(name);
-    if (node?.opType === 'Constant' && /\/s(_\d+)?$/.test(name)) return name;
-    if (node) queue.push(...node.input);
-  }
-  return null;
-}
-
-function callScaleName(call: CallSite, byPath: Map<string, Scope>, apply: { input: string[] }): string | null {
+function callScaleName(call: CallSite, byPath: Map<string, Scope>, apply: NodeProto): string | null {
   const fnInput = findScaleTensor(byPath.get(call.inner.scope)!.graph, apply);
   const position = fnInput ? call.fn.input.indexOf(fnInput) : -1;
   return position >= 0 ? call.call.input[position] ?? null : null;
