@@ -400,6 +400,21 @@ describe('com.microsoft DecoderMaskedMultiHeadAttention', () => {
   });
 });
 
+describe('com.microsoft DecoderMaskedMultiHeadAttention, cross attention', () => {
+  it('one token attending to cached encoder keys [B,N,L,H]: n = L', async () => {
+    const B = 2, N = 2, H = 8, D = N * H, L = 9;
+    const q = floats(B * D, 91, 1.5), k = floats(B * N * L * H, 92, 1.5), v = floats(B * N * L * H, 93);
+    const m = withMs(model({
+      nodes: [ms('DecoderMaskedMultiHeadAttention', ['q', 'k', 'v'], ['out'], { num_heads: N })],
+      inputs: [value('q', DataType.FLOAT, ['B', 1, D]), value('k', DataType.FLOAT, ['B', N, 'L', H]), value('v', DataType.FLOAT, ['B', N, 'L', H])],
+      outputs: [value('out', DataType.FLOAT, [])],
+    }));
+    const feeds: Feeds = { q: f32([B, 1, D], q), k: f32([B, N, L, H], k), v: f32([B, N, L, H], v) };
+    await check(m, feeds, 'out', { B, N, Nkv: N, S: 1, T: L, H, scale: 1 / Math.sqrt(H), q: bsd(q, 1, N, H), k: bnsd(k, N, L, H), v: bnsd(v, N, L, H),
+      visible: () => true }, () => ssmaxFactor(0.5, L, 0), { s: 0.5 });
+  });
+});
+
 describe('fused sites: --n, per-head s checks, shared buffers, --update-s', () => {
   const B = 2, N = 4, Nkv = 2, H = 8;
   function gqaPrompt(): ModelProto {
