@@ -242,6 +242,23 @@ describe('plain-op attention patterns', () => {
 });
 
 describe('the factor in the tensor\'s own precision', () => {
+  it('a bf16 attention graph: the factor is applied as Cast(fp32) → Mul → Cast(bf16) on the bf16 logits', () => {
+    const m = model({
+      nodes: [...['q', 'k', 'v'].map((x) => node('Cast', [x], [`${x}b`], { to: DataType.BFLOAT16 })),
+        node('Transpose', ['kb'], ['kt'], { perm: [0, 1, 3, 2] }), node('MatMul', ['qb', 'kt'], ['mm']), node('Div', ['mm', 'sqrt_d'], ['scores']),
+        node('Softmax', ['scores'], ['p'], { axis: -1 }), node('MatMul', ['p', 'vb'], ['out'])],
+      inputs: bnshDecl, outputs: [value('out', DataType.BFLOAT16, [])], initializers: [makeTensor('sqrt_d', DataType.BFLOAT16, [], [Math.sqrt(H)])],
+    });
+    const { model: patched } = patchModel(m, { s: 0.5 });
+    const g = patched.graph!;
+    const apply = g.node.find((n) => n.name === 'ssmax/L0/apply')!;
+    const into = g.node.find((n) => n.output[0] === apply.input[0])!;
+    const out = g.node.find((n) => n.input[0] === apply.output[0])!;
+    assert.deepEqual([into.opType, into.input[0], into.attribute[0].i], ['Cast', 'scores', DataType.FLOAT]);
+    assert.deepEqual([out.opType, out.attribute[0].i], ['Cast', DataType.BFLOAT16]);
+    assert.equal(g.node.find((n) => n.opType === 'Softmax')!.input[0], out.output[0]);
+  });
+
   it('bf16: multiplied in fp32 and rounded to bf16 once (onnxruntime\'s CPU provider has no bf16 Mul)', async () => {
     const x = floats(64, 5, 8);
     const m = model({
