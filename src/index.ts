@@ -3,8 +3,11 @@ export { readModel, parseModel, writeModel, serializeModel } from './io/model-fi
 export type { ModelProto, GraphProto, NodeProto, TensorProto } from './io/onnx';
 export { Graph } from './graph/graph';
 export { topoSort } from './graph/toposort';
-export { findAttentionSoftmax } from './detect/find-attention';
-export type { AttentionSite, Detection, SkippedSoftmax } from './detect/find-attention';
+export { findAttentionSoftmax, detectAttention } from './detect/find-attention';
+export type { AttentionSite, CallSite, Detection, SkippedSoftmax } from './detect/find-attention';
+export type { FusedSite } from './detect/fused';
+export { modelScopes } from './graph/scopes';
+export type { Scope } from './graph/scopes';
 export { resolveScaleSpec, parseScaleJson, scaleFromTrainLen } from './policy/scale';
 export type { ScaleSpec, LayerScale } from './policy/scale';
 export type { NOption, NMode } from './policy/n-mode';

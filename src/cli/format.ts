@@ -8,12 +8,21 @@ const fmtS = (s: LayerScale): string => (Array.isArray(s) ? `[${s.map((v) => v.t
 export function formatPatch(report: PatchReport): string[] {
   const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s):`];
   for (const s of report.sites) {
-    const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}`;
-    lines.push(`  L${s.layer}  ${s.node}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}`);
+    const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
+    const where = s.scope === 'main' ? '' : `  [${s.scope}]`;
+    const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
+    lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}`);
+    if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
   }
-  if (report.skipped.length) {
-    lines.push(`skipped ${report.skipped.length} Softmax:`);
-    for (const k of report.skipped) lines.push(`  ${k.node}: ${k.reason}`);
+  const refused = report.skipped.filter((k) => k.attention);
+  const others = report.skipped.filter((k) => !k.attention);
+  if (refused.length) {
+    lines.push(`refused ${refused.length} attention node(s):`);
+    for (const k of refused) lines.push(`  ${k.layer === undefined ? '' : `L${k.layer}  `}${k.node}${k.scope ? `  [${k.scope}]` : ''}: ${k.reason}${k.forcible ? ` (--force-site ${k.node} to patch anyway)` : ''}`);
+  }
+  if (others.length) {
+    lines.push(`skipped ${others.length} Softmax:`);
+    for (const k of others) lines.push(`  ${k.node}${k.scope ? `  [${k.scope}]` : ''}: ${k.reason}`);
   }
   return lines;
 }

@@ -21,7 +21,10 @@ interface CliOptions {
   json?: boolean;
   verify?: boolean;
   lengths?: string;
+  forceSite: string[];
 }
+
+const collect = (v: string, all: string[]): string[] => [...all, v];
 
 function program(): Command {
   return new Command('ssmax-patch')
@@ -39,6 +42,7 @@ function program(): Command {
     .option('--json', 'print the report as JSON on stdout')
     .option('--verify', 'run original and patched on onnxruntime and check the patch')
     .option('--lengths <list>', 'sequence lengths for --verify, comma-separated (default 8,L,4L)')
+    .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, [])
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
 }
@@ -61,7 +65,7 @@ async function patchCommand(input: string, o: CliOptions): Promise<number> {
   const lengths = o.lengths?.split(',').map((v) => number(v, '--lengths', true)!);
   const output = o.output ?? defaultOutput(input);
   const original = readModel(input);
-  const { model, report } = patchModel(original, { n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS });
+  const { model, report } = patchModel(original, { n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite });
   let verification: VerifyReport | undefined;
   if (o.verify) verification = await verifyPatch(original, model, { trainLen, lengths });
   const written = !o.dryRun && (!verification || verification.passed);

@@ -2,7 +2,7 @@
  * Head count of an attention site, read from the graph: the head axis of the logits is traced back through
  * Transpose and Reshape to the Reshape that split the hidden size into heads.
  */
-import { attrInts, Graph } from '../graph/graph';
+import { attrInt, attrInts, Graph } from '../graph/graph';
 
 export interface HeadInfo {
   heads?: number;
@@ -30,19 +30,44 @@ export function shapeElements(graph: Graph, name: string): (number | undefined)[
   return out;
 }
 
-export function inferHeads(graph: Graph, query: string, logitsRank: number | undefined, ranks: Map<string, number>): HeadInfo {
+/**
+ * `queryAxis`: the axis of `query` that becomes the logits' head axis, when the product is not a plain MatMul
+ * (an Einsum may take the heads from any axis); `logits`: the logits tensor, whose declared shape is the
+ * last resort.
+ */
+export function inferHeads(
+  graph: Graph, query: string, logitsRank: number | undefined, ranks: Map<string, number>,
+  extra: { queryAxis?: number; logits?: string } = {},
+): HeadInfo {
   if (logitsRank !== 3 && logitsRank !== 4) return { reason: 'rank of the logits unknown' };
+  const axis = logitsRank === 4 ? 1 : 0;
   // In [B·H, Tq, Tk] logits the heads are the inner part of axis 0; we look for them at axis 1 of the 4-D source.
-  const found = traceHeadAxis(graph, query, logitsRank === 4 ? 1 : 0, logitsRank === 3, ranks, 0);
-  return found
-    ? { heads: found.heads, axis: logitsRank === 4 ? 1 : 0, reason: found.reason }
-    : { axis: logitsRank === 4 ? 1 : 0, reason: 'no Reshape with a constant head count found on the query path' };
+  const start = extra.queryAxis ?? (logitsRank === 4 ? 1 : 0);
+  const found = traceHeadAxis(graph, query, start, logitsRank === 3 && extra.queryAxis === undefined, ranks, 0);
+  if (found) return { heads: found.heads, axis, reason: found.reason };
+  const declared = logitsRank === 4 && extra.logits ? declaredDim(graph, extra.logits, 1) : undefined;
+  if (declared) return { heads: declared, axis, reason: `declared shape of the logits has ${declared} heads at axis 1` };
+  const q = logitsRank === 4 ? declaredDim(graph, query, start) : undefined;
+  if (q) return { heads: q, axis, reason: `declared shape of the query has ${q} heads at axis ${start}` };
+  return { axis, reason: 'no Reshape with a constant head count found on the query path' };
+}
+
+/** A positive static dimension from a declared shape, if the graph has one. */
+export function declaredDim(graph: Graph, name: string, axis: number): number | undefined {
+  const dims = graph.valueInfo.get(name)?.type?.tensorType?.shape?.dim;
+  const d = dims?.[axis < 0 ? dims.length + axis : axis];
+  const v = d?.dimValue !== undefined ? Number(typeof d.dimValue === 'number' ? d.dimValue : d.dimValue.toNumber()) : 0;
+  return v > 0 ? v : undefined;
 }
 
 function traceHeadAxis(
   graph: Graph, name: string, axis: number, merged: boolean, ranks: Map<string, number>, depth: number,
 ): { heads: number; reason: string } | null {
   const node = graph.producer.get(name);
+  if (!node && !merged) {
+    const h = declaredDim(graph, name, axis);
+    return h ? { heads: h, reason: `declared shape of '${name}' has ${h} heads at axis ${axis}` } : null;
+  }
   if (!node || depth > 24) return null;
   if (node.opType === 'Transpose') {
     const perm = attrInts(node, 'perm');
@@ -56,11 +81,18 @@ function traceHeadAxis(
       // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
       return traceHeadAxis(graph, node.input[0], 1, false, ranks, depth + 1);
     }
-    if (!merged && shape && shape.length === 4) {
+    if (!merged && shape && shape.length >= 4) {
       const h = shape[axis];
       if (h !== undefined && h > 0) return { heads: h, reason: `Reshape '${node.name || node.output[0]}' splits ${h} heads` };
     }
     return null;
+  }
+  if (node.opType === 'Gather' && !merged) {
+    // Picking one slot of a packed [B,S,H,3,D] view (BLOOM's fused QKV) removes an axis before the heads' one.
+    const index = graph.constValue(node.input[1]);
+    const a = attrInt(node, 'axis') ?? 0;
+    if (!index || index.dims.length !== 0 || a < 0) return null;
+    return traceHeadAxis(graph, node.input[0], axis >= a ? axis + 1 : axis, merged, ranks, depth + 1);
   }
   if (passThrough.has(node.opType)) {
     for (const input of node.input) {

@@ -1,5 +1,5 @@
 /** Walks along the logits and probabilities of an attention candidate, op by op. */
-import { Graph } from '../graph/graph';
+import { attrInt, Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
 
 /** One step of the path from the QK MatMul to the Softmax: `node` reads the logits at input `index`. */
@@ -11,7 +11,7 @@ export interface Step {
 /** Ops that carry the logits toward the Softmax, and which inputs may carry them. */
 const logitCarriers: Record<string, number[]> = {
   Cast: [0], Identity: [0], Reshape: [0], Div: [0], Mul: [0, 1], Add: [0, 1], Sub: [0], Where: [1, 2],
-  Squeeze: [0], Unsqueeze: [0], Max: [0, 1], Min: [0, 1],
+  Squeeze: [0], Unsqueeze: [0], Max: [0, 1], Min: [0, 1], Tanh: [0], Clip: [0],
 };
 
 const MAX_DEPTH = 12;
@@ -33,16 +33,50 @@ export interface LogitsSource {
   path: Step[];
 }
 
-/** Finds the MatMul of two activations whose output reaches `tensor` through logit-carrying ops. */
+/** The letters of a two-operand Einsum equation (`bhqd,bhkd->bhqk`), without ellipses; null otherwise. */
+export function einsumTerms(node: NodeProto): { a: string; b: string; out: string } | null {
+  const eq = node.attribute.find((x) => x.name === 'equation')?.s;
+  if (!eq) return null;
+  const m = /^([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]+)$/.exec(Buffer.from(eq).toString().replace(/\s+/g, ''));
+  return m ? { a: m[1], b: m[2], out: m[3] } : null;
+}
+
+/** A product of two operands that can compute query·keyᵀ: MatMul, com.microsoft FusedMatMul, or Einsum. */
+function isProduct(node: NodeProto): boolean {
+  return node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum';
+}
+
+/**
+ * Which operand of an Einsum is the query: the output's last axis (keys) comes from the other operand only,
+ * its second-to-last (query rows) from this one, and some axis is contracted. keras writes the key first
+ * (`aecd,abcd->acbe`), torch code usually the query first (`bhqd,bhkd->bhqk`). -1 when it is not query·keyᵀ.
+ */
+export function einsumQueryOperand(node: NodeProto): number {
+  const t = einsumTerms(node);
+  if (!t || node.input.length !== 2 || t.out.length < 2) return -1;
+  const key = t.out[t.out.length - 1];
+  const row = t.out[t.out.length - 2];
+  const contracted = [...t.a].some((c) => t.b.includes(c) && !t.out.includes(c));
+  if (!contracted) return -1;
+  if (t.b.includes(key) && !t.a.includes(key) && t.a.includes(row) && !t.b.includes(row)) return 0;
+  if (t.a.includes(key) && !t.b.includes(key) && t.b.includes(row) && !t.a.includes(row)) return 1;
+  return -1;
+}
+
+/** Finds the MatMul (or Einsum) of two activations whose output reaches `tensor` through logit-carrying ops. */
 export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): LogitsSource | { why: string } {
   let closest = 'logits not produced by MatMul of two activations';
   const visit = (name: string, path: Step[], depth: number): LogitsSource | null => {
     const node = graph.producer.get(name);
     if (!node || depth > MAX_DEPTH) return null;
-    if (node.opType === 'MatMul') {
+    if (isProduct(node)) {
       const [a, b] = node.input;
       if (isShapeOrConstant(graph, a) || isShapeOrConstant(graph, b)) {
         closest = 'logits come from a MatMul with a constant weight (a projection, not query·key)';
+        return null;
+      }
+      if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
+        closest = 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)';
         return null;
       }
       return { matmul: node, path };
@@ -60,17 +94,35 @@ export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProt
   return visit(tensor, [{ node: softmax, index: 0 }], 0) ?? { why: closest };
 }
 
-/** Ops the probabilities may pass through on their way to the value MatMul. */
-const probabilityCarriers = new Set(['Cast', 'Dropout', 'Identity', 'Reshape', 'Where', 'Squeeze', 'Unsqueeze']);
+/**
+ * Ops the probabilities may pass through on their way to the value MatMul: guards like Where(IsNaN(p), 0, p),
+ * Dropout, head masks (Mul), Casts back from fp32, reshapes.
+ */
+const probabilityCarriers = new Set(['Cast', 'Dropout', 'Identity', 'Reshape', 'Where', 'Squeeze', 'Unsqueeze', 'Mul']);
+
+/** True when `node` multiplies the probabilities `tensor` with values over the key axis. */
+function isValueProduct(graph: Graph, node: NodeProto, tensor: string): boolean {
+  if ((node.opType === 'MatMul' || node.opType === 'FusedMatMul') && node.input[0] === tensor) {
+    if (node.opType === 'FusedMatMul' && (attrInt(node, 'transA') ?? 0) !== 0) return false;
+    return !isShapeOrConstant(graph, node.input[1]);
+  }
+  if (node.opType === 'Einsum' && node.input.length === 2) {
+    const t = einsumTerms(node);
+    const mine = node.input[0] === tensor ? t?.a : node.input[1] === tensor ? t?.b : undefined;
+    const other = node.input[0] === tensor ? node.input[1] : node.input[0];
+    if (!t || !mine || isShapeOrConstant(graph, other)) return false;
+    const key = mine[mine.length - 1];
+    return !t.out.includes(key) && (node.input[0] === tensor ? t.b : t.a).includes(key);
+  }
+  return false;
+}
 
 /** The MatMul that multiplies the probabilities (as its left operand) with values, if any. */
 export function findValueMatMul(graph: Graph, tensor: string, depth = 0): NodeProto | null {
   if (depth > MAX_DEPTH) return null;
   for (const node of graph.consumersOf(tensor)) {
-    if (node.opType === 'MatMul' && node.input[0] === tensor) {
-      if (!isShapeOrConstant(graph, node.input[1])) return node;
-      continue;
-    }
+    if (isValueProduct(graph, node, tensor)) return node;
+    if (node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum') continue;
     if (probabilityCarriers.has(node.opType)) {
       const found = findValueMatMul(graph, node.output[0], depth + 1);
       if (found) return found;

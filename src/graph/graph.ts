@@ -1,22 +1,76 @@
 /**
  * A thin in-memory index over one GraphProto: producers, consumers, initializers and constants.
  * The GraphProto stays the source of truth; the index is rebuilt after each batch of edits.
+ *
+ * A subgraph (If/Loop/Scan body, contrib-op graph attribute) or function body sees the names of its enclosing
+ * scope: lookups of a name it does not define fall back to the parent Graph. All graphs of one model share one
+ * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { ConstTensor, readTensor } from './tensor';
 
+/** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
+export interface NameRegistry {
+  tensors: Set<string>;
+  nodes: Set<string>;
+}
+
+export interface GraphOptions {
+  /** The enclosing scope, for names this graph reads but does not define. */
+  parent?: Graph;
+  /** Shared by every graph of the model; a fresh one when absent. */
+  registry?: NameRegistry;
+  /** Graph inputs known to be bound to constants (function inputs fed by initializers at every call site). */
+  constantInputs?: Set<string>;
+}
+
+/** A Map whose lookups fall back to the enclosing scope's map; iteration sees local entries only. */
+class ScopedMap<K, V> extends Map<K, V> {
+  constructor(private readonly outer?: Map<K, V>) {
+    super();
+  }
+
+  override get(key: K): V | undefined {
+    return super.has(key) ? super.get(key) : this.outer?.get(key);
+  }
+
+  override has(key: K): boolean {
+    return super.has(key) || (this.outer?.has(key) ?? false);
+  }
+}
+
+class ScopedSet<T> extends Set<T> {
+  constructor(values: Iterable<T>, private readonly outer?: Set<T>) {
+    super(values);
+  }
+
+  override has(value: T): boolean {
+    return super.has(value) || (this.outer?.has(value) ?? false);
+  }
+}
+
 export class Graph {
-  producer = new Map<string, NodeProto>();
+  readonly parent?: Graph;
+  producer: Map<string, NodeProto>;
   consumers = new Map<string, NodeProto[]>();
-  initializers = new Map<string, TensorProto>();
-  inputs = new Set<string>();
+  initializers: Map<string, TensorProto>;
+  inputs: Set<string> = new Set<string>();
   outputs = new Set<string>();
-  valueInfo = new Map<string, ValueInfoProto>();
-  private names = new Set<string>();
-  private nodeNames = new Set<string>();
+  valueInfo: Map<string, ValueInfoProto>;
+  private readonly names: Set<string>;
+  private readonly nodeNames: Set<string>;
+  private readonly constantInputs: Set<string>;
   private constCache = new Map<string, ConstTensor | null>();
 
-  constructor(readonly proto: GraphProto) {
+  constructor(readonly proto: GraphProto, options: GraphOptions = {}) {
+    this.parent = options.parent;
+    this.producer = new ScopedMap(this.parent?.producer);
+    this.initializers = new ScopedMap(this.parent?.initializers);
+    this.valueInfo = new ScopedMap(this.parent?.valueInfo);
+    const registry = options.registry ?? { tensors: new Set<string>(), nodes: new Set<string>() };
+    this.names = registry.tensors;
+    this.nodeNames = registry.nodes;
+    this.constantInputs = options.constantInputs ?? new Set();
     this.reindex();
   }
 
@@ -29,9 +83,8 @@ export class Graph {
     this.consumers.clear();
     this.initializers.clear();
     this.constCache.clear();
-    this.names.clear();
-    this.nodeNames.clear();
-    this.inputs = new Set(this.proto.input.map((v) => v.name));
+    // Names are never released: a name once used stays taken, which is all uniqueName needs.
+    this.inputs = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
     this.outputs = new Set(this.proto.output.map((v) => v.name));
     for (const t of this.proto.initializer) this.initializers.set(t.name, t);
     for (const v of [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo]) this.valueInfo.set(v.name, v);
@@ -70,8 +123,16 @@ export class Graph {
 
   /** True when the tensor is fixed at load time: an initializer (not overridable by an input) or a Constant output. */
   isConstant(name: string): boolean {
+    if (this.constantInputs.has(name)) return true;
     if (this.initializers.has(name) && !this.inputs.has(name)) return true;
-    return this.producer.get(name)?.opType === 'Constant';
+    if (this.producer.get(name)?.opType === 'Constant') return true;
+    return this.parent !== undefined && !this.definesLocally(name) && this.parent.isConstant(name);
+  }
+
+  /** True when this graph itself (not an enclosing scope) defines the name. */
+  definesLocally(name: string): boolean {
+    return Map.prototype.has.call(this.producer, name) || Map.prototype.has.call(this.initializers, name)
+      || Set.prototype.has.call(this.inputs, name);
   }
 
   /** Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable. */

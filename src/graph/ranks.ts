@@ -5,6 +5,7 @@
  */
 import { NodeProto } from '../io/onnx';
 import { attrInt, attrInts, Graph } from './graph';
+import { topoOrder } from './toposort';
 
 const sameAsFirst = new Set([
   'Cast', 'Softmax', 'LogSoftmax', 'Dropout', 'Relu', 'Gelu', 'FastGelu', 'Tanh', 'Sigmoid', 'Erf', 'Sqrt', 'Exp',
@@ -18,15 +19,16 @@ const broadcasting = new Set([
   'Or', 'Xor', 'Max', 'Min', 'Mod', 'BitShift', 'Sum', 'Mean', 'PRelu',
 ]);
 
-export function inferRanks(graph: Graph): Map<string, number> {
-  const ranks = new Map<string, number>();
+/** `outer`: ranks already known in the enclosing scope, for the names a subgraph reads from it. */
+export function inferRanks(graph: Graph, outer?: Map<string, number>): Map<string, number> {
+  const ranks = new Map<string, number>(outer ?? []);
   const rank = (name: string): number | undefined => ranks.get(name) ?? graph.declaredRank(name);
   for (const [name, t] of graph.initializers) ranks.set(name, t.dims.length);
   for (const name of graph.inputs) {
     const d = graph.declaredRank(name);
     if (d !== undefined) ranks.set(name, d);
   }
-  for (const node of graph.nodes) {
+  for (const node of topoOrder(graph.proto)) {
     const r = nodeOutputRank(node, rank, graph);
     if (r !== undefined) for (const o of node.output.slice(0, node.opType === 'Split' ? undefined : 1)) ranks.set(o, r);
     // Keep declared ranks where our rules know nothing.
@@ -123,6 +125,16 @@ function pieceLength(name: string, graph: Graph): number | undefined {
   const node = graph.producer.get(name);
   if (node?.opType === 'Unsqueeze') return 1;
   if (node?.opType === 'Cast' || node?.opType === 'Identity') return pieceLength(node.input[0], graph);
+  if (node?.opType === 'Shape') {
+    // Shape-15 with start/end: a slice of the input's shape.
+    const start = attrInt(node, 'start');
+    const end = attrInt(node, 'end');
+    if (start !== undefined && end !== undefined && Math.sign(start) === Math.sign(end)) return Math.max(end - start, 0);
+    const r = graph.declaredRank(node.input[0]);
+    if (r === undefined) return undefined;
+    const clamp = (v: number): number => Math.min(Math.max(v < 0 ? v + r : v, 0), r);
+    return Math.max(clamp(end ?? r) - clamp(start ?? 0), 0);
+  }
   if (node?.opType === 'Slice' || node?.opType === 'Gather') {
     const idx = node.opType === 'Gather' ? graph.constValue(node.input[1]) : null;
     if (idx) return idx.dims.length === 0 ? 0 : idx.values.length;

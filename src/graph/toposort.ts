@@ -16,6 +16,20 @@ function readsOf(node: NodeProto): string[] {
 
 /** Sorts `graph.node` in place (stable: keeps the original order where dependencies allow). */
 export function topoSort(graph: GraphProto): void {
+  const order = topoOrder(graph);
+  if (order.length !== graph.node.length) {
+    const placed = new Set(order);
+    const stuck = graph.node.find((n) => !placed.has(n));
+    throw new InputError(`graph has a cycle through node '${stuck?.name || stuck?.opType}'`);
+  }
+  graph.node = order;
+}
+
+/**
+ * The nodes in a topological order, without changing the graph (some files in the wild are stored out of
+ * order, which onnxruntime accepts); nodes on a cycle are left out.
+ */
+export function topoOrder(graph: GraphProto): NodeProto[] {
   const producerIndex = new Map<string, number>();
   graph.node.forEach((n, i) => n.output.forEach((o) => o && producerIndex.set(o, i)));
   const deps = graph.node.map((n) => {
@@ -38,9 +52,5 @@ export function topoSort(graph: GraphProto): void {
     order.push(i);
     for (const d of dependents[i]) if (--remaining[d] === 0) ready.push(d);
   }
-  if (order.length !== graph.node.length) {
-    const stuck = graph.node.find((_, i) => remaining[i] > 0);
-    throw new InputError(`graph has a cycle through node '${stuck?.name || stuck?.opType}'`);
-  }
-  graph.node = order.map((i) => graph.node[i]);
+  return order.map((i) => graph.node[i]);
 }

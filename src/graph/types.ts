@@ -1,14 +1,16 @@
 /** Element types of tensors, from declarations and simple per-op rules, for choosing the dtype of inserted ops. */
 import { DataType, NodeProto } from '../io/onnx';
 import { attr, attrInt, Graph } from './graph';
+import { topoOrder } from './toposort';
 
 const boolOps = new Set(['Equal', 'Less', 'Greater', 'LessOrEqual', 'GreaterOrEqual', 'And', 'Or', 'Not', 'Xor', 'IsNaN', 'IsInf']);
 const int64Ops = new Set(['Shape', 'Size', 'NonZero', 'ArgMax', 'ArgMin']);
 
-export function inferElemTypes(graph: Graph): Map<string, number> {
-  const types = new Map<string, number>();
+/** `outer`: types already known in the enclosing scope, for the names a subgraph reads from it. */
+export function inferElemTypes(graph: Graph, outer?: Map<string, number>): Map<string, number> {
+  const types = new Map<string, number>(outer ?? []);
   const typeOf = (name: string): number | undefined => types.get(name) ?? graph.elemType(name);
-  for (const node of graph.nodes) {
+  for (const node of topoOrder(graph.proto)) {
     const declared = node.output.map((o) => graph.elemType(o));
     const t = ruleType(node, typeOf, graph);
     node.output.forEach((o, i) => {

@@ -3,12 +3,18 @@ import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
 import { AttributeProto, AttributeType, DataType, NodeProto, TensorProto } from '../io/onnx';
 
-export type AttrValue = number | number[] | string;
+export type AttrValue = number | number[] | string | TensorProto;
+
+export interface BuilderOptions {
+  /** Function bodies have no initializers: constants become Constant nodes. */
+  constantNodes?: boolean;
+}
 
 export class Builder {
   readonly added: NodeProto[] = [];
 
-  constructor(readonly graph: Graph, readonly prefix: string, private readonly irVersion: number) {}
+  constructor(readonly graph: Graph, readonly prefix: string, private readonly irVersion: number,
+    private readonly options: BuilderOptions = {}) {}
 
   /** Adds one node and returns its (first) output name. */
   op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string): string {
@@ -30,6 +36,13 @@ export class Builder {
   }
 
   addInitializer(t: TensorProto): string {
+    if (this.options.constantNodes) {
+      this.added.push({
+        opType: 'Constant', domain: '', input: [], output: [t.name], name: this.graph.uniqueNodeName(`${t.name}/Constant`),
+        attribute: [makeAttribute('value', { ...t, name: '' })],
+      });
+      return t.name;
+    }
     this.graph.proto.initializer.push(t);
     if (this.irVersion < 4) {
       // IR < 4 requires every initializer to be declared as a graph input as well.
@@ -42,6 +55,7 @@ export class Builder {
 function makeAttribute(name: string, v: AttrValue): AttributeProto {
   const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
   if (typeof v === 'string') return { ...base, type: AttributeType.STRING, s: Buffer.from(v) };
+  if (typeof v === 'object' && !Array.isArray(v)) return { ...base, type: AttributeType.TENSOR, t: v };
   if (Array.isArray(v)) return { ...base, type: AttributeType.INTS, ints: v };
   return { ...base, type: AttributeType.INT, i: v };
 }

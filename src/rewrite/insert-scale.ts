@@ -13,6 +13,7 @@ import { DataType } from '../io/onnx';
 import { NMode } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
+import { applyFactor } from './dtype';
 
 export interface InsertedScale {
   sName: string;
@@ -21,7 +22,8 @@ export interface InsertedScale {
   factorType: number;
 }
 
-export function insertScale(b: Builder, site: AttentionSite, s: LayerScale, mode: NMode, opset: number): InsertedScale {
+/** `sInput`: an existing tensor holding s (a function input inside a function body) instead of a new constant. */
+export function insertScale(b: Builder, site: AttentionSite, s: LayerScale, mode: NMode, opset: number, sInput?: string): InsertedScale {
   const rank = site.logitsRank;
   const perHead = Array.isArray(s);
   if (perHead && rank !== 3 && rank !== 4) {
@@ -30,7 +32,7 @@ export function insertScale(b: Builder, site: AttentionSite, s: LayerScale, mode
   if (mode === 'causal' && opset < 11) throw new InputError(`layer ${site.layer}: causal n needs opset ≥ 11 (Range)`);
   if (rank === undefined && opset < 11) throw new InputError(`layer ${site.layer}: logits of unknown rank at opset < 11`);
 
-  const sName = b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
+  const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   const shape = b.op('Shape', [site.logits]);
   const axis = (k: number): number => (rank === undefined ? -k : rank - k);
   const tk = b.op('Gather', [shape, b.int64('last_axis', [axis(1)], true)], {}, 'tk');
@@ -53,18 +55,9 @@ export function insertScale(b: Builder, site: AttentionSite, s: LayerScale, mode
     const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])]), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');
     sTensor = b.op('Tile', [sName, reps], {}, 's_tiled');
   }
-  let factor = b.op('Mul', [sTensor, lnN], {}, 'factor');
-  const factorType = DataType.FLOAT;
-  const logitsType = site.logitsType;
-  if (logitsType !== undefined && logitsType !== DataType.FLOAT) {
-    factor = b.op('Cast', [factor], { to: logitsType }, 'factor_cast');
-  } else if (logitsType === undefined && opset >= 15) {
-    // The graph does not declare the logits' type: match it at run time.
-    factor = b.op('CastLike', [factor, site.logits], {}, 'factor_cast');
-  }
-  const scaled = b.op('Mul', [site.logits, factor], {}, 'apply');
-  const applyNode = b.added[b.added.length - 1];
+  const factor = b.op('Mul', [sTensor, lnN], {}, 'factor');
+  const { output: scaled, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, opset);
   site.consumer.node.input[site.consumer.index] = scaled;
-  return { sName, factor, apply: applyNode.name, factorType: logitsType ?? factorType };
+  return { sName, factor, apply, factorType };
 }
 

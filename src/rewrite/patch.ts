@@ -1,15 +1,20 @@
-/** The patch itself: detect sites, choose n and s per site, insert the factors, sort, record. */
-import { AttentionSite, defaultOpset, Detection, findAttentionSoftmax, label, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
+/**
+ * The patch itself: detect sites in every graph of the model, choose n and s per site, insert the factors,
+ * sort, record.
+ */
+import { AttentionSite, CallSite, defaultOpset, Detection, detectAttention, label, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
+import { FusedSite } from '../detect/fused';
 import { InputError } from '../errors';
 import { Graph } from '../graph/graph';
+import { modelScopes, Scope } from '../graph/scopes';
 import { makeTensor } from '../graph/tensor';
-import { topoSort } from '../graph/toposort';
-import { DataType, decodeModel, encodeModel, ModelProto, toNumber } from '../io/onnx';
-import { chooseN, NOption } from '../policy/n-mode';
+import { DataType, decodeModel, encodeModel, ModelProto, NodeProto, toNumber } from '../io/onnx';
+import { chooseN, NMode, NOption } from '../policy/n-mode';
 import { LayerScale, resolveScaleSpec, ScaleOptions, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
+import { describePlan, insertFused, modeOf, planFor } from './fused';
 import { insertScale } from './insert-scale';
-import { findScaleInitializer, readRecord, SiteRecord, writeRecord } from './record';
+import { findScaleTensor, readRecord, SiteRecord, writeRecord } from './record';
 import { VERSION } from '../version';
 
 export interface PatchOptions extends ScaleOptions {
@@ -19,20 +24,29 @@ export interface PatchOptions extends ScaleOptions {
   scale?: ScaleSpec;
   /** On an already patched model, replace s instead of refusing. */
   updateS?: boolean;
+  /** Node names of refused sites to patch anyway (the deviation from exact SSMax is accepted knowingly). */
+  force?: string[];
 }
 
 export interface PatchedSite {
   node: string;
   layer: number;
+  /** The graph holding the site: `main`, a subgraph path (`main/<node>.<attribute>`), or the caller of a function. */
+  scope: string;
+  /** `Softmax`, the fused operator (`com.microsoft.MultiHeadAttention`, `Attention`, ...), or `call <function>`. */
+  kind: string;
   n: string;
   nReason: string;
   heads: number | null;
   headAxis: number | null;
   headsReason: string;
   logitsRank: number | null;
+  /** The tensor the factor multiplies: the content logits, or the fused operator's query (or weights). */
   logits: string;
   s: LayerScale;
   sInitializer: string;
+  /** Set when --force-site accepted a deviation from exact SSMax at this site. */
+  deviation?: string;
 }
 
 export interface PatchReport {
@@ -52,45 +66,132 @@ export function cloneModel(model: ModelProto): ModelProto {
   return decodeModel(encodeModel(model));
 }
 
+type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
+
+/** Every site in scope order, then layer order: the order of the report and of per-layer s rows. */
+function orderedSites(d: Detection, scopes: Scope[]): AnySite[] {
+  const all: AnySite[] = [
+    ...d.sites.map((site) => ({ kind: 'softmax' as const, site })),
+    ...d.fused.map((site) => ({ kind: 'fused' as const, site })),
+    ...d.calls.map((site) => ({ kind: 'call' as const, site })),
+  ];
+  const rank = new Map(scopes.map((s, i) => [s.path, i]));
+  return all.sort((a, b) => (rank.get(a.site.scope)! - rank.get(b.site.scope)!) || a.site.layer - b.site.layer);
+}
+
+const headsOf = (a: AnySite): number | undefined => (a.kind === 'call' ? a.site.inner.heads.heads : a.site.heads.heads);
+
 /** Patches a copy of `model`; the argument is left unchanged. */
 export function patchModel(model: ModelProto, options: PatchOptions): PatchResult {
   const spec = options.scale ?? resolveScaleSpec(options);
   const out = cloneModel(model);
-  const graph = new Graph(out.graph!);
-  const detection = findAttentionSoftmax(out, graph);
-  if (detection.sites.length === 0) throw new InputError(noAttentionMessage(detection));
-  const scales = scalesForLayers(spec, detection.sites.map((s) => s.heads.heads));
-  const already = detection.sites.filter((s) => s.patchedBy);
+  const scopes = modelScopes(out);
+  const detection = detectAttention(out, scopes, { force: options.force });
+  checkForced(options.force ?? [], detection);
+  const sites = orderedSites(detection, scopes);
+  if (sites.length === 0) throw new InputError(noAttentionMessage(detection));
+  const scales = scalesForSites(spec, sites, detection.skipped);
+  const already = sites.filter((a) => patchedBy(a));
   if (already.length > 0) {
     if (!options.updateS) {
       throw new InputError(`model is already patched (${already.length} SSMax sites); pass --update-s to change s instead of adding a second factor`);
     }
-    return { model: out, report: updateScales(out, graph, detection, scales) };
+    return { model: out, report: updateScales(out, scopes, detection, sites, scales) };
   }
-  const opset = defaultOpset(out);
   const irVersion = toNumber(out.irVersion);
+  const byPath = new Map(scopes.map((s) => [s.path, s]));
   const records: SiteRecord[] = [];
-  const sites: PatchedSite[] = [];
-  for (const site of detection.sites) {
-    const n = chooseN(options.n ?? 'auto', site.mask);
-    const b = new Builder(graph, `${PATCH_PREFIX}L${site.layer}/`, irVersion);
-    const inserted = insertScale(b, site, scales[site.layer], n.mode, opset);
-    graph.proto.node.push(...b.added);
-    sites.push(describe(site, n.mode, n.reason, scales[site.layer], inserted.sName));
-    records.push({ layer: site.layer, softmax: label(site.softmax), n: n.mode, s: scales[site.layer], sInitializer: inserted.sName,
-      apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType });
+  const patched: PatchedSite[] = [];
+  const bodies = new Map<object, PatchedBody>();
+  for (const [i, a] of sites.entries()) {
+    const scope = byPath.get(a.site.scope)!;
+    const s = scales[i];
+    const b = builderFor(scope, a.site.layer, irVersion);
+    let result: { site: PatchedSite; record: SiteRecord };
+    if (a.kind === 'softmax') result = patchSoftmax(b, scope, a.site, s, options.n ?? 'auto');
+    else if (a.kind === 'fused') result = patchFused(b, scope, a.site, s, options.n ?? 'auto');
+    else result = patchCall(b, a.site, s, options.n ?? 'auto', byPath, irVersion, bodies);
+    scope.graph.proto.node.push(...b.added);
+    patched.push(result.site);
+    records.push(result.record);
   }
-  topoSort(out.graph!);
+  for (const scope of scopes) scope.commit();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: 'ssmax', scale: describeSpec(spec),
     trainLen: options.trainLen, sites: records });
-  return { model: out, report: { sites, skipped: detection.skipped, updated: false, opset, irVersion } };
+  return { model: out, report: { sites: patched, skipped: detection.skipped, updated: false, opset: defaultOpset(out), irVersion } };
 }
 
-function describe(site: AttentionSite, n: string, nReason: string, s: LayerScale, sInitializer: string): PatchedSite {
+function builderFor(scope: Scope, layer: number, irVersion: number): Builder {
+  // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
+  const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && irVersion < 4);
+  return new Builder(scope.graph, `${PATCH_PREFIX}L${layer}/`, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
+}
+
+function patchSoftmax(b: Builder, scope: Scope, site: AttentionSite, s: LayerScale, option: NOption, sInput?: string): { site: PatchedSite; record: SiteRecord } {
+  const n = chooseN(option, site.mask);
+  const inserted = insertScale(b, site, s, n.mode, scope.opset, sInput);
   return {
-    node: label(site.softmax), layer: site.layer, n, nReason, heads: site.heads.heads ?? null,
+    site: describe(site, n.mode, n.reason, s, inserted.sName),
+    record: { layer: site.layer, scope: site.scope, softmax: label(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
+      apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+  };
+}
+
+function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, option: NOption, sInput?: string): { site: PatchedSite; record: SiteRecord } {
+  const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
+  const mode = modeOf(plan);
+  const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
+  const inserted = insertFused(b, site, s, plan, scope.opset, sInput);
+  const why = option === 'auto' ? `auto: ${site.mask.reason}` : `--n ${option}`;
+  const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+  return {
+    site: {
+      node: label(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
+      heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
+      logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
+    },
+    record: { layer: site.layer, scope: site.scope, softmax: label(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
+      apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+  };
+}
+
+/**
+ * A function body holding attention is patched once, with s coming in through a new function input; every
+ * call passes its own s (its own layer), so one function used by N layers gets N independent s values.
+ */
+function patchCall(b: Builder, call: CallSite, s: LayerScale, option: NOption, byPath: Map<string, Scope>, irVersion: number,
+  bodies: Map<object, PatchedBody>): { site: PatchedSite; record: SiteRecord } {
+  let body = bodies.get(call.inner);
+  if (!body) {
+    const fnScope = byPath.get(call.inner.scope)!;
+    const input = fnScope.graph.uniqueName(`ssmax_s_${call.inner.layer}`);
+    fnScope.fn!.input.push(input);
+    fnScope.graph.proto.input.push({ name: input });
+    const bb = builderFor(fnScope, call.inner.layer, irVersion);
+    const inner = 'softmax' in call.inner
+      ? patchSoftmax(bb, fnScope, call.inner, s, option, input)
+      : patchFused(bb, fnScope, call.inner, s, option, input);
+    fnScope.graph.proto.node.push(...bb.added);
+    body = { input, ...inner };
+    bodies.set(call.inner, body);
+  }
+  const position = call.fn.input.indexOf(body.input);
+  const perHead = Array.isArray(s);
+  const sName = b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
+  while (call.call.input.length < position) call.call.input.push('');
+  call.call.input[position] = sName;
+  const node = `${label(call.call)} → ${body.site.node}`;
+  const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s, sInitializer: sName };
+  return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s, sInitializer: sName } };
+}
+
+interface PatchedBody { input: string; site: PatchedSite; record: SiteRecord }
+
+function describe(site: AttentionSite, n: NMode, nReason: string, s: LayerScale, sInitializer: string): PatchedSite {
+  return {
+    node: label(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
     headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
-    logits: site.logits, s, sInitializer,
+    logits: site.logits, s, sInitializer, ...(site.forced ? { deviation: site.forced } : {}),
   };
 }
 
@@ -102,28 +203,107 @@ function describeSpec(spec: ScaleSpec): string {
 function noAttentionMessage(d: Detection): string {
   if (d.skipped.length === 0) return 'no Softmax in the model: nothing to patch';
   const reasons = [...new Set(d.skipped.map((s) => s.reason))].join('; ');
-  return `no attention Softmax found (${d.skipped.length} Softmax skipped: ${reasons})`;
+  const forcible = d.skipped.filter((s) => s.forcible).map((s) => s.node);
+  const hint = forcible.length ? ` (--force-site ${forcible[0]} patches a refused site anyway)` : '';
+  const what = d.skipped.some((k) => k.attention) ? 'node(s)' : 'Softmax';
+  return `no attention Softmax found (${d.skipped.length} ${what} skipped: ${reasons})${hint}`;
 }
 
-/** Replaces the s initializers of an earlier patch in place; the factor structure stays as it is. */
-function updateScales(model: ModelProto, graph: Graph, detection: Detection, scales: LayerScale[]): PatchReport {
-  const record = readRecord(model);
-  const sites: PatchedSite[] = [];
-  for (const site of detection.sites) {
-    const name = site.patchedBy ? findScaleInitializer(graph, site.patchedBy) : null;
-    if (!name) throw new InputError(`layer ${site.layer}: patched, but its s initializer was not found`);
-    const old = graph.initializers.get(name)!;
-    const s = scales[site.layer];
-    const dims = Array.isArray(s) ? [s.length, 1, 1] : [];
-    if (old.dims.map(toNumber).join() !== dims.join()) {
-      throw new InputError(`layer ${site.layer}: cannot change s from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
-    }
-    const index = graph.proto.initializer.indexOf(old);
-    graph.proto.initializer[index] = makeTensor(name, DataType.FLOAT, dims, Array.isArray(s) ? s : [s]);
-    const rec = record?.sites.find((r) => r.sInitializer === name);
-    if (rec) rec.s = s;
-    sites.push(describe(site, rec?.n ?? 'unchanged', 'kept from the earlier patch', s, name));
+/** Every --force-site name must name a refused or patched site, so a typo is not silently ignored. */
+function checkForced(force: string[], d: Detection): void {
+  const known = new Set([
+    ...d.sites.map((s) => label(s.softmax)), ...d.fused.map((s) => label(s.node)),
+    ...d.calls.map((c) => label('softmax' in c.inner ? c.inner.softmax : c.inner.node)),
+  ]);
+  for (const name of force) {
+    if (known.has(name)) continue;
+    const skipped = d.skipped.find((s) => s.node === name);
+    if (skipped) throw new InputError(`--force-site ${name}: cannot be forced (${skipped.reason})`);
+    const refusable = d.skipped.filter((s) => s.forcible).map((s) => s.node);
+    throw new InputError(`--force-site ${name}: no such attention node${refusable.length ? ` (refused sites: ${refusable.join(', ')})` : ''}`);
   }
+}
+
+/**
+ * s for every site. Layers are numbered per graph, so a per-layer s file gives row k to layer k of every graph
+ * that holds attention (e.g. both branches of an If, or the init and step decoders of a GreedySearch).
+ * Refused attention keeps its layer number: its row is read and not used.
+ */
+function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: SkippedSoftmax[]): LayerScale[] {
+  const heads = new Map<string, (number | undefined)[]>();
+  const slot = (scope: string, layer: number, h: number | undefined): void => {
+    const list = heads.get(scope) ?? [];
+    while (list.length <= layer) list.push(undefined);
+    list[layer] = h;
+    heads.set(scope, list);
+  };
+  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
+  for (const a of sites) slot(a.site.scope, a.site.layer, headsOf(a));
+  const rows = new Map<string, LayerScale[]>();
+  for (const [scope, list] of heads) {
+    try {
+      rows.set(scope, scalesForLayers(spec, list));
+    } catch (e) {
+      if (e instanceof InputError && scope !== 'main') throw new InputError(`${scope}: ${e.message}`);
+      throw e;
+    }
+  }
+  return sites.map((a) => {
+    const row = rows.get(a.site.scope)![a.site.layer];
+    if (Array.isArray(row) && row.length > 1 && headsOf(a) === undefined) {
+      const why = a.kind === 'call' ? a.site.inner.heads.reason : a.site.heads.reason;
+      const where = a.site.scope === 'main' ? '' : ` of ${a.site.scope}`;
+      throw new InputError(`layer ${a.site.layer}${where}: per-head s given, but the head count is unknown (${why}); give one s for the layer`);
+    }
+    return row;
+  });
+}
+
+function patchedBy(a: AnySite): boolean {
+  return Boolean(a.kind === 'call' ? a.site.inner.patchedBy : a.site.patchedBy);
+}
+
+/** Replaces the s values of an earlier patch in place; the factor structure stays as it is. */
+function updateScales(model: ModelProto, scopes: Scope[], detection: Detection, sites: AnySite[], scales: LayerScale[]): PatchReport {
+  const record = readRecord(model);
+  const byPath = new Map(scopes.map((s) => [s.path, s]));
+  const out: PatchedSite[] = [];
+  sites.forEach((a, i) => {
+    const scope = byPath.get(a.site.scope)!;
+    const apply = a.kind === 'call' ? a.site.inner.patchedBy : a.site.patchedBy;
+    if (!apply) throw new InputError(`layer ${a.site.layer}: not patched while other layers are; patch the original model instead`);
+    const name = a.kind === 'call' ? callScaleName(a.site, byPath, apply) : findScaleTensor(scope.graph, apply);
+    if (!name || !scope.graph.initializers.has(name)) throw new InputError(`layer ${a.site.layer}: patched, but its s initializer was not found`);
+    replaceScale(scope.graph, name, scales[i], a.site.layer);
+    const rec = record?.sites.find((r) => r.sInitializer === name && (r.scope ?? 'main') === a.site.scope);
+    if (rec) rec.s = scales[i];
+    const node = a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call;
+    const heads = headsOf(a);
+    out.push({
+      node: label(node), layer: a.site.layer, scope: a.site.scope, kind: a.kind === 'softmax' ? 'Softmax' : a.kind === 'fused' ? a.site.op : `call ${a.site.fn.name}`,
+      n: rec?.n ?? 'unchanged', nReason: 'kept from the earlier patch', heads: heads ?? null, headAxis: null, headsReason: '',
+      logitsRank: null, logits: '', s: scales[i], sInitializer: name,
+    });
+  });
   if (record) writeRecord(model, record);
-  return { sites, skipped: detection.skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion) };
+  return { sites: out, skipped: detection.skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion) };
+}
+
+function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number): void {
+  const old = graph.initializers.get(name)!;
+  const dims = Array.isArray(s) ? [s.length, 1, 1] : [];
+  if (old.dims.map(toNumber).join() !== dims.join()) {
+    throw new InputError(`layer ${layer}: cannot change s from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
+  }
+  // The initializer may belong to an enclosing graph.
+  let owner: Graph | undefined = graph;
+  while (owner && !owner.proto.initializer.includes(old)) owner = owner.parent;
+  const list = owner!.proto.initializer;
+  list[list.indexOf(old)] = makeTensor(name, DataType.FLOAT, dims, Array.isArray(s) ? s : [s]);
+}
+
+function callScaleName(call: CallSite, byPath: Map<string, Scope>, apply: NodeProto): string | null {
+  const fnInput = findScaleTensor(byPath.get(call.inner.scope)!.graph, apply);
+  const position = fnInput ? call.fn.input.indexOf(fnInput) : -1;
+  return position >= 0 ? call.call.input[position] ?? null : null;
 }

@@ -6,7 +6,12 @@ export const RECORD_KEY = 'ssmax_patch';
 
 export interface SiteRecord {
   layer: number;
+  /** The graph holding the site, when recorded (`main`, a subgraph path). */
+  scope?: string;
+  /** The Softmax node, the fused operator node, or `<call> → <node in the function body>`. */
   softmax: string;
+  /** The fused operator, for fused sites. */
+  kind?: string;
   n: string;
   s: number | number[];
   sInitializer: string;
@@ -40,17 +45,22 @@ export function readRecord(model: ModelProto): PatchRecord | null {
   }
 }
 
-/** The s initializer feeding an inserted factor, found by walking up from the Mul that applies it. */
-export function findScaleInitializer(graph: Graph, apply: NodeProto): string | null {
-  const queue = [apply.input[1]];
+/**
+ * The s tensor feeding an inserted factor, found by walking up from the node that applies it: an initializer
+ * (or, in a function body, a Constant) named `.../s`, or the `ssmax_s*` input through which a function gets s.
+ */
+export function findScaleTensor(graph: Graph, apply: NodeProto): string | null {
+  const queue = [...apply.input];
   const seen = new Set<string>();
   while (queue.length) {
     const name = queue.shift()!;
-    if (seen.has(name)) continue;
+    if (!name || seen.has(name)) continue;
     seen.add(name);
     if (graph.initializers.has(name) && /\/s(_\d+)?$/.test(name)) return name;
+    if (graph.inputs.has(name) && /^ssmax_s/.test(name)) return name;
     const node = graph.producer.get(name);
-    if (node) queue.push(...node.input.filter(Boolean));
+    if (node?.opType === 'Constant' && /\/s(_\d+)?$/.test(name)) return name;
+    if (node) queue.push(...node.input);
   }
   return null;
 }

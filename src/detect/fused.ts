@@ -1,0 +1,291 @@
+/**
+ * Fused attention operators: the Softmax is inside the kernel, so the SSMax factor has to go on the query
+ * (scaling query row i by c_i scales logits row i by c_i, also through RoPE, which is linear). For each operator
+ * this module says where the query is, how n is read from the operator's inputs, and where the equivalence
+ * breaks (a deviation: refused unless the user forces the site).
+ *
+ *   com.microsoft MultiHeadAttention, GroupQueryAttention, DecoderMaskedMultiHeadAttention, Attention;
+ *   ONNX Attention (opset 23 and later).
+ */
+import { attrFloat, attrInt, attrInts, Graph } from '../graph/graph';
+import { NodeProto } from '../io/onnx';
+import { HeadInfo } from './heads';
+import { classifyMasks, MaskVerdict } from './mask';
+
+/** Where the query is and how its rows and heads are laid out. */
+export type QueryPlan =
+  /** [B, S, N·H]; `bias`: an input whose first N·H entries the kernel adds to the query. */
+  | { layout: 'bsd'; input: number; bias?: number }
+  /** [B, N, S, H] (ONNX Attention with 4-D inputs). */
+  | { layout: 'bnsd'; input: number }
+  /** MultiHeadAttention packed QKV [B, S, N, 3, H]: the query is index 0 of axis 3. */
+  | { layout: 'bsn3h'; input: number }
+  /** Packed QKV [B, S, W]: the query is the first qParts/parts of W (GQA: N of N + 2·Nkv; DMMHA: 1 of 3). */
+  | { layout: 'packed'; input: number; qParts: number; parts: number; bias?: number }
+  /**
+   * com.microsoft Attention computes Q = input·W[:, :hidden] + bias[:hidden] inside: only the query columns of
+   * `weights` (and `bias`) can be scaled, so the factor is one per head, the same for every row.
+   */
+  | { layout: 'weights'; weights: number; bias?: number; qWidth?: number };
+
+/** One term of a sequence length: a dimension of an input, or the value of a scalar integer input. */
+export type Term = { input: number; axis: number } | { input: number; value: true };
+
+export type NPlan =
+  /** n = Tk for every row. */
+  | { kind: 'keys'; tk: Term[] }
+  /** n_i = Tk − S + i + 1 (bottom-right aligned causal mask, right for KV-cache decoding). */
+  | { kind: 'causal'; tk: Term[] }
+  /** n_i = P + i + 1 with P the cached length (ONNX Attention's is_causal: row i sees keys ≤ i + P). */
+  | { kind: 'causal-offset'; tk: Term[]; offset: Term[] }
+  /**
+   * Per-batch total lengths from an input (GQA: seqlens_k + 1; ONNX Attention: nonpad_kv_seqlen).
+   * causal: n_{b,i} = past_b + i + 1 with past_b = T_b − S, or 0 while GQA processes the first prompt;
+   * window: at most `window` keys (GQA local_window_size). Otherwise n_b = T_b.
+   */
+  | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number };
+
+export type FusedOp =
+  | 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
+  | 'com.microsoft.DecoderMaskedMultiHeadAttention' | 'com.microsoft.Attention' | 'Attention';
+
+export interface FusedSite {
+  /** 0-based, in graph order within its scope (shared with the Softmax sites). */
+  layer: number;
+  scope: string;
+  node: NodeProto;
+  op: FusedOp;
+  heads: HeadInfo;
+  mask: MaskVerdict;
+  query: QueryPlan;
+  n: NPlan;
+  /** The query length S: a dimension of an input. */
+  queryLength: { input: number; axis: number };
+  /** Element type of the query (or weights), when known. */
+  queryType?: number;
+  /** Why SSMax on the query is not exactly SSMax on the kernel's logits; set sites are refused unless forced. */
+  deviation?: string;
+  /** Set when a deviation was accepted with --force-site. */
+  forced?: boolean;
+  /** The inserted node that applies an earlier run's factor, when the site is already patched. */
+  patchedBy?: NodeProto;
+}
+
+export type FusedMatch = Omit<FusedSite, 'layer' | 'scope'>;
+
+const MS = 'com.microsoft';
+
+/** Attention operators this tool recognises but cannot patch, with the reason. */
+const unsupported: Record<string, string> = {
+  PackedAttention: 'packed (padding-free) token layout: per-row n needs the cumulative sequence lengths',
+  PackedMultiHeadAttention: 'packed (padding-free) token layout: per-row n needs the cumulative sequence lengths',
+  SparseAttention: 'block-sparse attention: n is the number of keys in the sparse layout, not derivable from shapes',
+  PagedAttention: 'paged KV cache: n needs the block tables',
+  LongformerAttention: 'sliding-window plus global attention: n differs per row in ways the inputs do not state',
+  QAttention: 'quantized Attention: the query weights are int8',
+  QOrderedAttention: 'quantized Attention: the query weights are int8',
+  QOrderedLongformerAttention: 'quantized Attention: the query weights are int8',
+  DecoderAttention: 'legacy DecoderAttention: Q is computed inside from weights with a per-step cache layout',
+  DecoderMaskedSelfAttention: 'Q is computed inside from weights with a shared cache buffer',
+  FlexAttention: 'score_mod/mask_mod subgraphs may change the logits arbitrarily',
+};
+
+export function isFusedCandidate(node: NodeProto, opset: number): boolean {
+  if (node.domain === MS) {
+    return ['MultiHeadAttention', 'GroupQueryAttention', 'DecoderMaskedMultiHeadAttention', 'Attention'].includes(node.opType)
+      || node.opType in unsupported;
+  }
+  if (node.domain === '' || node.domain === 'ai.onnx') return node.opType === 'Attention' && opset >= 23;
+  return node.opType in unsupported;
+}
+
+export interface FusedContext {
+  graph: Graph;
+  ranks: Map<string, number>;
+  types: Map<string, number>;
+}
+
+export function matchFused(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+  if (node.opType in unsupported && !(node.domain === '' && node.opType === 'Attention')) {
+    return { reason: `fused ${node.opType}: not patched (${unsupported[node.opType]})` };
+  }
+  if (node.domain === MS) {
+    switch (node.opType) {
+      case 'MultiHeadAttention': return multiHead(ctx, node);
+      case 'GroupQueryAttention': return groupQuery(ctx, node);
+      case 'DecoderMaskedMultiHeadAttention': return decoderMasked(ctx, node);
+      case 'Attention': return msAttention(ctx, node);
+    }
+  }
+  return onnxAttention(ctx, node);
+}
+
+const present = (node: NodeProto, i: number): boolean => Boolean(node.input[i]);
+
+function rankOf(ctx: FusedContext, node: NodeProto, i: number): number | undefined {
+  return present(node, i) ? ctx.ranks.get(node.input[i]) ?? ctx.graph.declaredRank(node.input[i]) : undefined;
+}
+
+function headsFromAttr(node: NodeProto, name: string): HeadInfo {
+  const h = attrInt(node, name);
+  return h && h > 0
+    ? { heads: h, axis: 1, reason: `${name}=${h} attribute` }
+    : { axis: 1, reason: `no ${name} attribute` };
+}
+
+function masksOf(ctx: FusedContext, node: NodeProto, inputs: number[], why: string): MaskVerdict {
+  const names = inputs.filter((i) => present(node, i)).map((i) => node.input[i]);
+  if (names.length === 0) return { causal: false, reason: `no mask (${why})` };
+  return classifyMasks(ctx.graph, names);
+}
+
+/**
+ * com.microsoft MultiHeadAttention: query [B,S,N·H] (bias added inside) or packed QKV [B,S,N,3,H]; keys from
+ * key [B,L,·] / [B,N,L,H] (cross attention on cached keys) / packed KV [B,L,N,2,H], plus past_key [B,N,P,H].
+ */
+function multiHead(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+  const qRank = rankOf(ctx, node, 0);
+  const packed = !present(node, 1) || qRank === 5;
+  if (packed && qRank !== undefined && qRank !== 5) return { reason: 'MultiHeadAttention without key: expected packed QKV of rank 5' };
+  if (packed && present(node, 3)) return { reason: 'MultiHeadAttention: bias with packed QKV is not handled' };
+  const kRank = rankOf(ctx, node, 1);
+  let kv: Term;
+  if (packed) kv = { input: 0, axis: 1 };
+  else if (kRank === 4) kv = { input: 1, axis: 2 };
+  else if (kRank === 3 || kRank === 5) kv = { input: 1, axis: 1 };
+  else return { reason: 'MultiHeadAttention: rank of key unknown, cannot tell its sequence axis' };
+  const tk: Term[] = [kv];
+  let deviation: string | undefined;
+  if (present(node, 8)) tk.push({ input: 8, value: true });
+  else if (present(node, 6)) tk.push({ input: 6, axis: 2 });
+  const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
+  const mask = unidirectional
+    ? { causal: true, reason: 'causal: unidirectional=1' }
+    : masksOf(ctx, node, [4, 5], 'no key_padding_mask or attention_bias');
+  if (kRank === 4 && present(node, 6)) deviation = 'past_key given with 4-D key: the key length is ambiguous';
+  return {
+    node, op: 'com.microsoft.MultiHeadAttention', heads: headsFromAttr(node, 'num_heads'), mask,
+    query: packed ? { layout: 'bsn3h', input: 0 } : { layout: 'bsd', input: 0, bias: present(node, 3) ? 3 : undefined },
+    n: mask.causal ? { kind: 'causal', tk } : { kind: 'keys', tk },
+    queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]), deviation,
+  };
+}
+
+/**
+ * com.microsoft GroupQueryAttention: n from seqlens_k (total − 1 per batch entry) and total_sequence_length,
+ * never from the cache buffer's shape (which may be a shared max-length buffer).
+ */
+function groupQuery(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+  const heads = headsFromAttr(node, 'num_heads');
+  const kvHeads = attrInt(node, 'kv_num_heads') ?? 0;
+  const packed = !present(node, 1);
+  if (packed && (!heads.heads || kvHeads <= 0)) return { reason: 'GroupQueryAttention packed QKV without num_heads/kv_num_heads' };
+  const deviations: string[] = [];
+  const softcap = attrFloat(node, 'softcap') ?? 0;
+  if (softcap !== 0) deviations.push(`softcap=${softcap}: tanh capping after the factor is not SSMax`);
+  if ((attrInt(node, 'smooth_softmax') ?? 0) === 1 || present(node, 11)) {
+    deviations.push('attention sink (smooth_softmax / head_sink): the extra softmax term is not scaled with n');
+  }
+  if (present(node, 14) || present(node, 15)) {
+    deviations.push('q_norm_weight: the kernel RMS-normalises Q after the point where the factor goes, undoing it');
+  }
+  const causal = (attrInt(node, 'causal') ?? 1) === 1;
+  const window = attrInt(node, 'local_window_size') ?? -1;
+  const mask: MaskVerdict = causal
+    ? { causal: true, reason: `causal: GroupQueryAttention${window > 0 ? ` with local_window_size=${window}` : ''}` }
+    : masksOf(ctx, node, [10], 'causal=0');
+  return {
+    node, op: 'com.microsoft.GroupQueryAttention', heads, mask,
+    query: packed ? { layout: 'packed', input: 0, qParts: heads.heads!, parts: heads.heads! + 2 * kvHeads } : { layout: 'bsd', input: 0 },
+    n: { kind: 'lengths', lengths: 5, plusOne: true, causal, promptTotal: 6, window: window > 0 ? window : undefined },
+    queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]),
+    deviation: deviations.length ? deviations.join('; ') : undefined,
+  };
+}
+
+/** com.microsoft DecoderMaskedMultiHeadAttention: one query token; self attention over past + 1, or cross attention. */
+function decoderMasked(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+  const packed = !present(node, 1);
+  const kRank = rankOf(ctx, node, 1);
+  const cross = !packed && (kRank === 4 || (kRank === undefined && !present(node, 5)));
+  const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
+  let tk: Term[];
+  let deviation: string | undefined;
+  if (cross) tk = [{ input: 1, axis: 2 }];
+  else if (share && present(node, 7)) tk = [{ input: 7, value: true }, { input: 0, axis: 1 }];
+  else if (share) {
+    tk = [{ input: 5, axis: 2 }, { input: 0, axis: 1 }];
+    deviation = 'shared past/present buffer without past_sequence_length: its length is not the sequence length';
+  } else tk = [...(present(node, 5) ? [{ input: 5, axis: 2 }] : []), { input: 0, axis: 1 }];
+  return {
+    node, op: 'com.microsoft.DecoderMaskedMultiHeadAttention', heads: headsFromAttr(node, 'num_heads'),
+    mask: masksOf(ctx, node, [3, 4], 'one query token attends to every cached key'),
+    query: packed
+      ? { layout: 'packed', input: 0, qParts: 1, parts: 3, bias: present(node, 10) ? 10 : undefined }
+      : { layout: 'bsd', input: 0, bias: present(node, 10) ? 10 : undefined },
+    // One query token: causal and keys give the same n = Tk.
+    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]), deviation,
+  };
+}
+
+/**
+ * com.microsoft Attention: Q = input·weights[:, :hidden] + bias[:hidden] is computed inside, so the factor can
+ * only scale the query columns of weights and bias: one factor per head for all rows. With n = Tk (keys) that
+ * is exact; causal attention needs a different n per row, which this operator cannot take.
+ */
+function msAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+  const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
+  if (present(node, 6) && !share) {
+    return { reason: 'com.microsoft Attention with input 6 (separate key, or past_sequence_length without a shared buffer) is not handled' };
+  }
+  const tk: Term[] = [{ input: 0, axis: 1 }];
+  const deviations: string[] = [];
+  if (share && present(node, 6)) tk.push({ input: 6, value: true });
+  else if (present(node, 4)) {
+    tk.push({ input: 4, axis: 3 });
+    if (share) deviations.push('shared past/present buffer without past_sequence_length: its length is not the sequence length');
+  }
+  const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
+  if (unidirectional) {
+    deviations.push('causal (unidirectional=1) but Q is computed inside from weights: only one factor per head is '
+      + 'possible, so every row gets n = Tk instead of its position + 1');
+  }
+  const sizes = attrInts(node, 'qkv_hidden_sizes');
+  return {
+    node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'),
+    mask: unidirectional ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [3, 5], 'no mask_index'),
+    query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0] },
+    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[1]),
+    deviation: deviations.length ? deviations.join('; ') : undefined,
+  };
+}
+
+/** ONNX Attention (opset 23+): 3-D [B,S,N·H] with q_num_heads, or 4-D [B,N,S,H] inputs. */
+function onnxAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+  const qRank = rankOf(ctx, node, 0);
+  const kRank = rankOf(ctx, node, 1);
+  if (qRank !== 3 && qRank !== 4) return { reason: 'ONNX Attention: rank of Q unknown (3-D or 4-D layout cannot be told)' };
+  if (kRank !== 3 && kRank !== 4) return { reason: 'ONNX Attention: rank of K unknown' };
+  const softcap = attrFloat(node, 'softcap') ?? 0;
+  const deviation = softcap !== 0 ? `softcap=${softcap}: tanh capping after the factor is not SSMax` : undefined;
+  const heads: HeadInfo = qRank === 3 ? headsFromAttr(node, 'q_num_heads') : headsFromShape(ctx, node.input[0]);
+  const tk: Term[] = [{ input: 1, axis: kRank === 3 ? 1 : 2 }];
+  if (present(node, 4)) tk.push({ input: 4, axis: 2 });
+  const isCausal = (attrInt(node, 'is_causal') ?? 0) === 1;
+  const mask: MaskVerdict = isCausal ? { causal: true, reason: 'causal: is_causal=1' } : masksOf(ctx, node, [3], 'no attn_mask');
+  let n: NPlan;
+  if (present(node, 6)) n = { kind: 'lengths', lengths: 6, plusOne: false, causal: mask.causal };
+  else if (isCausal) n = { kind: 'causal-offset', tk, offset: present(node, 4) ? [{ input: 4, axis: 2 }] : [] };
+  else n = mask.causal ? { kind: 'causal', tk } : { kind: 'keys', tk };
+  return {
+    node, op: 'Attention', heads, mask, n, deviation,
+    query: qRank === 3 ? { layout: 'bsd', input: 0 } : { layout: 'bnsd', input: 0 },
+    queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 }, queryType: ctx.types.get(node.input[0]),
+  };
+}
+
+function headsFromShape(ctx: FusedContext, query: string): HeadInfo {
+  const d = ctx.graph.valueInfo.get(query)?.type?.tensorType?.shape?.dim?.[1];
+  const h = d?.dimValue !== undefined ? Number(typeof d.dimValue === 'number' ? d.dimValue : d.dimValue.toNumber()) : 0;
+  return h > 0 ? { heads: h, axis: 1, reason: `declared shape of Q has ${h} heads at axis 1` } : { axis: 1, reason: 'heads are axis 1 of Q; its size is not declared' };
+}

@@ -1,0 +1,272 @@
+/**
+ * SSMax for fused attention operators: the factor c_i = s·ln n_i multiplies query row i before the operator
+ * (scaling a query row scales that row's logits; RoPE inside the kernel is a rotation, so it commutes).
+ *
+ *   n       from the operator's inputs (see NPlan in detect/fused.ts), as ln n of shape [Bn, Sn]
+ *           (Bn = 1 or batch, Sn = 1 or query length);
+ *   c       s·ln n, with per-head s laid out along the query's head axis;
+ *   query   [B,S,N·H] (×c per row, per head via a [B,S,N,H] view), [B,N,S,H], packed [B,S,N,3,H] (only the
+ *           query slot), packed [B,S,W] (only the query columns), or the query columns of the weights.
+ *
+ * A `bias` the kernel adds to the query after our factor would not be scaled: the query part of the bias is
+ * added here before the factor, and the operator gets the bias with that part set to zero.
+ */
+import { FusedSite, NPlan, Term } from '../detect/fused';
+import { DataType } from '../io/onnx';
+import { NMode } from '../policy/n-mode';
+import { LayerScale } from '../policy/scale';
+import { Builder } from './builder';
+import { Applied, applyFactor } from './dtype';
+
+export interface InsertedFused {
+  sName: string;
+  factor: string;
+  apply: string;
+  factorType: number;
+}
+
+// Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
+const INT64_MAX = Number.MAX_SAFE_INTEGER;
+
+/** The n plan after the user's --n choice: keys turns causal plans into key counts and the reverse. */
+export function planFor(site: FusedSite, mode: NMode): NPlan {
+  const n = site.n;
+  if (site.query.layout === 'weights') return n; // one factor per head: keys only
+  if (mode === 'keys') {
+    if (n.kind === 'causal' || n.kind === 'causal-offset') return { kind: 'keys', tk: n.tk };
+    if (n.kind === 'lengths') return { ...n, causal: false };
+    return n;
+  }
+  if (n.kind === 'keys') return { kind: 'causal', tk: n.tk };
+  if (n.kind === 'lengths') return { ...n, causal: true };
+  return n;
+}
+
+/** One line on how n is computed, for the report. */
+export function describePlan(plan: NPlan): string {
+  const terms = (t: Term[]): string => t.map((x) => ('value' in x ? `value of input ${x.input}` : `input ${x.input} dim ${x.axis}`)).join(' + ') || '0';
+  switch (plan.kind) {
+    case 'keys': return `n = Tk = ${terms(plan.tk)}`;
+    case 'causal': return `n_i = Tk − S + i + 1, Tk = ${terms(plan.tk)}`;
+    case 'causal-offset': return `n_i = P + i + 1, P = ${terms(plan.offset)}`;
+    case 'lengths': {
+      const total = `T_b = input ${plan.lengths}${plan.plusOne ? ' + 1' : ''}`;
+      const rows = plan.causal ? `n_{b,i} = T_b − S + i + 1${plan.promptTotal !== undefined ? ' (i + 1 on the first prompt)' : ''}` : 'n_b = T_b';
+      return `${rows}, ${total}${plan.window !== undefined ? `, at most ${plan.window}` : ''}`;
+    }
+  }
+}
+
+export function modeOf(plan: NPlan): NMode {
+  return plan.kind === 'keys' || (plan.kind === 'lengths' && !plan.causal) ? 'keys' : 'causal';
+}
+
+/** `sInput`: s already in the graph (a function input), else a new constant `ssmax/L<k>/s`. */
+export function insertFused(b: Builder, site: FusedSite, s: LayerScale, plan: NPlan, opset: number, sInput?: string): InsertedFused {
+  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention needs opset ≥ 11 for the inserted ops`);
+  const perHead = Array.isArray(s);
+  const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
+  const lnN = lnRows(b, site, plan);
+  const q = site.query;
+  let applied: Applied;
+  switch (q.layout) {
+    case 'bsd': applied = scaleBsd(b, site, q.input, sName, lnN, perHead, q.bias, opset); break;
+    case 'packed': applied = scalePacked(b, site, q, sName, lnN, perHead, opset); break;
+    case 'bnsd': applied = scaleBnsd(b, site, q.input, sName, lnN, opset); break;
+    case 'bsn3h': applied = scaleBsn3h(b, site, q.input, sName, lnN, perHead, opset); break;
+    case 'weights': applied = scaleWeights(b, site, q, sName, lnN, perHead, opset); break;
+  }
+  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType };
+}
+
+// ---- n ---------------------------------------------------------------------------------------------------
+
+/** A scalar int64 from a term: a dimension of one of the node's inputs, or the value of a scalar input. */
+function termValue(b: Builder, site: FusedSite, t: Term): string {
+  const name = site.node.input[t.input];
+  if ('value' in t) return b.op('Reshape', [b.op('Cast', [name], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'len');
+  return b.op('Gather', [b.op('Shape', [name]), b.int64(`axis${t.axis}`, [t.axis], true)], {}, 'len');
+}
+
+function sum(b: Builder, site: FusedSite, terms: Term[]): string {
+  if (terms.length === 0) return b.int64('zero', [0], true);
+  return terms.map((t) => termValue(b, site, t)).reduce((acc, v) => b.op('Add', [acc, v], {}, 'len_sum'));
+}
+
+function logOf(b: Builder, n: string): string {
+  return b.op('Log', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n')], {}, 'ln_n');
+}
+
+/** ln n as a float tensor [Bn, Sn]. */
+function lnRows(b: Builder, site: FusedSite, plan: NPlan): string {
+  const one = b.int64('one', [1], true);
+  const S = termValue(b, site, site.queryLength);
+  const rows = (start: string): string => b.op('Range', [start, b.op('Add', [start, S], {}, 'n_end'), one], {}, 'n_rows');
+  switch (plan.kind) {
+    case 'keys':
+      return b.op('Reshape', [logOf(b, sum(b, site, plan.tk)), b.int64('one_one', [1, 1])], {}, 'ln_n_rows');
+    case 'causal': {
+      const first = b.op('Add', [b.op('Sub', [sum(b, site, plan.tk), S], {}, 'past'), one], {}, 'n_first');
+      return b.op('Reshape', [logOf(b, rows(first)), b.int64('row', [1, -1])], {}, 'ln_n_rows');
+    }
+    case 'causal-offset': {
+      const first = b.op('Add', [sum(b, site, plan.offset), one], {}, 'n_first');
+      return b.op('Reshape', [logOf(b, rows(first)), b.int64('row', [1, -1])], {}, 'ln_n_rows');
+    }
+    case 'lengths':
+      return lnFromLengths(b, site, plan, S, one);
+  }
+}
+
+/**
+ * Per-batch lengths T_b: n_b = T_b, or causal n_{b,i} = past_b + i + 1, clamped to ≥ 1 and to the window
+ * (onnxruntime 1.30's GroupQueryAttention lets row i see keys i − W + 1 … i: W keys, self included).
+ */
+function lnFromLengths(b: Builder, site: FusedSite, plan: Extract<NPlan, { kind: 'lengths' }>, S: string, one: string): string {
+  let total = b.op('Cast', [site.node.input[plan.lengths]], { to: DataType.INT64 }, 'total');
+  if (plan.plusOne) total = b.op('Add', [total, one], {}, 'total');
+  const column = b.int64('column', [-1, 1]);
+  let n: string;
+  if (!plan.causal) n = b.op('Reshape', [total, column], {}, 'n_batch');
+  else {
+    let past = b.op('Sub', [total, S], {}, 'past');
+    if (plan.promptTotal !== undefined) {
+      // GroupQueryAttention's first prompt (S equals total_sequence_length) starts at position 0 in every row.
+      const maxTotal = b.op('Reshape', [b.op('Cast', [site.node.input[plan.promptTotal]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'max_total');
+      const prompt = b.op('Equal', [S, maxTotal], {}, 'first_prompt');
+      past = b.op('Where', [prompt, b.int64('zero', [0], true), past], {}, 'past');
+    }
+    const positions = b.op('Range', [one, b.op('Add', [S, one], {}, 'n_end'), one], {}, 'positions');
+    n = b.op('Add', [b.op('Reshape', [past, column]), b.op('Unsqueeze', [positions, b.int64('axes0', [0])], {}, 'positions_row')], {}, 'n_rows');
+  }
+  let nf = b.op('Cast', [n], { to: DataType.FLOAT }, 'n');
+  if (plan.window !== undefined) nf = b.op('Min', [nf, b.constant('window', DataType.FLOAT, [], [plan.window])], {}, 'n_window');
+  // Rows before the first visible key (n ≤ 0) see nothing; factor 0 there instead of ln 0 = −inf.
+  nf = b.op('Max', [nf, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_clamped');
+  return b.op('Log', [nf], {}, 'ln_n_rows');
+}
+
+// ---- c and the query -------------------------------------------------------------------------------------
+
+function unsqueeze(b: Builder, x: string, axes: number[], opset: number, name: string): string {
+  return opset >= 13 ? b.op('Unsqueeze', [x, b.int64('axes', axes)], {}, name) : b.op('Unsqueeze', [x], { axes }, name);
+}
+
+/** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
+function factorRowsHeads(b: Builder, sName: string, lnN: string, perHead: boolean, opset: number): string {
+  if (!perHead) return unsqueeze(b, b.op('Mul', [lnN, sName], {}, 'factor'), [2], opset, 'factor_rows');
+  const sHeads = b.op('Reshape', [sName, b.int64('heads_col', [-1, 1])], {}, 's_heads');
+  return b.op('Mul', [unsqueeze(b, lnN, [2, 3], opset, 'ln_n_4d'), sHeads], {}, 'factor');
+}
+
+function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
+  if (!perHead) return applyFactor(b, q, c, qType, opset);
+  const view = b.op('Reshape', [q, b.int64('heads_view', [0, 0, heads!, -1])], {}, 'q_heads');
+  const applied = applyFactor(b, view, c, qType, opset);
+  return { ...applied, output: b.op('Reshape', [applied.output, b.int64('merge_heads', [0, 0, -1])], {}, 'q_scaled') };
+}
+
+/** [B,S,N·H] query; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
+function scaleBsd(b: Builder, site: FusedSite, input: number, sName: string, lnN: string, perHead: boolean,
+  bias: number | undefined, opset: number): Applied {
+  let q = site.node.input[input];
+  let qType = site.queryType;
+  if (bias !== undefined) ({ q, qType } = foldQueryBias(b, site, q, bias, qType));
+  const c = factorRowsHeads(b, sName, lnN, perHead, opset);
+  const applied = scaleRows(b, q, c, perHead, site.heads.heads, qType, opset);
+  const out = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
+  site.node.input[input] = out;
+  return { ...applied, output: out };
+}
+
+/** q + bias[:W] (in fp32 when q is fp16/bf16), and the node's bias replaced by [0…0, bias[W:]]. */
+function foldQueryBias(b: Builder, site: FusedSite, q: string, biasIndex: number, qType: number | undefined): { q: string; qType: number | undefined } {
+  const bias = site.node.input[biasIndex];
+  const width = b.op('Slice', [b.op('Shape', [q]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'q_width');
+  const zero1 = b.int64('zero1', [0]);
+  const biasQ = b.op('Slice', [bias, zero1, width, zero1], {}, 'bias_q');
+  const rest = b.op('Slice', [bias, width, b.int64('end', [INT64_MAX]), zero1], {}, 'bias_kv');
+  const zeros = b.op('Sub', [biasQ, biasQ], {}, 'bias_q_zero');
+  site.node.input[biasIndex] = b.op('Concat', [zeros, rest], { axis: 0 }, 'bias');
+  const wide = qType === DataType.FLOAT16 || qType === DataType.BFLOAT16;
+  if (!wide) return { q: b.op('Add', [q, biasQ], {}, 'q_biased'), qType };
+  const qf = b.op('Cast', [q], { to: DataType.FLOAT }, 'q_f32');
+  const bf = b.op('Cast', [biasQ], { to: DataType.FLOAT }, 'bias_q_f32');
+  return { q: b.op('Add', [qf, bf], {}, 'q_biased'), qType: DataType.FLOAT };
+}
+
+/** Packed [B,S,W]: only the first W·qParts/parts columns are the query. */
+function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'packed' }>, sName: string, lnN: string,
+  perHead: boolean, opset: number): Applied {
+  const packed = site.node.input[q.input];
+  const width = b.op('Slice', [b.op('Shape', [packed]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
+  const qWidth = b.op('Mul', [b.op('Div', [width, b.int64('parts', [q.parts])], {}, 'part'), b.int64('q_parts', [q.qParts])], {}, 'q_width');
+  const axis = b.int64('axis2', [2]);
+  const query = b.op('Slice', [packed, b.int64('zero1', [0]), qWidth, axis], {}, 'query');
+  const rest = b.op('Slice', [packed, qWidth, b.int64('end', [INT64_MAX]), axis], {}, 'key_value');
+  let qIn = query;
+  let qType = site.queryType;
+  if (q.bias !== undefined) ({ q: qIn, qType } = foldQueryBias(b, site, query, q.bias, qType));
+  const c = factorRowsHeads(b, sName, lnN, perHead, opset);
+  const applied = scaleRows(b, qIn, c, perHead, site.heads.heads, qType, opset);
+  const scaled = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
+  const out = b.op('Concat', [scaled, rest], { axis: 2 }, 'qkv_scaled');
+  site.node.input[q.input] = out;
+  return { ...applied, output: out };
+}
+
+/** [B,N,S,H]: c as [Bn,N,Sn,1] (per head) or [Bn,1,Sn,1]. */
+function scaleBnsd(b: Builder, site: FusedSite, input: number, sName: string, lnN: string, opset: number): Applied {
+  const ln4 = unsqueeze(b, lnN, [1, 3], opset, 'ln_n_4d');
+  const c = b.op('Mul', [ln4, sName], {}, 'factor');
+  const applied = applyFactor(b, site.node.input[input], c, site.queryType, opset);
+  site.node.input[input] = applied.output;
+  return applied;
+}
+
+/** MultiHeadAttention packed [B,S,N,3,H]: factor [Bn,Sn,N|1,3,1] = [c, 1, 1] along the Q/K/V axis. */
+function scaleBsn3h(b: Builder, site: FusedSite, input: number, sName: string, lnN: string, perHead: boolean, opset: number): Applied {
+  const c4 = perHead
+    ? factorRowsHeads(b, sName, lnN, true, opset)
+    : unsqueeze(b, b.op('Mul', [lnN, sName], {}, 'factor'), [2, 3], opset, 'factor_rows');
+  const c5 = unsqueeze(b, c4, [3], opset, 'factor_5d');
+  const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
+  const f = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
+  const applied = applyFactor(b, site.node.input[input], f, site.queryType, opset);
+  site.node.input[input] = applied.output;
+  return applied;
+}
+
+/**
+ * com.microsoft Attention: the query columns of weights [in, W] and bias [W] times c per head (n = Tk is the
+ * same for every row, so one column factor is exact in keys mode).
+ */
+function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'weights' }>, sName: string,
+  lnN: string, perHead: boolean, opset: number): Applied {
+  const weights = site.node.input[q.weights];
+  const width = b.op('Slice', [b.op('Shape', [weights]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
+  const qWidth = q.qWidth !== undefined ? b.int64('q_width', [q.qWidth]) : b.op('Div', [width, b.int64('three', [3])], {}, 'q_width');
+  // width and qWidth are 1-D [1]; the column layout is [N, H] per head, or [1, hidden].
+  const heads = site.heads.heads ?? 1;
+  const ln = b.op('Reshape', [lnN, b.int64('scalar', [])], {}, 'ln_n');
+  const perHeadC = b.op('Mul', [b.op('Reshape', [sName, b.int64('heads_col', [-1, 1])], {}, 's_heads'), ln], {}, 'factor_heads');
+  const headSize = b.op('Div', [qWidth, b.int64('heads', [heads])], {}, 'head_size');
+  const shape = b.op('Concat', [b.int64('heads1', [perHead ? heads : 1]), perHead ? headSize : qWidth], { axis: 0 }, 'cols_shape');
+  const qCols = b.op('Reshape', [b.op('Expand', [perHeadC, shape], {}, 'q_cols_2d'), b.int64('flat', [-1])], {}, 'q_cols');
+  const kvCols = b.op('ConstantOfShape', [b.op('Sub', [width, qWidth], {}, 'kv_width')], { value: oneTensor() }, 'kv_cols');
+  const cols = b.op('Concat', [qCols, kvCols], { axis: 0 }, 'factor_cols');
+  const applied = applyFactor(b, weights, cols, site.queryType, opset);
+  site.node.input[q.weights] = applied.output;
+  if (q.bias !== undefined) {
+    const biased = applyFactor(b, site.node.input[q.bias], cols, site.queryType, opset);
+    site.node.input[q.bias] = biased.output;
+  }
+  return applied;
+}
+
+function oneTensor(): import('../io/onnx').TensorProto {
+  return {
+    name: '', dataType: DataType.FLOAT, dims: [1], rawData: new Uint8Array(new Float32Array([1]).buffer), floatData: [],
+    int32Data: [], int64Data: [], doubleData: [], uint64Data: [], stringData: [], externalData: [], dataLocation: 0,
+  };
+}

@@ -1,0 +1,58 @@
+/** --force-site on the command line: refused sites named with their reason, forcing them, and typos caught. */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { DataType, encodeModel } from '../src/io/onnx';
+import { model, node, value } from './support/build';
+
+const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
+
+function cli(args: string[]): { code: number; stdout: string; stderr: string } {
+  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8' });
+  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** An ONNX Attention node with softcap (refused) beside one without (patched). */
+function softcapModel(dir: string): string {
+  const attn = (name: string, y: string, attrs: Record<string, number>) => node('Attention', ['Q', 'K', 'V'], [y], attrs, name);
+  const m = model({
+    nodes: [attn('capped', 'Y1', { softcap: 30.5 }), attn('plain', 'Y2', {})],
+    inputs: ['Q', 'K', 'V'].map((n) => value(n, DataType.FLOAT, [1, 2, 'S', 8])),
+    outputs: ['Y1', 'Y2'].map((n) => value(n, DataType.FLOAT, [])), opset: 23,
+  });
+  const file = path.join(dir, 'softcap.onnx');
+  fs.writeFileSync(file, encodeModel(m));
+  return file;
+}
+
+describe('--force-site', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-force-'));
+  const input = softcapModel(dir);
+
+  it('lists the refused site with its layer, reason and the flag that accepts it', () => {
+    const r = cli([input, '--s', '0.4', '--dry-run']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /L1 {2}plain {2}Attention {2}n=keys/);
+    assert.match(r.stdout, /refused 1 attention node\(s\):\n {2}L0 {2}capped: Attention: softcap=30\.5.*\(--force-site capped to patch anyway\)/);
+  });
+
+  it('patches the refused site when forced, and says which deviation was accepted', () => {
+    const r = cli([input, '--s', '0.4', '--dry-run', '--json', '--force-site', 'capped']);
+    assert.equal(r.code, 0, r.stderr);
+    const report = JSON.parse(r.stdout);
+    assert.deepEqual(report.sites.map((s: { node: string; layer: number }) => [s.node, s.layer]), [['capped', 0], ['plain', 1]]);
+    assert.match(report.sites[0].deviation, /softcap/);
+  });
+
+  it('a name that is no attention node is a one-line usage error; nothing is written', () => {
+    const out = path.join(dir, 'out.onnx');
+    const r = cli([input, '--s', '0.4', '-o', out, '--force-site', 'cappd']);
+    assert.equal(r.code, 2);
+    assert.equal(r.stderr.trim().split('\n').length, 1);
+    assert.match(r.stderr, /--force-site cappd: no such attention node \(refused sites: capped\)/);
+    assert.ok(!fs.existsSync(out));
+  });
+});

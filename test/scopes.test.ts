@@ -1,0 +1,240 @@
+/**
+ * Attention inside If branches, Loop and Scan bodies and model-local functions: patched where it is, numbered
+ * per graph, run on onnxruntime against the loop reference. A function used by several layers gets one s per
+ * call site through a new function input.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { readModel } from '../src/io/model-file';
+import { AttributeProto, DataType, FunctionProto, GraphProto, ModelProto, NodeProto } from '../src/io/onnx';
+import { parseScaleJson } from '../src/policy/scale';
+import { patchModel } from '../src/rewrite/patch';
+import { attention, bnsd, f32, floats, maxDiff, runOnce, ssmaxFactor } from './support/attention';
+import { f32 as f32Init, i64 as i64Init, model, node, value } from './support/build';
+
+const B = 2, N = 2, S = 5, H = 4, D = N * H;
+const TOL = 2e-5;
+
+function graphAttr(name: string, g: GraphProto): AttributeProto {
+  return { name, type: 5, g, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
+}
+
+/** Attention on [B,N,S,H] tensors named by the caller, with tensors local to `tag` to keep names unique. */
+function attentionNodes(q: string, k: string, v: string, out: string, tag: string): NodeProto[] {
+  return [
+    node('Transpose', [k], [`${tag}_kt`], { perm: [0, 1, 3, 2] }, `${tag}_Transpose`),
+    node('MatMul', [q, `${tag}_kt`], [`${tag}_mm`], {}, `${tag}_MatMul`),
+    node('Div', [`${tag}_mm`, 'sqrt_d'], [`${tag}_scores`], {}, `${tag}_Div`),
+    node('Softmax', [`${tag}_scores`], [`${tag}_p`], { axis: -1 }, `${tag}_Softmax`),
+    node('MatMul', [`${tag}_p`, v], [out], {}, `${tag}_MatMulV`),
+  ];
+}
+
+function branch(name: string, nodes: NodeProto[], output: string): GraphProto {
+  return { name, node: nodes, input: [], output: [value(output, DataType.FLOAT, [])], initializer: [], valueInfo: [] };
+}
+
+const qkvFeeds = (seed: number) => {
+  const q = floats(B * N * S * H, seed, 1.5), k = floats(B * N * S * H, seed + 1, 1.5), v = floats(B * N * S * H, seed + 2);
+  return { q, k, v, feeds: { q: f32([B, N, S, H], q), k: f32([B, N, S, H], k), v: f32([B, N, S, H], v) } };
+};
+
+const ref = (q: Float32Array, k: Float32Array, v: Float32Array, c: (n: number, i: number) => number, causal = false): Float64Array =>
+  attention({ B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: bnsd(q, N, S, H), k: bnsd(k, N, S, H), v: bnsd(v, N, S, H),
+    visible: (_b, _n, i, j) => !causal || j <= i, factor: (_b, n, i) => c(n, i) });
+
+describe('attention in subgraphs', () => {
+  function ifModel(): ModelProto {
+    const m = model({
+      nodes: [{ ...node('If', ['cond'], ['out'], {}, 'If'), attribute: [
+        graphAttr('then_branch', branch('then', attentionNodes('q', 'k', 'v', 'then_out', 'then'), 'then_out')),
+        graphAttr('else_branch', branch('else', attentionNodes('k', 'q', 'v', 'else_out', 'else'), 'else_out')),
+      ] }],
+      inputs: [value('cond', DataType.BOOL, []), ...['q', 'k', 'v'].map((n) => value(n, DataType.FLOAT, [B, N, S, H]))],
+      outputs: [value('out', DataType.FLOAT, [])], initializers: [f32Init('sqrt_d', [], [Math.sqrt(H)])],
+    });
+    return m;
+  }
+
+  it('If: both branches patched, numbered per graph; a per-layer s file gives row 0 to layer 0 of each', async () => {
+    const { q, k, v, feeds } = qkvFeeds(1);
+    const s = [[0.3, 0.7]];
+    const { model: patched, report } = patchModel(ifModel(), { scale: parseScaleJson({ s }, 't') });
+    assert.deepEqual(report.sites.map((x) => [x.scope, x.layer, x.node]), [['main/If.then_branch', 0, 'then_Softmax'], ['main/If.else_branch', 0, 'else_Softmax']]);
+    for (const [cond, qq, kk] of [[true, q, k], [false, k, q]] as const) {
+      const got = await runOnce(patched, { ...feeds, cond: { type: 'bool', dims: [], data: Uint8Array.from([cond ? 1 : 0]) } }, 'out');
+      const want = ref(qq, kk, v, (n) => ssmaxFactor(s[0], S, n));
+      assert.ok(maxDiff(got, want) < TOL, `cond=${cond}: ${maxDiff(got, want)}`);
+    }
+  });
+
+  it('Loop: the body\'s attention is patched and applied at every iteration', async () => {
+    const { q, k, v, feeds } = qkvFeeds(11);
+    const body: GraphProto = {
+      name: 'body', initializer: [], valueInfo: [],
+      input: [value('i', DataType.INT64, []), value('c_in', DataType.BOOL, []), value('state', DataType.FLOAT, [B, N, S, H])],
+      output: [value('c_out', DataType.BOOL, []), value('state_out', DataType.FLOAT, [B, N, S, H])],
+      node: [node('Identity', ['c_in'], ['c_out'], {}, 'loop_cond'), ...attentionNodes('state', 'k', 'v', 'state_out', 'loop')],
+    };
+    const m = model({
+      nodes: [{ ...node('Loop', ['trips', 'go', 'q'], ['out'], {}, 'Loop'), attribute: [graphAttr('body', body)] }],
+      inputs: ['q', 'k', 'v'].map((n) => value(n, DataType.FLOAT, [B, N, S, H])), outputs: [value('out', DataType.FLOAT, [])],
+      initializers: [f32Init('sqrt_d', [], [Math.sqrt(H)]), i64Init('trips', [2], true), { ...i64Init('go', [1], true), dataType: DataType.BOOL, rawData: Uint8Array.from([1]) }],
+    });
+    const { model: patched, report } = patchModel(m, { s: 0.6 });
+    assert.equal(report.sites[0].scope, 'main/Loop.body');
+    const once = Float32Array.from(ref(q, k, v, () => ssmaxFactor(0.6, S, 0)));
+    const twice = ref(once, k, v, () => ssmaxFactor(0.6, S, 0));
+    assert.ok(maxDiff(await runOnce(patched, feeds, 'out'), twice) < TOL);
+  });
+
+  it('Scan: attention over each batch element (3-D logits) is patched', async () => {
+    const { q, k, v, feeds } = qkvFeeds(21);
+    const body: GraphProto = {
+      name: 'scan_body', initializer: [], valueInfo: [],
+      input: ['qs', 'ks', 'vs'].map((n) => value(n, DataType.FLOAT, [N, S, H])), output: [value('os', DataType.FLOAT, [N, S, H])],
+      node: [
+        node('Transpose', ['ks'], ['scan_kt'], { perm: [0, 2, 1] }, 'scan_Transpose'), node('MatMul', ['qs', 'scan_kt'], ['scan_mm'], {}, 'scan_MatMul'),
+        node('Div', ['scan_mm', 'sqrt_d'], ['scan_scores'], {}, 'scan_Div'), node('Softmax', ['scan_scores'], ['scan_p'], { axis: 2 }, 'scan_Softmax'),
+        node('MatMul', ['scan_p', 'vs'], ['os'], {}, 'scan_MatMulV'),
+      ],
+    };
+    const m = model({
+      nodes: [{ ...node('Scan', ['q', 'k', 'v'], ['out'], { num_scan_inputs: 3 }, 'Scan'), attribute: [graphAttr('body', body), node('x', [], [], { num_scan_inputs: 3 }).attribute[0]] }],
+      inputs: ['q', 'k', 'v'].map((n) => value(n, DataType.FLOAT, [B, N, S, H])), outputs: [value('out', DataType.FLOAT, [])],
+      initializers: [f32Init('sqrt_d', [], [Math.sqrt(H)])],
+    });
+    const { model: patched, report } = patchModel(m, { s: 0.5 });
+    assert.equal(report.sites[0].scope, 'main/Scan.body');
+    assert.equal(report.sites[0].logitsRank, 3);
+    assert.ok(maxDiff(await runOnce(patched, feeds, 'out'), ref(q, k, v, () => ssmaxFactor(0.5, S, 0))) < TOL);
+  });
+
+  const greedy = path.resolve(__dirname, '../../../shared/corpus/ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
+  it('GreedySearch decoder graphs (corpus): refused for causal com.microsoft Attention, forced they patch and run',
+    { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, async () => {
+      const m = readModel(greedy);
+      assert.throws(() => patchModel(m, { s: 0.4 }), /only one factor per head/);
+      const names = ['init_decoder', 'decoder'].flatMap(() => [0, 1, 2, 3, 4].map((i) => `GptAttention_${i}`));
+      const { model: patched, report } = patchModel(m, { s: 0.4, force: [...new Set(names)] });
+      assert.equal(report.sites.length, 10);
+      assert.deepEqual([...new Set(report.sites.map((x) => x.scope))].sort(), ['main/GreedySearch_gpt2.decoder', 'main/GreedySearch_gpt2.init_decoder']);
+      const feeds = { input_ids: { type: 'int32' as const, dims: [1, 4], data: Int32Array.from([10, 20, 30, 40]) },
+        max_length: { type: 'int32' as const, dims: [1], data: Int32Array.from([10]) }, min_length: { type: 'int32' as const, dims: [1], data: Int32Array.from([1]) },
+        repetition_penalty: { type: 'float32' as const, dims: [1], data: Float32Array.from([1]) } };
+      const out = await runOnce(patched, feeds, 'sequences');
+      assert.equal(out.length, 10);
+    });
+});
+
+describe('attention inside model-local functions', () => {
+  /** local:SelfAttention(x, wq, wk, wv) → y: projections, heads, attention, merge; weights come in as inputs. */
+  function selfAttentionFn(): FunctionProto {
+    const split = (x: string): NodeProto[] => [
+      node('MatMul', ['x', `w${x}`], [`${x}p`], {}, `${x}_proj`), node('Reshape', [`${x}p`, 'heads'], [`${x}4`], {}, `${x}_heads`),
+      node('Transpose', [`${x}4`], [`${x}h`], { perm: x === 'k' ? [0, 2, 3, 1] : [0, 2, 1, 3] }, `${x}_transpose`),
+    ];
+    return {
+      name: 'SelfAttention', domain: 'local', input: ['x', 'wq', 'wk', 'wv'], output: ['y'], opsetImport: [{ domain: '', version: 17 }],
+      node: [
+        node('Constant', [], ['heads'], { value: i64Init('', [0, 0, N, H]) }, 'c_heads'), node('Constant', [], ['merge'], { value: i64Init('', [0, 0, D]) }, 'c_merge'),
+        node('Constant', [], ['sqrt_d'], { value: f32Init('', [], [Math.sqrt(H)]) }, 'c_sqrt'),
+        ...split('q'), ...split('k'), ...split('v'),
+        node('MatMul', ['qh', 'kh'], ['mm'], {}, 'qk'), node('Div', ['mm', 'sqrt_d'], ['scores'], {}, 'scale'),
+        node('Softmax', ['scores'], ['p'], { axis: -1 }, 'fn_Softmax'), node('MatMul', ['p', 'vh'], ['ctx'], {}, 'pv'),
+        node('Transpose', ['ctx'], ['ctx_t'], { perm: [0, 2, 1, 3] }, 'ctx_transpose'), node('Reshape', ['ctx_t', 'merge'], ['y'], {}, 'ctx_merge'),
+      ],
+    };
+  }
+
+  function twoLayers(): ModelProto {
+    const call = (x: string, layer: number, y: string): NodeProto => ({ ...node('SelfAttention', [x, `wq${layer}`, `wk${layer}`, `wv${layer}`], [y], {}, `layer${layer}`), domain: 'local' });
+    const weights = [0, 1].flatMap((l) => ['q', 'k', 'v'].map((x, i) => f32Init(`w${x}${l}`, [D, D], Array.from(floats(D * D, 100 + 10 * l + i, 0.6)))));
+    const m = model({
+      nodes: [call('x', 0, 'h1'), call('h1', 1, 'out')],
+      inputs: [value('x', DataType.FLOAT, ['B', 'S', D])], outputs: [value('out', DataType.FLOAT, [])], initializers: weights,
+    });
+    m.opsetImport.push({ domain: 'local', version: 1 });
+    m.functions.push(selfAttentionFn());
+    return m;
+  }
+
+  /** The two-layer model in loops: per layer, projections and SSMax attention with that layer's s. */
+  function reference(x: Float32Array, s: number[][]): Float64Array {
+    let h = Float64Array.from(x);
+    for (let l = 0; l < 2; l++) {
+      const w = ['q', 'k', 'v'].map((_, i) => floats(D * D, 100 + 10 * l + i, 0.6));
+      const proj = w.map((wm) => {
+        const out = new Float32Array(B * S * D);
+        for (let r = 0; r < B * S; r++) for (let c = 0; c < D; c++) {
+          let acc = 0;
+          for (let e = 0; e < D; e++) acc += h[r * D + e] * wm[e * D + c];
+          out[r * D + c] = acc;
+        }
+        return out;
+      });
+      const at = (t: Float32Array) => (b: number, n: number, i: number, d: number): number => t[(b * S + i) * D + n * H + d];
+      const o = attention({ B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: at(proj[0]), k: at(proj[1]), v: at(proj[2]),
+        visible: () => true, factor: (_b, n) => ssmaxFactor(s[l], S, n) });
+      const next = new Float64Array(B * S * D);
+      for (let b = 0; b < B; b++) for (let n = 0; n < N; n++) for (let i = 0; i < S; i++) for (let d = 0; d < H; d++) {
+        next[(b * S + i) * D + n * H + d] = o[((b * N + n) * S + i) * H + d];
+      }
+      h = next;
+    }
+    return h;
+  }
+
+  it('one function, two call sites: two layers, each with its own per-head s', async () => {
+    const s = [[0.3, 0.5], [0.7, 0.4]];
+    const { model: patched, report } = patchModel(twoLayers(), { scale: parseScaleJson({ s }, 't') });
+    assert.deepEqual(report.sites.map((x) => [x.layer, x.scope, x.kind, x.heads]), [[0, 'main', 'call local:SelfAttention', N], [1, 'main', 'call local:SelfAttention', N]]);
+    const fn = patched.functions[0];
+    assert.equal(fn.input.length, 5, 's comes in through one new function input');
+    assert.ok(!fn.node.some((n) => n.opType === 'Constant' && n.output[0].endsWith('/s')), 's is not baked into the body');
+    const x = floats(B * S * D, 9, 1.5);
+    const got = await runOnce(patched, { x: f32([B, S, D], x) }, 'out');
+    assert.ok(maxDiff(got, reference(x, s)) < TOL, `${maxDiff(got, reference(x, s))}`);
+    assert.ok(maxDiff(await runOnce(twoLayers(), { x: f32([B, S, D], x) }, 'out'), reference(x, [[0, 0], [0, 0]].map((r) => r.map(() => 1 / Math.log(S))))) < TOL);
+  });
+
+  it('--update-s changes the per-call s of a patched function in place', async () => {
+    const once = patchModel(twoLayers(), { s: 0.3 }).model;
+    const s = [[0.6, 0.2], [0.5, 0.5]];
+    assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
+    assert.throws(() => patchModel(once, { scale: parseScaleJson({ s }, 't'), updateS: true }), /cannot change s from shape \[\] to \[2,1,1\]/);
+    const updated = patchModel(once, { s: 0.45, updateS: true });
+    const fresh = patchModel(twoLayers(), { s: 0.45 }).model;
+    const x = floats(B * S * D, 19, 1.5);
+    assert.ok(maxDiff(await runOnce(updated.model, { x: f32([B, S, D], x) }, 'out'), await runOnce(fresh, { x: f32([B, S, D], x) }, 'out')) < 1e-6);
+    assert.equal(updated.model.functions[0].input.length, 5, 'no second factor added');
+  });
+
+  it('inside a function, weights passed in from initializers are constants: a classifier head there is skipped', () => {
+    const fn: FunctionProto = {
+      name: 'Head', domain: 'local', input: ['h', 'w'], output: ['p'], opsetImport: [{ domain: '', version: 17 }],
+      node: [node('MatMul', ['h', 'w'], ['logits'], {}, 'head_MatMul'), node('Softmax', ['logits'], ['p'], { axis: -1 }, 'head_Softmax')],
+    };
+    const m = twoLayers();
+    m.functions.push(fn);
+    m.graph!.initializer.push(f32Init('w_head', [D, 3], Array.from(floats(D * 3, 7))));
+    m.graph!.node.push({ ...node('Head', ['out', 'w_head'], ['probs'], {}, 'head'), domain: 'local' });
+    const { report } = patchModel(m, { s: 0.4 });
+    assert.equal(report.sites.length, 2);
+    const skipped = report.skipped.find((x) => x.node === 'head_Softmax')!;
+    assert.match(skipped.reason, /constant weight/);
+    assert.equal(skipped.scope, 'function local:Head');
+  });
+
+  it('a function nobody calls, and a call from inside another function, are reported, not silently skipped', () => {
+    const m = twoLayers();
+    m.functions.push({ ...selfAttentionFn(), name: 'Unused' });
+    m.functions.push({ name: 'Outer', domain: 'local', input: ['x', 'a', 'b', 'c'], output: ['y'], opsetImport: [{ domain: '', version: 17 }, { domain: 'local', version: 1 }],
+      node: [{ ...node('SelfAttention', ['x', 'a', 'b', 'c'], ['y'], {}, 'inner_call'), domain: 'local' }] });
+    const { report } = patchModel(m, { s: 0.4 });
+    assert.match(report.skipped.find((x) => x.node === 'fn_Softmax' && /Unused/.test(x.reason))?.reason ?? '', /which no graph calls/);
+    assert.match(report.skipped.find((x) => x.node === 'inner_call')?.reason ?? '', /nested calls are not patched/);
+  });
+});
