@@ -6,10 +6,11 @@ import { VerifyReport } from '../verify/verify';
 const fmtS = (s: LayerScale): string => (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4));
 
 export function formatPatch(report: PatchReport): string[] {
-  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s):`];
+  const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;
+  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s)${shared}:`];
   for (const s of report.sites) {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}`;
-    lines.push(`  L${s.layer}  ${s.node}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}`);
+    lines.push(`  L${s.layer}  ${s.node}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}`);
   }
   if (report.skipped.length) {
     lines.push(`skipped ${report.skipped.length} Softmax:`);

@@ -21,6 +21,8 @@ export interface AttentionSite {
   logits: string;
   /** The node on the path that reads `logits`, and at which input. */
   consumer: Step;
+  /** The steps from `consumer` up to and including the Softmax: where masks and biases are applied. */
+  afterLogits: Step[];
   logitsRank?: number;
   /** ONNX element type of the logits, when known. */
   logitsType?: number;
@@ -96,13 +98,17 @@ function matchSite(
   if (!valueMatMul) return { reason: 'probabilities do not reach a MatMul with values' };
   const point = insertionPoint(graph, source.matmul, source.path);
   const logitsRank = ranks.get(point.logits) ?? rank;
-  const patchedBy = source.path.find((s) => s.node.name.startsWith(PATCH_PREFIX))?.node;
+  // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
+  const queryProducer = graph.producer.get(source.matmul.input[0]);
+  const patchedBy = queryProducer?.name.startsWith(PATCH_PREFIX) ? queryProducer
+    : source.path.find((s) => s.node.name.startsWith(PATCH_PREFIX))?.node;
   return {
     softmax,
     qkMatMul: source.matmul,
     valueMatMul,
     logits: point.logits,
     consumer: point.consumer,
+    afterLogits: source.path.slice(point.offset),
     logitsRank,
     logitsType: types.get(point.logits),
     heads: inferHeads(graph, source.matmul.input[0], logitsRank, ranks),
