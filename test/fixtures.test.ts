@@ -47,7 +47,12 @@ for (const name of MODELS) {
       assert.equal(report.sites.length, ref.num_layers);
       assert.deepEqual(report.sites.map((s) => s.layer), [...Array(ref.num_layers).keys()]);
       for (const s of report.sites) assert.equal(s.heads, ref.num_heads);
-      for (const s of report.sites) assert.equal(s.n, ref.causal ? 'causal' : 'keys', s.nReason);
+      const expected: Record<string, string> = {
+        bert_encoder: 'padding', encoder_3d: 'padding', gpt2_decoder: 'causal', gpt2_past: 'causal-padding', llama_gqa: 'causal', classifier: 'keys',
+      };
+      for (const s of report.sites) assert.equal(s.n, expected[name], s.nReason);
+      assert.equal(report.nSources, 1, 'every layer should share one computation of n');
+      for (const s of report.sites) assert.equal(s.target, 'query', 'fp32 attention should be scaled on the query');
     });
   });
 }

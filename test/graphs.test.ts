@@ -102,7 +102,7 @@ const perHead = [0.2, 0.35, 0.5, 0.65];
 describe('tiny attention graphs against a loop reference', () => {
   const cases: { title: string; shape: Shape; options: PatchOptions; s: number[]; n: 'keys' | 'causal' }[] = [
     { title: '4-D, no mask, scalar s, keys', shape: { t: 7 }, options: { s: 0.4 }, s: [0.4, 0.4, 0.4, 0.4], n: 'keys' },
-    { title: '4-D, padding mask, per-head s', shape: { t: 6, mask: 'padding' }, options: { scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'keys' },
+    { title: '4-D, padding mask, per-head s, --n keys', shape: { t: 6, mask: 'padding' }, options: { n: 'keys', scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'keys' },
     { title: '3-D [B·H,T,T], per-head s (tiled over batch)', shape: { t: 5, rank: 3 }, options: { scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'keys' },
     { title: 'Trilu causal mask, auto → causal', shape: { t: 6, mask: 'causal-trilu' }, options: { s: 0.5 }, s: [0.5, 0.5, 0.5, 0.5], n: 'causal' },
     { title: 'Where causal mask with finfo.min, per-head, auto → causal', shape: { t: 9, mask: 'causal-where' }, options: { scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'causal' },
@@ -132,7 +132,7 @@ describe('tiny attention graphs against a loop reference', () => {
   it('a fully masked row (finfo.min everywhere) stays finite and equal to the original', async () => {
     const t = 5;
     const m = attentionModel({ t, mask: 'padding' });
-    const { model: patched } = patchModel(m, { s: 2.5 });
+    const { model: patched } = patchModel(m, { s: 2.5, n: 'keys' });
     const x = inputs(t);
     const feeds: Record<string, { data: Float32Array; dims: number[] }> = Object.fromEntries(
       Object.entries(x).map(([k, v]) => [k, { data: v, dims: [B, t, HID] }]));

@@ -16,12 +16,13 @@ import { decode, feedsOf, loadRef, TORCH } from './support/ref';
 const TOLERANCE = 1e-4;
 
 /** What each export must look like to the tool: its sites' kind and the Softmax nodes it must leave alone. */
-const EXPECT: Record<string, { kind: string; skipped: string[] }> = {
-  t5_decoder: { kind: 'Softmax', skipped: [] },
-  bloom_alibi: { kind: 'Softmax', skipped: [] },
-  sdpa_cache: { kind: 'Softmax', skipped: ['/blocks.1/mlp/Softmax'] },
-  einsum_encoder: { kind: 'Softmax', skipped: [] },
-  attn_functions: { kind: 'call __main__:FnAttention', skipped: [] },
+const EXPECT: Record<string, { kind: string; skipped: string[]; n: string }> = {
+  t5_decoder: { kind: 'Softmax', skipped: [], n: 'causal' },
+  bloom_alibi: { kind: 'Softmax', skipped: [], n: 'causal' },
+  sdpa_cache: { kind: 'Softmax', skipped: ['/blocks.1/mlp/Softmax'], n: 'causal' },
+  // Its attention mask is a key-padding mask from the inputs: auto counts the unpadded keys.
+  einsum_encoder: { kind: 'Softmax', skipped: [], n: 'padding' },
+  attn_functions: { kind: 'call __main__:FnAttention', skipped: [], n: 'keys' },
 };
 
 for (const [name, expect] of Object.entries(EXPECT)) {
@@ -34,7 +35,7 @@ for (const [name, expect] of Object.entries(EXPECT)) {
       for (const s of report.sites) {
         assert.equal(s.kind, expect.kind);
         assert.equal(s.heads, ref.num_heads, s.headsReason);
-        assert.equal(s.n, ref.causal ? 'causal' : 'keys', s.nReason);
+        assert.equal(s.n, expect.n, s.nReason);
       }
       assert.deepEqual(report.skipped.map((s) => s.node), expect.skipped);
       for (const s of report.skipped) assert.match(s.reason, /constant weight/);

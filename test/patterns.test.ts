@@ -57,7 +57,7 @@ function causalAdd(S: number, name: string): { nodes: NodeProto[]; inits: Tensor
 const patterns: Pattern[] = [
   {
     title: 'keras2onnx: Einsum(key, query) → Add(−10000 padding mask) → Softmax → Einsum(probs, value), scaled query',
-    S: 6, n: 'keys', options: { scale: parseScaleJson({ s: perHead }, 't') }, factor: keysFactor(perHead),
+    S: 6, n: 'keys', options: { n: 'keys', scale: parseScaleJson({ s: perHead }, 't') }, factor: keysFactor(perHead),
     build(S) {
       const q = floats(B * S * N * H, 1, 1.5), k = floats(B * S * N * H, 2, 1.5), v = floats(B * S * N * H, 3);
       const mask = Float32Array.from({ length: B * S }, (_, x) => (x % S >= S - 2 && x >= S ? -10000 : 0));
@@ -117,7 +117,7 @@ const patterns: Pattern[] = [
   },
   {
     title: 'baddbmm on 3-D logits: Add(Mul(MatMul, α), Mul(ALiBi bias, β)) → Softmax → MatMul; α scales, the bias is not scaled',
-    S: 5, n: 'keys', options: { scale: parseScaleJson({ s: perHead }, 't') }, factor: keysFactor(perHead),
+    S: 5, n: 'keys', options: { n: 'keys', scale: parseScaleJson({ s: perHead }, 't') }, factor: keysFactor(perHead),
     build(S) {
       const t = qkv(S, 30);
       const alibi = new Float32Array(B * N * S * S);
@@ -242,7 +242,7 @@ describe('plain-op attention patterns', () => {
 });
 
 describe('the factor in the tensor\'s own precision', () => {
-  it('a bf16 attention graph: the factor is applied as Cast(fp32) → Mul → Cast(bf16) on the bf16 logits', () => {
+  it('a bf16 attention graph: the factor is applied as Cast(fp32) → Mul → Cast(bf16) on the bf16 query', () => {
     const m = model({
       nodes: [...['q', 'k', 'v'].map((x) => node('Cast', [x], [`${x}b`], { to: DataType.BFLOAT16 })),
         node('Transpose', ['kb'], ['kt'], { perm: [0, 1, 3, 2] }), node('MatMul', ['qb', 'kt'], ['mm']), node('Div', ['mm', 'sqrt_d'], ['scores']),
@@ -254,9 +254,9 @@ describe('the factor in the tensor\'s own precision', () => {
     const apply = g.node.find((n) => n.name === 'ssmax/L0/apply')!;
     const into = g.node.find((n) => n.output[0] === apply.input[0])!;
     const out = g.node.find((n) => n.input[0] === apply.output[0])!;
-    assert.deepEqual([into.opType, into.input[0], into.attribute[0].i], ['Cast', 'scores', DataType.FLOAT]);
+    assert.deepEqual([into.opType, into.input[0], into.attribute[0].i], ['Cast', 'qb', DataType.FLOAT]);
     assert.deepEqual([out.opType, out.attribute[0].i], ['Cast', DataType.BFLOAT16]);
-    assert.equal(g.node.find((n) => n.opType === 'Softmax')!.input[0], out.output[0]);
+    assert.equal(g.node.find((n) => n.opType === 'MatMul' && n.input[1] === 'kt')!.input[0], out.output[0]);
   });
 
   it('bf16: multiplied in fp32 and rounded to bf16 once (onnxruntime\'s CPU provider has no bf16 Mul)', async () => {

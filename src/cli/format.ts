@@ -6,12 +6,13 @@ import { VerifyReport } from '../verify/verify';
 const fmtS = (s: LayerScale): string => (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4));
 
 export function formatPatch(report: PatchReport): string[] {
-  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s):`];
+  const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;
+  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s)${shared}:`];
   for (const s of report.sites) {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
     const where = s.scope === 'main' ? '' : `  [${s.scope}]`;
     const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
-    lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}`);
+    lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
   }
   const refused = report.skipped.filter((k) => k.attention);

@@ -22,6 +22,11 @@ interface CliOptions {
   verify?: boolean;
   lengths?: string;
   forceSite: string[];
+  preset?: string;
+  b?: string;
+  floorScale?: string;
+  attnScale?: string;
+  layers?: string;
 }
 
 const collect = (v: string, all: string[]): string[] => [...all, v];
@@ -33,7 +38,12 @@ function program(): Command {
     .argument('<model>', 'input ONNX model (never modified)')
     .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
     .option('--force', 'overwrite an existing output file')
-    .option('--n <mode>', 'how n is computed: auto | keys | causal', 'auto')
+    .option('--n <mode>', 'how n is computed: auto | keys | causal | mask', 'auto')
+    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4', 'ssmax')
+    .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
+    .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
+    .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
+    .option('--layers <list>', 'patch only these attention layers: "3,7,11" or "every:4" (0-based; every:4 = 3,7,11,...)')
     .option('--s <x>', 'one s for every layer and head')
     .option('--train-len <L>', 's = 1/ln L: the factor is exactly 1 at n = L')
     .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
@@ -65,7 +75,11 @@ async function patchCommand(input: string, o: CliOptions): Promise<number> {
   const lengths = o.lengths?.split(',').map((v) => number(v, '--lengths', true)!);
   const output = o.output ?? defaultOutput(input);
   const original = readModel(input);
-  const { model, report } = patchModel(original, { n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite });
+  const { model, report } = patchModel(original, {
+    n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite, preset: o.preset,
+    b: number(o.b, '--b'), floorScale: number(o.floorScale, '--floor-scale'), attnScale: number(o.attnScale, '--attn-scale'),
+    layers: o.layers,
+  });
   let verification: VerifyReport | undefined;
   if (o.verify) verification = await verifyPatch(original, model, { trainLen, lengths });
   const written = !o.dryRun && (!verification || verification.passed);

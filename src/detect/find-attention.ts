@@ -32,6 +32,8 @@ export interface AttentionSite {
   logits: string;
   /** The node on the path that reads `logits`, and at which input. */
   consumer: Step;
+  /** The steps from `consumer` up to and including the Softmax: where masks and biases are applied. */
+  afterLogits: Step[];
   logitsRank?: number;
   /** ONNX element type of the logits, when known. */
   logitsType?: number;
@@ -199,13 +201,17 @@ function matchSite(scope: Scope, softmax: NodeProto, forced: boolean): Match {
   if (axisProblem && !forced) return { reason: axisProblem, forcible: true };
   const point = insertionPoint(graph, source.matmul, source.path);
   const logitsRank = ranks.get(point.logits) ?? rank;
-  const patched = source.path.filter((s) => s.node.name.startsWith(PATCH_PREFIX)).map((s) => s.node);
+  // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
+  const queryProducer = graph.producer.get(source.matmul.input[0]);
+  const patched = [queryProducer, ...source.path.map((s) => s.node)]
+    .filter((n): n is NodeProto => Boolean(n?.name.startsWith(PATCH_PREFIX)));
   return {
     softmax,
     qkMatMul: source.matmul,
     valueMatMul,
     logits: point.logits,
     consumer: point.consumer,
+    afterLogits: source.path.slice(point.offset),
     logitsRank,
     logitsType: types.get(point.logits),
     heads: headsOf(scope, source.matmul, logitsRank, point.logits),

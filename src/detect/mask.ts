@@ -34,7 +34,7 @@ export function classifyMasks(graph: Graph, masks: string[]): MaskVerdict {
 }
 
 /** Searches the mask's ancestry for a triangular constant, a Trilu, or a comparison of two Ranges. */
-function causalEvidence(graph: Graph, mask: string): string | null {
+export function causalEvidence(graph: Graph, mask: string): string | null {
   const seen = new Set<string>();
   const queue = [mask];
   while (queue.length && seen.size < MAX_NODES) {

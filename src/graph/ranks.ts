@@ -44,6 +44,8 @@ function nodeOutputRank(node: NodeProto, rank: (n: string) => number | undefined
   const inRanks = node.input.map((n) => (n ? rank(n) : undefined));
   const op = node.opType;
   if (sameAsFirst.has(op)) return inRanks[0];
+  // An SSMax factor is built never to broadcast past what it multiplies (its s may be an untyped function input).
+  if (op === 'Mul' && /^ssmax\/L\d+\/apply/.test(node.name)) return inRanks[0];
   if (broadcasting.has(op)) {
     if (inRanks.some((r) => r === undefined)) return undefined;
     return Math.max(...(inRanks as number[]));

@@ -1,9 +1,17 @@
-/** Which n each site uses: the key count, or per-row causal positions. */
+/**
+ * Which n each site uses. Shape-based forms (keys, causal) cost a few scalar ops per distinct shape; mask-based
+ * forms count the keys each row may see from the mask actually applied to the logits.
+ */
 import { InputError } from '../errors';
-import { MaskVerdict } from '../detect/mask';
+import { MaskUse } from '../detect/mask-uses';
 
-export type NOption = 'auto' | 'keys' | 'causal';
-export type NMode = 'keys' | 'causal';
+export type NOption = 'auto' | 'keys' | 'causal' | 'mask';
+/**
+ * keys: n = Tk. causal: n_i = Tk − Tq + i + 1. padding: n = unpadded keys (a key-padding mask). causal-padding:
+ * unpadded keys at or before the row's position (cumulative count). mask: count of visible keys per row from every
+ * mask on the logits, whatever they are.
+ */
+export type NMode = 'keys' | 'causal' | 'padding' | 'causal-padding' | 'mask';
 
 export interface NChoice {
   mode: NMode;
@@ -11,14 +19,24 @@ export interface NChoice {
 }
 
 export function parseNOption(v: string): NOption {
-  if (v === 'auto' || v === 'keys' || v === 'causal') return v;
-  throw new InputError(`--n must be auto, keys or causal, got '${v}'`);
+  if (v === 'auto' || v === 'keys' || v === 'causal' || v === 'mask') return v;
+  throw new InputError(`--n must be auto, keys, causal or mask, got '${v}'`);
 }
 
-export function chooseN(option: NOption, mask: MaskVerdict): NChoice {
-  if (option === 'keys') return { mode: 'keys', reason: '--n keys' };
-  if (option === 'causal') return { mode: 'causal', reason: '--n causal' };
-  return mask.causal
-    ? { mode: 'causal', reason: `auto: ${mask.reason}` }
-    : { mode: 'keys', reason: `auto: ${mask.reason}` };
+export function chooseN(option: NOption, uses: MaskUse[], causalReason: string): NChoice {
+  if (option !== 'auto') return { mode: option, reason: `--n ${option}` };
+  const roles = new Set(uses.filter((u) => !(u.role === 'other' && u.rule === 'additive')).map((u) => u.role));
+  if (roles.size === 0) {
+    return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
+  }
+  if (roles.has('combined') || roles.has('other')) return { mode: 'mask', reason: 'auto: mask is neither plain causal nor key padding: count visible keys' };
+  if (roles.has('causal') && roles.has('padding')) return { mode: 'causal-padding', reason: `auto: ${causalReason} plus a padding mask from the inputs` };
+  if (roles.has('causal')) return { mode: 'causal', reason: `auto: ${causalReason}` };
+  return { mode: 'padding', reason: 'auto: padding mask from the inputs: count unpadded keys' };
+}
+
+/** The per-row n the presets defined on positions need, whatever the mask. */
+export function positionN(option: NOption): NChoice {
+  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: --n ${option} does not apply`);
+  return { mode: 'causal', reason: 'preset: n is the 1-based position' };
 }

@@ -1,63 +1,149 @@
 /**
- * Inserts c = s·ln(n) at one attention site: Mul(logits, c), with n read from the logits' shape at run time.
+ * Inserts the factor c at one attention site. c multiplies the logits row-wise, so it can multiply the query
+ * rows instead: (c_i·q_i)·K = c_i·(q_i·K). Scaling the query [.., Tq, D] costs far less than a Mul over the
+ * logits [.., Tq, Tk] and leaves onnxruntime's MatMul + scale fusion (FusedMatMul) intact. The logits are used
+ * instead when the query is in a lower precision than the logits the Softmax sees (fp16 query, fp32 logits: no
+ * extra rounding), or when the masks n is counted from depend on the logits themselves.
  *
- *   keys:   n = Tk                      → c has shape []      (or [H,1,1] per head)
- *   causal: n_i = Tk − Tq + i + 1       → c has shape [Tq,1]  (or [H,Tq,1] per head)
- *
- * The factor goes on the content logits before any mask, so masked entries stay exactly as they were:
- * no 0·(−inf), and no finfo.min pushed to −inf. In [B·H,Tq,Tk] logits per-head s is tiled over the batch.
+ * Either way the factor lands before every mask: masked entries stay exactly as they were, no 0·(−inf), no
+ * finfo.min pushed to −inf.
  */
-import { InputError } from '../errors';
 import { AttentionSite } from '../detect/find-attention';
+import { MaskUse } from '../detect/mask-uses';
+import { Step } from '../detect/trace';
+import { InputError } from '../errors';
+import { Graph } from '../graph/graph';
 import { DataType } from '../io/onnx';
-import { NMode } from '../policy/n-mode';
+import { Preset } from '../policy/factor';
+import { NChoice } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
+import { NSources, NTensor } from './n-source';
+
+export interface ScaleContext {
+  graph: Graph;
+  sources: NSources;
+  preset: Preset;
+  opset: number;
+  ranks: Map<string, number>;
+  types: Map<string, number>;
+}
+
+export type Target = 'query' | 'logits';
 
 export interface InsertedScale {
   sName: string;
   factor: string;
   apply: string;
   factorType: number;
+  target: Target;
+  nKey: string;
+}
+
+interface TargetTensor {
+  where: Target;
+  tensor: string;
+  consumer: Step;
+  rank?: number;
+  type?: number;
 }
 
 /** `sInput`: an existing tensor holding s (a function input inside a function body) instead of a new constant. */
-export function insertScale(b: Builder, site: AttentionSite, s: LayerScale, mode: NMode, opset: number, sInput?: string): InsertedScale {
-  const rank = site.logitsRank;
+export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, n: NChoice, uses: MaskUse[], sInput?: string): InsertedScale {
+  const target = chooseTarget(ctx, site, uses);
   const perHead = Array.isArray(s);
-  if (perHead && rank !== 3 && rank !== 4) {
-    throw new InputError(`layer ${site.layer}: per-head s needs logits of known rank 3 or 4`);
+  if (perHead && target.rank !== 3 && target.rank !== 4) {
+    throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
   }
-  if (mode === 'causal' && opset < 11) throw new InputError(`layer ${site.layer}: causal n needs opset ≥ 11 (Range)`);
-  if (rank === undefined && opset < 11) throw new InputError(`layer ${site.layer}: logits of unknown rank at opset < 11`);
-
+  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) {
+    throw new InputError(`layer ${site.layer}: per-row n needs opset ≥ 11 (Range, CumSum)`);
+  }
+  const source = ctx.sources.get(site, n.mode, uses);
   const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
-  const shape = b.op('Shape', [site.logits]);
-  const axis = (k: number): number => (rank === undefined ? -k : rank - k);
-  const tk = b.op('Gather', [shape, b.int64('last_axis', [axis(1)], true)], {}, 'tk');
-  let lnN: string;
-  if (mode === 'keys') {
-    lnN = b.op('Log', [b.op('Cast', [tk], { to: DataType.FLOAT }, 'n')], {}, 'ln_n');
-  } else {
-    const tq = b.op('Gather', [shape, b.int64('row_axis', [axis(2)], true)], {}, 'tq');
-    const one = b.int64('one', [1], true);
-    const first = b.op('Add', [b.op('Sub', [tk, tq], {}, 'past'), one], {}, 'n_first');
-    const rows = b.op('Range', [first, b.op('Add', [tk, one], {}, 'n_end'), one], {}, 'n_rows');
-    const ln = b.op('Log', [b.op('Cast', [rows], { to: DataType.FLOAT }, 'n')], {}, 'ln_n_rows');
-    lnN = b.op('Reshape', [ln, b.int64('column', [-1, 1])], {}, 'ln_n');
+  const heads = perHead ? s.length : site.heads.heads;
+  const counted4d = source.view === 'batch-rows' && source.rank === 4;
+  if (source.view === 'batch-rows' && source.rank === 3 && target.rank !== 3) {
+    throw new InputError(`layer ${site.layer}: n was counted on 3-D masked logits but the factor goes on a rank-${target.rank} tensor`);
   }
-  let sTensor = sName;
-  if (perHead && rank === 3) {
-    // [H,1,1] → [B·H,1,1]: logits row b·H + h belongs to head h.
-    const bh = b.op('Gather', [shape, b.int64('batch_axis', [0], true)], {}, 'bh');
-    const batch = b.op('Div', [bh, b.int64('heads', [s.length], true)], {}, 'batch');
-    const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])]), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');
-    sTensor = b.op('Tile', [sName, reps], {}, 's_tiled');
-  }
-  const factor = b.op('Mul', [sTensor, lnN], {}, 'factor');
-  const { output: scaled, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, opset);
-  site.consumer.node.input[site.consumer.index] = scaled;
-  return { sName, factor, apply, factorType };
+  // Per-head s on [B·H, ·, ·] tensors is tiled over the batch, unless n is counted in the 4-D view (merged below).
+  const sTensor = perHead && target.rank === 3 && !counted4d ? tileOverBatch(b, sName, target.tensor, s.length) : sName;
+  let factor = factorOf(ctx, b, source, sTensor);
+  if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
+  const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
+  target.consumer.node.input[target.consumer.index] = scaled;
+  return { sName, factor, apply, factorType, target: target.where, nKey: source.key };
 }
 
+function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {
+  const query = site.qkMatMul.input[0];
+  const queryType = ctx.types.get(query);
+  const samePrecision = queryType === site.logitsType;
+  const rank = ctx.ranks.get(query);
+  const masksFromLogits = uses.some((u) => dependsOn(ctx.graph, u.tensor, site.qkMatMul.output[0]));
+  const plainMatMul = site.qkMatMul.opType === 'MatMul' && linearFromMatMul(ctx.graph, site);
+  if (plainMatMul && samePrecision && (rank === 3 || rank === 4) && !masksFromLogits) {
+    return { where: 'query', tensor: query, consumer: { node: site.qkMatMul, index: 0 }, rank, type: queryType };
+  }
+  return { where: 'logits', tensor: site.logits, consumer: site.consumer, rank: site.logitsRank, type: site.logitsType };
+}
+
+/** c from n (and ln n) for the preset, with s the layer's initializer. */
+function factorOf(ctx: ScaleContext, b: Builder, source: NTensor, s: string): string {
+  const p = ctx.preset;
+  const one = (): string => b.constant('one', DataType.FLOAT, [], [1]);
+  if (p.kind === 'llama4') {
+    const steps = b.op('Floor', [b.op('Div', [source.n, b.constant('floor_scale', DataType.FLOAT, [], [p.floorScale])], {}, 'n_over_floor')], {}, 'n_floor');
+    const ln = b.op('Log', [b.op('Add', [steps, one()], {}, 'n_floor_1')], {}, 'ln_floor');
+    return b.op('Add', [b.op('Mul', [s, ln], {}, 'temperature'), one()], {}, 'factor');
+  }
+  const scaled = b.op('Mul', [s, ctx.sources.ln(source)], {}, p.kind === 'ssmax' && p.b === undefined ? 'factor' : 's_ln_n');
+  if (p.kind === 'qwen-logn') return b.op('Max', [scaled, one()], {}, 'factor');
+  if (p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
+  return scaled;
+}
+
+/** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */
+function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
+  const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
+  const batch = b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch');
+  const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])], {}, 'batch_1'), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');
+  return b.op('Tile', [s, reps], {}, 's_tiled');
+}
+
+/** A factor counted in the 4-D mask view [B|1, H|1, R, 1] → [B·H, R, 1] for a 3-D target. */
+function mergeHeads(b: Builder, site: AttentionSite, factor: string, target: string, heads: number | undefined): string {
+  if (!heads) throw new InputError(`layer ${site.layer}: counting n from masks for [B·H, Tq, Tk] logits needs the head count, not found in the graph`);
+  const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
+  const batch = b.op('Reshape', [b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch'), b.int64('one_dim', [1])], {}, 'batch_1');
+  const full = b.op('Expand', [factor, b.op('Concat', [batch, b.int64('heads_1_1', [heads, 1, 1])], { axis: 0 }, 'bh11')], {}, 'factor_bh');
+  const rows = b.op('Slice', [b.op('Shape', [full], {}, 'factor_shape'), b.int64('from2', [2]), b.int64('to4', [4])], {}, 'rows_1');
+  return b.op('Reshape', [full, b.op('Concat', [b.int64('minus_one', [-1]), rows], { axis: 0 }, 'merged_shape')], {}, 'factor_merged');
+}
+
+/** Scaling the query equals scaling the logits only if nothing but scalings and Casts lie between them (no softcap). */
+function linearFromMatMul(graph: Graph, site: AttentionSite): boolean {
+  const qk = site.qkMatMul.output[0];
+  for (let name = site.logits; name !== qk;) {
+    const node = graph.producer.get(name);
+    if (!node || !['Div', 'Mul', 'Cast', 'Identity'].includes(node.opType)) return false;
+    const next = node.opType === 'Mul' ? node.input.find((i) => dependsOn(graph, i, qk)) : node.input[0];
+    if (!next) return false;
+    name = next;
+  }
+  return true;
+}
+
+function dependsOn(graph: Graph, tensor: string, ancestor: string): boolean {
+  const seen = new Set<string>();
+  const stack = [tensor];
+  while (stack.length) {
+    const name = stack.pop()!;
+    if (name === ancestor) return true;
+    if (seen.has(name)) continue;
+    seen.add(name);
+    const node = graph.producer.get(name);
+    if (node) stack.push(...node.input.filter(Boolean));
+  }
+  return false;
+}

@@ -9,12 +9,17 @@ import { Graph } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { makeTensor } from '../graph/tensor';
 import { DataType, decodeModel, encodeModel, ModelProto, NodeProto, toNumber } from '../io/onnx';
-import { chooseN, NMode, NOption } from '../policy/n-mode';
+import { maskUses } from '../detect/mask-uses';
+import { SymbolicShapes } from '../graph/symbolic';
+import { Preset, PresetName, presetNeedsPositions, presetScale, resolvePreset } from '../policy/factor';
+import { selectLayers } from '../policy/layers';
+import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
 import { LayerScale, resolveScaleSpec, ScaleOptions, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
-import { insertScale } from './insert-scale';
-import { findScaleTensor, readRecord, SiteRecord, writeRecord } from './record';
+import { insertScale, ScaleContext, Target } from './insert-scale';
+import { NSources } from './n-source';
+import { findScaleTensor, PatchRecord, readRecord, SiteRecord, writeRecord } from './record';
 import { VERSION } from '../version';
 
 export interface PatchOptions extends ScaleOptions {
@@ -26,6 +31,13 @@ export interface PatchOptions extends ScaleOptions {
   updateS?: boolean;
   /** Node names of refused sites to patch anyway (the deviation from exact SSMax is accepted knowingly). */
   force?: string[];
+  /** ssmax (default), qwen-logn or llama4, with their parameters. */
+  preset?: string;
+  b?: number;
+  floorScale?: number;
+  attnScale?: number;
+  /** Layers to patch: "3,7,11" or "every:4" (default all). */
+  layers?: string;
 }
 
 export interface PatchedSite {
@@ -47,6 +59,10 @@ export interface PatchedSite {
   sInitializer: string;
   /** Set when --force-site accepted a deviation from exact SSMax at this site. */
   deviation?: string;
+  /** Where the factor multiplies: the query rows (cheap) or the logits. */
+  target: Target;
+  /** Sites with the same key share one computation of n. */
+  nShared: string;
 }
 
 export interface PatchReport {
@@ -55,6 +71,9 @@ export interface PatchReport {
   updated: boolean;
   opset: number;
   irVersion: number;
+  preset: PresetName;
+  /** Distinct computations of n in the patched model. */
+  nSources: number;
 }
 
 export interface PatchResult {
@@ -83,61 +102,130 @@ const headsOf = (a: AnySite): number | undefined => (a.kind === 'call' ? a.site.
 
 /** Patches a copy of `model`; the argument is left unchanged. */
 export function patchModel(model: ModelProto, options: PatchOptions): PatchResult {
-  const spec = options.scale ?? resolveScaleSpec(options);
+  const preset = resolvePreset(options);
+  const spec = options.scale ?? scaleSpecFor(preset, options);
   const out = cloneModel(model);
   const scopes = modelScopes(out);
   const detection = detectAttention(out, scopes, { force: options.force });
   checkForced(options.force ?? [], detection);
-  const sites = orderedSites(detection, scopes);
-  if (sites.length === 0) throw new InputError(noAttentionMessage(detection));
-  const scales = scalesForSites(spec, sites, detection.skipped);
-  const already = sites.filter((a) => patchedBy(a));
-  if (already.length > 0) {
+  const all = orderedSites(detection, scopes);
+  if (all.length === 0) throw new InputError(noAttentionMessage(detection));
+  if (all.some((a) => patchedBy(a))) {
+    const already = all.filter((a) => patchedBy(a));
     if (!options.updateS) {
       throw new InputError(`model is already patched (${already.length} SSMax sites); pass --update-s to change s instead of adding a second factor`);
     }
-    return { model: out, report: updateScales(out, scopes, detection, sites, scales) };
+    return { model: out, report: updateScales(out, scopes, detection, already, scalesForSites(spec, already, [])) };
   }
+  const { sites, skipped } = selectSites(all, detection.skipped, options.layers);
+  const scales = scalesForSites(spec, sites, skipped);
   const irVersion = toNumber(out.irVersion);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
+  const contexts = new Map<string, PatchContext>();
+  const contextOf = (scope: Scope): PatchContext => {
+    let ctx = contexts.get(scope.path);
+    if (!ctx) {
+      ctx = newContext(scope, preset, irVersion, options.n ?? 'auto');
+      contexts.set(scope.path, ctx);
+    }
+    return ctx;
+  };
   const records: SiteRecord[] = [];
   const patched: PatchedSite[] = [];
   const bodies = new Map<object, PatchedBody>();
+  const builders: [Scope, Builder][] = [];
   for (const [i, a] of sites.entries()) {
     const scope = byPath.get(a.site.scope)!;
     const s = scales[i];
     const b = builderFor(scope, a.site.layer, irVersion);
     let result: { site: PatchedSite; record: SiteRecord };
-    if (a.kind === 'softmax') result = patchSoftmax(b, scope, a.site, s, options.n ?? 'auto');
-    else if (a.kind === 'fused') result = patchFused(b, scope, a.site, s, options.n ?? 'auto');
-    else result = patchCall(b, a.site, s, options.n ?? 'auto', byPath, irVersion, bodies);
-    scope.graph.proto.node.push(...b.added);
+    if (a.kind === 'softmax') result = patchSoftmax(contextOf(scope), b, a.site, s);
+    else if (a.kind === 'fused') result = patchFused(b, scope, a.site, s, options.n ?? 'auto', preset);
+    else result = patchCall(b, a.site, s, contextOf, byPath, irVersion, bodies, options.n ?? 'auto', preset);
+    builders.push([scope, b]);
     patched.push(result.site);
     records.push(result.record);
   }
+  // Shared computations of n first, so each graph's nodes read in pipeline order before the topological sort.
+  for (const ctx of contexts.values()) ctx.scope.graph.proto.node.push(...ctx.shared.added);
+  for (const [scope, b] of builders) scope.graph.proto.node.push(...b.added);
   for (const scope of scopes) scope.commit();
-  writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: 'ssmax', scale: describeSpec(spec),
-    trainLen: options.trainLen, sites: records });
-  return { model: out, report: { sites: patched, skipped: detection.skipped, updated: false, opset: defaultOpset(out), irVersion } };
-}
-
-function builderFor(scope: Scope, layer: number, irVersion: number): Builder {
-  // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
-  const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && irVersion < 4);
-  return new Builder(scope.graph, `${PATCH_PREFIX}L${layer}/`, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
-}
-
-function patchSoftmax(b: Builder, scope: Scope, site: AttentionSite, s: LayerScale, option: NOption, sInput?: string): { site: PatchedSite; record: SiteRecord } {
-  const n = chooseN(option, site.mask);
-  const inserted = insertScale(b, site, s, n.mode, scope.opset, sInput);
+  writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: preset.kind, scale: describeSpec(spec),
+    trainLen: options.trainLen, ...presetParams(preset), sites: records });
+  const nSources = [...contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size, 0);
   return {
-    site: describe(site, n.mode, n.reason, s, inserted.sName),
-    record: { layer: site.layer, scope: site.scope, softmax: label(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
-      apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+    model: out,
+    report: { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: preset.kind, nSources },
   };
 }
 
-function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, option: NOption, sInput?: string): { site: PatchedSite; record: SiteRecord } {
+/** Per graph: the shared builder for n, the symbolic shapes it is keyed by, and the options every site shares. */
+interface PatchContext {
+  scope: Scope;
+  shared: Builder;
+  ctx: ScaleContext;
+  option: NOption;
+}
+
+function newContext(scope: Scope, preset: Preset, irVersion: number, option: NOption): PatchContext {
+  const shared = builderFor(scope, 'shared', irVersion);
+  const sources = new NSources(shared, new SymbolicShapes(scope.graph), scope.opset);
+  return { scope, shared, option, ctx: { graph: scope.graph, sources, preset, opset: scope.opset, ranks: scope.ranks, types: scope.types } };
+}
+
+/** --layers: the sites in the chosen layers; the others are reported as skipped. */
+function selectSites(all: AnySite[], skipped: SkippedSoftmax[], layers: string | undefined): { sites: AnySite[]; skipped: SkippedSoftmax[] } {
+  if (layers === undefined) return { sites: all, skipped };
+  const count = Math.max(...all.map((a) => a.site.layer)) + 1;
+  const chosen = selectLayers(layers, count);
+  const sites = all.filter((a) => chosen.has(a.site.layer));
+  if (sites.length === 0) throw new InputError(`--layers ${layers} selects none of the ${count} attention layers`);
+  const left = all.filter((a) => !chosen.has(a.site.layer)).map((a) => ({
+    node: label(a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call),
+    reason: `layer ${a.site.layer} not in --layers ${layers}`, scope: a.site.scope,
+  }));
+  return { sites, skipped: [...skipped, ...left] };
+}
+
+/** s per preset: llama4's s is its attn_scale; the others take --s, --train-len or --s-file. */
+function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
+  if (preset.kind === 'llama4') {
+    if (options.s !== undefined || options.sFile !== undefined) throw new InputError('--preset llama4 takes --attn-scale, not --s or --s-file');
+    return { kind: 'scalar', s: presetScale(preset)!, from: '--attn-scale' };
+  }
+  return resolveScaleSpec(options);
+}
+
+function presetParams(p: Preset): Partial<PatchRecord> {
+  if (p.kind === 'llama4') return { floorScale: p.floorScale, attnScale: p.attnScale };
+  if (p.kind === 'ssmax' && p.b !== undefined) return { b: p.b };
+  return {};
+}
+
+function builderFor(scope: Scope, layer: number | 'shared', irVersion: number): Builder {
+  // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
+  const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && irVersion < 4);
+  const prefix = layer === 'shared' ? `${PATCH_PREFIX}shared/` : `${PATCH_PREFIX}L${layer}/`;
+  return new Builder(scope.graph, prefix, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
+}
+
+function patchSoftmax(pc: PatchContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): { site: PatchedSite; record: SiteRecord } {
+  const uses = maskUses(pc.scope.graph, site.afterLogits, pc.scope.ranks);
+  const n = presetNeedsPositions(pc.ctx.preset) ? positionN(pc.option) : chooseN(pc.option, uses, site.mask.reason);
+  const inserted = insertScale(pc.ctx, b, site, s, n, uses, sInput);
+  return {
+    site: { ...describe(site, n.mode, n.reason, s, inserted.sName), target: inserted.target, nShared: inserted.nKey },
+    record: { layer: site.layer, scope: site.scope, softmax: label(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
+      apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType, target: inserted.target,
+      logits: site.qkMatMul.output[0] },
+  };
+}
+
+function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, option: NOption, preset: Preset, sInput?: string): { site: PatchedSite; record: SiteRecord } {
+  if (preset.kind !== 'ssmax' || preset.b !== undefined) {
+    throw new InputError(`${label(site.node)} (${site.op}): --preset ${preset.kind}${preset.kind === 'ssmax' ? ' with --b' : ''} is not supported on fused attention operators yet`);
+  }
+  if (option === 'mask') throw new InputError(`${label(site.node)} (${site.op}): --n mask needs the mask outside the kernel; use --n auto`);
   const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
   const mode = modeOf(plan);
   const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
@@ -149,6 +237,7 @@ function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, op
       node: label(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
       heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
       logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
+      target: 'query', nShared: `site:${label(site.node)}`,
     },
     record: { layer: site.layer, scope: site.scope, softmax: label(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
       apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
@@ -159,8 +248,8 @@ function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, op
  * A function body holding attention is patched once, with s coming in through a new function input; every
  * call passes its own s (its own layer), so one function used by N layers gets N independent s values.
  */
-function patchCall(b: Builder, call: CallSite, s: LayerScale, option: NOption, byPath: Map<string, Scope>, irVersion: number,
-  bodies: Map<object, PatchedBody>): { site: PatchedSite; record: SiteRecord } {
+function patchCall(b: Builder, call: CallSite, s: LayerScale, contextOf: (scope: Scope) => PatchContext, byPath: Map<string, Scope>,
+  irVersion: number, bodies: Map<object, PatchedBody>, option: NOption, preset: Preset): { site: PatchedSite; record: SiteRecord } {
   let body = bodies.get(call.inner);
   if (!body) {
     const fnScope = byPath.get(call.inner.scope)!;
@@ -169,8 +258,8 @@ function patchCall(b: Builder, call: CallSite, s: LayerScale, option: NOption, b
     fnScope.graph.proto.input.push({ name: input });
     const bb = builderFor(fnScope, call.inner.layer, irVersion);
     const inner = 'softmax' in call.inner
-      ? patchSoftmax(bb, fnScope, call.inner, s, option, input)
-      : patchFused(bb, fnScope, call.inner, s, option, input);
+      ? patchSoftmax(contextOf(fnScope), bb, call.inner, s, input)
+      : patchFused(bb, fnScope, call.inner, s, option, preset, input);
     fnScope.graph.proto.node.push(...bb.added);
     body = { input, ...inner };
     bodies.set(call.inner, body);
@@ -187,7 +276,7 @@ function patchCall(b: Builder, call: CallSite, s: LayerScale, option: NOption, b
 
 interface PatchedBody { input: string; site: PatchedSite; record: SiteRecord }
 
-function describe(site: AttentionSite, n: NMode, nReason: string, s: LayerScale, sInitializer: string): PatchedSite {
+function describe(site: AttentionSite, n: NMode, nReason: string, s: LayerScale, sInitializer: string): Omit<PatchedSite, 'target' | 'nShared'> {
   return {
     node: label(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
     headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
@@ -282,11 +371,12 @@ function updateScales(model: ModelProto, scopes: Scope[], detection: Detection, 
     out.push({
       node: label(node), layer: a.site.layer, scope: a.site.scope, kind: a.kind === 'softmax' ? 'Softmax' : a.kind === 'fused' ? a.site.op : `call ${a.site.fn.name}`,
       n: rec?.n ?? 'unchanged', nReason: 'kept from the earlier patch', heads: heads ?? null, headAxis: null, headsReason: '',
-      logitsRank: null, logits: '', s: scales[i], sInitializer: name,
+      logitsRank: null, logits: '', s: scales[i], sInitializer: name, target: rec?.target ?? 'logits', nShared: 'unchanged',
     });
   });
   if (record) writeRecord(model, record);
-  return { sites: out, skipped: detection.skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion) };
+  return { sites: out, skipped: detection.skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion),
+    preset: record?.preset ?? 'ssmax', nSources: 0 };
 }
 
 function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number): void {

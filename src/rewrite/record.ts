@@ -18,14 +18,21 @@ export interface SiteRecord {
   apply: string;
   factor: string;
   factorType: number;
+  /** Where the factor multiplies: the query rows or the logits. */
+  target?: 'query' | 'logits';
+  /** The QK MatMul output: the logits before any scaling, for probes. */
+  logits?: string;
 }
 
 export interface PatchRecord {
   tool: 'ssmax-patch';
   version: string;
-  preset: 'ssmax';
+  preset: 'ssmax' | 'qwen-logn' | 'llama4';
   scale: string;
   trainLen?: number;
+  b?: number;
+  floorScale?: number;
+  attnScale?: number;
   sites: SiteRecord[];
 }
 

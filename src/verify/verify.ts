@@ -125,7 +125,9 @@ async function retrofitCheck(patched: ModelProto, L: number | undefined, batch: 
   const expected = scaleFromTrainLen(L);
   const sameS = record.sites.every((s) => (Array.isArray(s.s) ? s.s : [s.s]).every((v) => Math.abs(v - expected) < 1e-9));
   if (!sameS) return skipped(name, 's is not 1/ln L at every site');
-  const modes = new Set(record.sites.map((s) => s.n));
+  // With masks of ones, padding counts equal the key count and causal-padding counts equal positions.
+  const like: Record<string, string> = { keys: 'keys', padding: 'keys', causal: 'causal', 'causal-padding': 'causal' };
+  const modes = new Set(record.sites.map((s) => like[s.n] ?? s.n));
   const accept = (s: OutputStats[]): boolean => s.every((o) => o.maxAbs <= tol);
   if (modes.size === 1 && modes.has('keys')) {
     const lens: Length[] = [{ batch, seq: L, past: 0 }];

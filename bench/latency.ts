@@ -1,0 +1,104 @@
+/**
+ * Inference latency of original vs patched decoders on onnxruntime-node with default session options:
+ * interleaved runs in one process (alternating which goes first), reporting the median of the per-pair
+ * patched/original ratios and its interquartile spread.
+ */
+import * as fs from 'node:fs';
+import * as ort from 'onnxruntime-node';
+import { readModel, serializeModel } from '../src/io/model-file';
+import { patchModel } from '../src/rewrite/patch';
+import { DecoderConfig, decoderFile } from './decoder';
+
+export interface LatencyCase {
+  label: string;
+  config: DecoderConfig;
+  seq: number;
+  past: number;
+  pairs: number;
+}
+
+export interface LatencyResult {
+  label: string;
+  originalMs: number;
+  patchedMs: number;
+  ratio: number;
+  spread: [number, number];
+}
+
+function feeds(cfg: DecoderConfig, seq: number, past: number): Record<string, ort.Tensor> {
+  const hd = cfg.hidden / cfg.heads;
+  const out: Record<string, ort.Tensor> = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from({ length: seq }, (_, i) => BigInt((i * 7919) % cfg.vocab)), [1, seq]),
+  };
+  for (let l = 0; l < cfg.layers; l++) {
+    for (const kind of ['key', 'value']) {
+      const data = Float32Array.from({ length: cfg.heads * past * hd }, (_, i) => Math.sin(i * 0.37 + l));
+      out[`past_${kind}_${l}`] = new ort.Tensor('float32', data, [1, cfg.heads, past, hd]);
+    }
+  }
+  return out;
+}
+
+const quantile = (xs: number[], q: number): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  const i = (s.length - 1) * q;
+  return s[Math.floor(i)] + (s[Math.ceil(i)] - s[Math.floor(i)]) * (i - Math.floor(i));
+};
+
+async function timed(session: ort.InferenceSession, input: Record<string, ort.Tensor>): Promise<number> {
+  const t = process.hrtime.bigint();
+  await session.run(input);
+  return Number(process.hrtime.bigint() - t) / 1e6;
+}
+
+export async function measureLatency(c: LatencyCase, trainLen = 1024): Promise<LatencyResult> {
+  const file = decoderFile(c.config);
+  const original = fs.readFileSync(file);
+  const patched = serializeModel(patchModel(readModel(file), { trainLen }).model);
+  // Default session options (graph optimisations, threads); only warnings are silenced.
+  const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
+  const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
+  const input = feeds(c.config, c.seq, c.past);
+  for (let i = 0; i < 2; i++) {
+    await a.run(input);
+    await b.run(input);
+  }
+  const ta: number[] = [], tb: number[] = [], ratios: number[] = [];
+  for (let i = 0; i < c.pairs; i++) {
+    const first = i % 2 === 0;
+    const x = first ? await timed(a, input) : 0;
+    const y = await timed(b, input);
+    const x2 = first ? x : await timed(a, input);
+    ta.push(x2);
+    tb.push(y);
+    ratios.push(y / x2);
+  }
+  await a.release();
+  await b.release();
+  return {
+    label: c.label, originalMs: quantile(ta, 0.5), patchedMs: quantile(tb, 0.5), ratio: quantile(ratios, 0.5),
+    spread: [quantile(ratios, 0.25), quantile(ratios, 0.75)],
+  };
+}
+
+export const WIDE: DecoderConfig = { layers: 12, heads: 12, hidden: 768, vocab: 8192 };
+export const ATTENTION_HEAVY: DecoderConfig = { layers: 4, heads: 4, hidden: 256, vocab: 8192 };
+
+export const LATENCY_CASES: LatencyCase[] = [
+  { label: '12L×768, seq 128', config: WIDE, seq: 128, past: 0, pairs: 30 },
+  { label: '12L×768, seq 512', config: WIDE, seq: 512, past: 0, pairs: 16 },
+  { label: '12L×768, decode 1 token, KV cache 2048', config: WIDE, seq: 1, past: 2048, pairs: 60 },
+  { label: '4L×256, seq 1024', config: ATTENTION_HEAVY, seq: 1024, past: 0, pairs: 30 },
+  { label: '4L×256, seq 2048', config: ATTENTION_HEAVY, seq: 2048, past: 0, pairs: 16 },
+  { label: '4L×256, seq 4096', config: ATTENTION_HEAVY, seq: 4096, past: 0, pairs: 8 },
+];
+
+export async function latencyTable(filter?: RegExp): Promise<string> {
+  const rows = ['| case | original (ms, median) | patched (ms, median) | patched/original (median) | spread (p25–p75) |', '|---|---|---|---|---|'];
+  for (const c of LATENCY_CASES.filter((k) => !filter || filter.test(k.label))) {
+    const r = await measureLatency(c);
+    rows.push(`| ${r.label} | ${r.originalMs.toFixed(2)} | ${r.patchedMs.toFixed(2)} | ${r.ratio.toFixed(3)} | ${r.spread[0].toFixed(3)}–${r.spread[1].toFixed(3)} |`);
+    process.stderr.write(`${rows[rows.length - 1]}\n`);
+  }
+  return rows.join('\n');
+}

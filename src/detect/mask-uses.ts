@@ -1,0 +1,58 @@
+/**
+ * How each mask on a site's logits decides which keys a row may see, so that n can be counted from the mask
+ * actually applied: additive masks hide a key with a large negative value (−inf, finfo.min, −10000), Where masks
+ * with their condition.
+ */
+import { Graph } from '../graph/graph';
+import { causalEvidence } from './mask';
+import { Step } from './trace';
+
+/** Additive entries at or below this hide a key; position biases (ALiBi, T5) stay above it. */
+export const HIDDEN_BELOW = -9000;
+
+export type MaskRule = 'additive' | 'subtractive' | 'keep-where' | 'drop-where';
+export type MaskRole = 'causal' | 'padding' | 'combined' | 'other';
+
+export interface MaskUse {
+  tensor: string;
+  rule: MaskRule;
+  role: MaskRole;
+  /** Rank of the view of the logits the mask is applied to. */
+  viewRank?: number;
+}
+
+export function maskUses(graph: Graph, steps: Step[], ranks: Map<string, number>): MaskUse[] {
+  const uses: MaskUse[] = [];
+  for (const { node, index } of steps) {
+    let use: Omit<MaskUse, 'role'> | undefined;
+    if (node.opType === 'Add') use = { tensor: node.input[1 - index], rule: 'additive' };
+    else if (node.opType === 'Sub' && index === 0) use = { tensor: node.input[1], rule: 'subtractive' };
+    else if (node.opType === 'Where') use = { tensor: node.input[0], rule: index === 1 ? 'keep-where' : 'drop-where' };
+    if (use?.tensor) uses.push({ ...use, role: roleOf(graph, use.tensor), viewRank: ranks.get(node.output[0]) });
+  }
+  return uses;
+}
+
+function roleOf(graph: Graph, tensor: string): MaskRole {
+  const causal = causalEvidence(graph, tensor) !== null;
+  const fromInput = dependsOnModelInput(graph, tensor);
+  if (causal && fromInput) return 'combined';
+  if (causal) return 'causal';
+  return fromInput ? 'padding' : 'other';
+}
+
+/** True when the mask's values come from a graph input (an attention mask), not only from shapes and constants. */
+function dependsOnModelInput(graph: Graph, tensor: string): boolean {
+  const seen = new Set<string>();
+  const queue = [tensor];
+  while (queue.length && seen.size < 256) {
+    const name = queue.shift()!;
+    if (seen.has(name)) continue;
+    seen.add(name);
+    if (graph.inputs.has(name) && !graph.initializers.has(name)) return true;
+    const node = graph.producer.get(name);
+    if (!node || node.opType === 'Shape' || node.opType === 'Size') continue;
+    queue.push(...node.input.filter(Boolean));
+  }
+  return false;
+}

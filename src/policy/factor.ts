@@ -1,0 +1,63 @@
+/**
+ * The factor each preset multiplies a row's logits by, as a function of that row's n (and s):
+ *
+ *   ssmax      c = s·ln n (+ b)                              (Nakanishi 2025; b is the paper's bias variant)
+ *   qwen-logn  c = max(1, ln n / ln L) = max(1, s·ln n)      s = 1/ln L, n the 1-based position (Qwen use_logn_attn)
+ *   llama4     c = ln(⌊n / floor_scale⌋ + 1)·attn_scale + 1  n = pos + 1 (Llama 4 attention temperature tuning)
+ */
+import { InputError } from '../errors';
+import { scaleFromTrainLen } from './scale';
+
+export type Preset =
+  | { kind: 'ssmax'; b?: number }
+  | { kind: 'qwen-logn'; trainLen: number }
+  | { kind: 'llama4'; floorScale: number; attnScale: number };
+
+export type PresetName = Preset['kind'];
+
+export interface PresetOptions {
+  preset?: string;
+  b?: number;
+  trainLen?: number;
+  floorScale?: number;
+  attnScale?: number;
+}
+
+export function resolvePreset(o: PresetOptions): Preset {
+  const name = o.preset ?? 'ssmax';
+  if (name !== 'ssmax' && o.b !== undefined) throw new InputError('--b applies to --preset ssmax only');
+  if (name === 'ssmax') {
+    if (o.b !== undefined && !Number.isFinite(o.b)) throw new InputError(`--b must be a finite number, got ${o.b}`);
+    return o.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: o.b };
+  }
+  if (name === 'qwen-logn') {
+    if (o.trainLen === undefined) throw new InputError('--preset qwen-logn needs --train-len');
+    return { kind: 'qwen-logn', trainLen: o.trainLen };
+  }
+  if (name === 'llama4') {
+    const floorScale = o.floorScale ?? 8192;
+    const attnScale = o.attnScale ?? 0.1;
+    if (!(floorScale >= 1) || !(attnScale > 0)) throw new InputError('--floor-scale must be ≥ 1 and --attn-scale > 0');
+    return { kind: 'llama4', floorScale, attnScale };
+  }
+  throw new InputError(`--preset must be ssmax, qwen-logn or llama4, got '${name}'`);
+}
+
+/** The s a preset stores in the model (its learnable or tunable scale). */
+export function presetScale(p: Preset): number | undefined {
+  if (p.kind === 'qwen-logn') return scaleFromTrainLen(p.trainLen);
+  if (p.kind === 'llama4') return p.attnScale;
+  return undefined;
+}
+
+/** Presets defined on absolute positions always use the per-row (causal) n. */
+export function presetNeedsPositions(p: Preset): boolean {
+  return p.kind !== 'ssmax';
+}
+
+/** The factor in plain arithmetic, for reports and tests. */
+export function factorValue(p: Preset, s: number, n: number): number {
+  if (p.kind === 'qwen-logn') return Math.max(1, s * Math.log(n));
+  if (p.kind === 'llama4') return Math.log(Math.floor(n / p.floorScale) + 1) * s + 1;
+  return s * Math.log(n) + (p.b ?? 0);
+}

@@ -1,0 +1,135 @@
+/**
+ * Builds n, the number of keys each row attends to, once per distinct source for the whole graph. Sites whose
+ * query length and key length have the same symbolic expression (all self-attention layers of a decoder, say)
+ * share one computation; mask-based forms are shared by the sites that apply the same masks.
+ *
+ * Views of n: `scalar` [] (keys), `rows` [Tq,1] (causal), `batch-rows` [B|1, 1, R, 1] or [B·H|1, R, 1] (counted
+ * from masks, in the view of the logits the masks are applied to).
+ */
+import { AttentionSite } from '../detect/find-attention';
+import { HIDDEN_BELOW, MaskUse } from '../detect/mask-uses';
+import { InputError } from '../errors';
+import { constantOf, show, SymbolicShapes } from '../graph/symbolic';
+import { DataType } from '../io/onnx';
+import { NMode } from '../policy/n-mode';
+import { Builder } from './builder';
+
+export type NView = 'scalar' | 'rows' | 'batch-rows';
+
+export interface NTensor {
+  /** n as float32. */
+  n: string;
+  view: NView;
+  /** For `batch-rows`: the rank of the masked logits n was counted in (3 for [B·H, Tq, Tk], 4 for [B, H, Tq, Tk]). */
+  rank?: number;
+  /** Key under which this n is shared; sites with the same key use the same tensors. */
+  key: string;
+  ln?: string;
+}
+
+/**
+ * Where Tq and Tk are read: the query [.., Tq, D] and keyᵀ [.., D, Tk] of a plain MatMul (available before it, so
+ * the factor can go on the query); otherwise (Einsum, FusedMatMul with transposes) the logits themselves.
+ */
+function shapeSources(site: AttentionSite): [string, string] {
+  if (site.qkMatMul.opType === 'MatMul') return [site.qkMatMul.input[0], site.qkMatMul.input[1]];
+  return [site.logits, site.logits];
+}
+
+export class NSources {
+  private readonly cache = new Map<string, NTensor>();
+
+  constructor(private readonly b: Builder, private readonly sym: SymbolicShapes, private readonly opset: number) {}
+
+  /** n for a site in the given mode; `uses` are the masks on its logits (for mask-based modes). */
+  get(site: AttentionSite, mode: NMode, uses: MaskUse[]): NTensor {
+    const key = this.keyOf(site, mode, uses);
+    let entry = this.cache.get(key);
+    if (!entry) {
+      entry = { ...this.build(site, mode, uses), key };
+      this.cache.set(key, entry);
+    }
+    return entry;
+  }
+
+  /** ln(max(n, 1)): a row that sees no key at all gets factor 0, not −inf. */
+  ln(entry: NTensor): string {
+    entry.ln ??= this.b.op('Log', [this.b.op('Max', [entry.n, this.b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1')], {}, 'ln_n');
+    return entry.ln;
+  }
+
+  get size(): number {
+    return this.cache.size;
+  }
+
+  private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
+    const [q, k] = shapeSources(site);
+    const tq = this.sym.dim(q, -2), tk = this.sym.dim(k, -1);
+    const dims = tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
+    if (mode === 'keys' || mode === 'causal') return `${mode}|${dims}`;
+    // causal-padding reads only the padding masks (the causal part is positional), so layers that slice their own
+    // causal mask still share one count.
+    const counted = mode === 'mask' ? uses : uses.filter((u) => u.role === 'padding');
+    return `${mode}|${dims}|${counted.map((u) => `${u.tensor}:${u.rule}`).sort().join(',')}`;
+  }
+
+  private build(site: AttentionSite, mode: NMode, uses: MaskUse[]): Omit<NTensor, 'key'> {
+    const b = this.b;
+    const [q, k] = shapeSources(site);
+    const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
+    if (mode === 'keys') return { n: b.op('Cast', [tk], { to: DataType.FLOAT }, 'n_keys'), view: 'scalar' };
+    const tq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('row', [-2], true)], {}, 'tq');
+    if (mode === 'causal') {
+      const one = b.int64('one', [1], true);
+      const first = b.op('Add', [b.op('Sub', [tk, tq], {}, 'past'), one], {}, 'n_first');
+      const rows = b.op('Range', [first, b.op('Add', [tk, one], {}, 'n_end'), one], {}, 'n_rows');
+      const n = b.op('Reshape', [b.op('Cast', [rows], { to: DataType.FLOAT }, 'n_rows_f'), b.int64('column', [-1, 1])], {}, 'n_causal');
+      return { n, view: 'rows' };
+    }
+    if (mode === 'causal-padding') return this.causalPadding(site, uses, tq, tk);
+    return this.countVisible(site, mode === 'padding' ? uses.filter((u) => u.role === 'padding') : uses);
+  }
+
+  /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
+  private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
+    if (uses.length === 0) throw new InputError(`layer ${site.layer}: --n mask needs a mask on the logits`);
+    const rank = uses[0].viewRank;
+    if ((rank !== 3 && rank !== 4) || uses.some((u) => u.viewRank !== rank)) {
+      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to 3-D or 4-D logits of one rank`);
+    }
+    const b = this.b;
+    const visible = uses.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
+    return { n: this.reduceSum(b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), 'n_mask'), view: 'batch-rows', rank };
+  }
+
+  /** Causal plus key padding: the unpadded keys up to each row's position, a cumulative count over keys. */
+  private causalPadding(site: AttentionSite, uses: MaskUse[], tq: string, tk: string): Omit<NTensor, 'key'> {
+    const padding = uses.filter((u) => u.role === 'padding');
+    const keyOnly = padding.every((u) => u.viewRank === 4 && constantOf(this.sym.dim(u.tensor, -2) ?? new Map([['?', 1]])) === 1);
+    if (!keyOnly) return this.countVisible(site, uses);
+    const b = this.b;
+    const visible = padding.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
+    const counts = b.op('CumSum', [b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), b.int64('key_axis', [-1], true)], {}, 'visible_cumsum');
+    const from = b.op('Reshape', [b.op('Sub', [tk, tq], {}, 'past'), b.int64('one_dim', [1])], {}, 'row_start');
+    const to = b.op('Reshape', [tk, b.int64('one_dim', [1])], {}, 'row_end');
+    const rows = b.op('Slice', [counts, from, to, b.int64('key_axis_1', [-1])], {}, 'n_rows_keys');
+    return { n: b.op('Transpose', [rows], { perm: [0, 1, 3, 2] }, 'n_causal_padding'), view: 'batch-rows', rank: 4 };
+  }
+
+  private visible(u: MaskUse): string {
+    const b = this.b;
+    if (u.rule === 'keep-where') return b.op('Cast', [u.tensor], { to: DataType.BOOL }, 'keep');
+    if (u.rule === 'drop-where') return b.op('Not', [b.op('Cast', [u.tensor], { to: DataType.BOOL }, 'drop')], {}, 'keep');
+    const m = b.op('Cast', [u.tensor], { to: DataType.FLOAT }, 'mask_f');
+    return u.rule === 'additive'
+      ? b.op('Greater', [m, b.constant('hidden_below', DataType.FLOAT, [], [HIDDEN_BELOW])], {}, 'keep')
+      : b.op('Less', [m, b.constant('hidden_above', DataType.FLOAT, [], [-HIDDEN_BELOW])], {}, 'keep');
+  }
+
+  private reduceSum(x: string, name: string): string {
+    const b = this.b;
+    return this.opset >= 13
+      ? b.op('ReduceSum', [x, b.int64('key_axis', [-1])], { keepdims: 1 }, name)
+      : b.op('ReduceSum', [x], { axes: [-1], keepdims: 1 }, name);
+  }
+}

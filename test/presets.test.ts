@@ -1,0 +1,57 @@
+/**
+ * The presets against PyTorch references of their published formulas (fixtures/torch/presets.ref.json, made by
+ * make_presets.py): Qwen's log-n attention, Llama 4's attention temperature tuning on selected layers, and the
+ * bias variant of SSMax; with a KV cache for Qwen.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { readModel } from '../src/io/model-file';
+import { encodeModel } from '../src/io/onnx';
+import { patchModel, PatchOptions } from '../src/rewrite/patch';
+import { Runner } from '../src/verify/run';
+import { decode, RefCase, TORCH } from './support/ref';
+
+interface PresetCase extends Omit<RefCase, 'patch'> { model: string; patch: PatchOptions }
+
+const cases = (JSON.parse(fs.readFileSync(path.join(TORCH, 'presets.ref.json'), 'utf8')) as { cases: PresetCase[] }).cases;
+
+describe('presets against PyTorch references', () => {
+  for (const c of cases) {
+    it(`${c.name}: ${JSON.stringify(c.patch)}`, async () => {
+      const original = readModel(path.join(TORCH, c.model));
+      const { model, report } = patchModel(original, c.patch);
+      if (c.patch.layers) assert.deepEqual(report.sites.map((s) => s.layer), [1]);
+      const runner = await Runner.create(encodeModel(model), c.name);
+      const feeds = Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)]));
+      const out = await runner.run(feeds);
+      await runner.release();
+      for (const [name, t] of Object.entries(c.outputs)) {
+        const want = decode(t).data as Float32Array;
+        let diff = 0;
+        for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(out[name].data[i] - want[i]));
+        assert.ok(diff <= 1e-4, `${name}: max abs error ${diff}`);
+      }
+    });
+  }
+
+  it('qwen-logn needs --train-len; llama4 refuses --s; --b only with ssmax', () => {
+    const m = readModel(path.join(TORCH, 'llama_gqa.onnx'));
+    assert.throws(() => patchModel(m, { preset: 'qwen-logn', s: 0.3 }), /qwen-logn needs --train-len/);
+    assert.throws(() => patchModel(m, { preset: 'llama4', s: 0.3 }), /llama4 takes --attn-scale/);
+    assert.throws(() => patchModel(m, { preset: 'llama4', b: 0.1 }), /--b applies to --preset ssmax only/);
+    assert.throws(() => patchModel(m, { preset: 'yarn', s: 0.3 }), /--preset must be/);
+    assert.throws(() => patchModel(m, { preset: 'qwen-logn', trainLen: 8, n: 'keys' }), /defined on positions/);
+  });
+
+  it('--layers selects layers and reports the others as skipped', () => {
+    const m = readModel(path.join(TORCH, 'llama_gqa.onnx'));
+    const { report } = patchModel(m, { s: 0.3, layers: '0' });
+    assert.deepEqual(report.sites.map((s) => s.layer), [0]);
+    assert.match(report.skipped.find((s) => /layers\.1/.test(s.node))!.reason, /not in --layers 0/);
+    assert.throws(() => patchModel(m, { s: 0.3, layers: '5' }), /the model has 2 attention layers/);
+    assert.throws(() => patchModel(m, { s: 0.3, layers: 'every:4' }), /selects none/);
+    assert.throws(() => patchModel(m, { s: 0.3, layers: 'one,two' }), /comma-separated list/);
+  });
+});
