@@ -1,0 +1,96 @@
+/**
+ * Which runs verification makes: short runs (batch 2: plain, a padded batch, KV-cache prefill and decoding with
+ * past > 0) for wiring and the probe, and a sweep of context lengths L/4 … 16·L (batch 1) for retrofit parity,
+ * liveness and sharpness, capped by the model's position table, by --max-len, and by what the inputs allow.
+ */
+import { LengthLimit } from './limits';
+import { RunShape } from './signature';
+
+export type CheckId = 'wiring' | 'probe' | 'retrofit' | 'liveness' | 'sharpness';
+export const CHECK_IDS: CheckId[] = ['wiring', 'probe', 'retrofit', 'liveness', 'sharpness'];
+
+export interface RunSpec extends RunShape {
+  id: string;
+  padded: boolean;
+  /** Short runs feed wiring and the probe; sweep runs feed retrofit, liveness and sharpness. */
+  kind: 'short' | 'sweep' | 'retrofit';
+}
+
+export interface PlanInput {
+  trainLen: number;
+  lengths?: number[];
+  maxLen?: number;
+  batch: number;
+  limit: LengthLimit | null;
+  /** Whether the sequence and past lengths of the synthesised inputs can vary, and their pinned values. */
+  seqFree: boolean;
+  pastFree: boolean;
+  pinned: Partial<RunShape>;
+  /** A synthesised attention mask exists, so a padded batch can be made. */
+  canPad: boolean;
+}
+
+export interface Plan {
+  runs: RunSpec[];
+  sweep: number[];
+  notes: string[];
+}
+
+export const SHORT_SEQ = 12;
+
+export function defaultSweep(L: number): number[] {
+  const raw = [L / 4, L / 2, L, 2 * L, 4 * L, 8 * L, 16 * L].map((x) => Math.max(2, Math.round(x)));
+  return [...new Set(raw)].sort((a, b) => a - b);
+}
+
+export function makePlan(p: PlanInput): Plan {
+  const notes: string[] = [];
+  const cap = Math.min(p.maxLen ?? Infinity, p.limit?.length ?? Infinity);
+  const batch = p.pinned.batch ?? p.batch;
+  const seqOf = (want: number): number => p.pinned.seq ?? want;
+  const pastOf = (want: number): number => p.pinned.past ?? want;
+  const runs: RunSpec[] = [];
+  const add = (kind: RunSpec['kind'], b: number, seq: number, past: number, padded = false): void => {
+    const id = `batch=${b} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
+    if (!runs.some((r) => r.id === id)) runs.push({ id, kind, batch: b, seq, past, padded });
+  };
+  const short = seqOf(Math.max(2, Math.min(SHORT_SEQ, cap)));
+  add('short', batch, short, pastOf(0));
+  if (p.canPad && batch >= 2 && short >= 2) add('short', batch, short, pastOf(0), true);
+  if (p.pastFree && 3 + 7 <= cap) {
+    add('short', batch, seqOf(3), 7);
+    add('short', batch, seqOf(1), 8);
+  }
+  let sweep: number[] = [];
+  if (!p.seqFree) {
+    notes.push(p.pinned.seq !== undefined
+      ? `sequence length fixed at ${p.pinned.seq} (by --dim or --input): no length sweep`
+      : "the model's inputs have no dynamic sequence axis: no length sweep");
+  } else {
+    const wanted = p.lengths ?? defaultSweep(p.trainLen);
+    sweep = wanted.filter((t) => t <= cap);
+    const dropped = wanted.filter((t) => t > cap);
+    if (dropped.length) {
+      const why = p.limit && p.limit.length <= (p.maxLen ?? Infinity) ? p.limit.reason : `--max-len ${p.maxLen}`;
+      notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${why})`);
+    }
+    for (const t of sweep) add('sweep', p.pinned.batch ?? 1, t, pastOf(0));
+  }
+  return { runs, sweep, notes };
+}
+
+/** The extra runs retrofit parity needs with a KV cache: every row at n = L. */
+export function addRetrofitRuns(plan: Plan, mode: 'keys' | 'causal', L: number, pastFree: boolean, batch: number): RunSpec[] {
+  const extra: RunSpec[] = [];
+  const push = (seq: number, past: number): void => {
+    const id = `batch=${batch} seq=${seq} past=${past}`;
+    if (!plan.runs.some((r) => r.id === id)) {
+      const spec: RunSpec = { id, kind: 'retrofit', batch, seq, past, padded: false };
+      plan.runs.push(spec);
+      extra.push(spec);
+    }
+  };
+  if (pastFree && mode === 'keys' && L > 4) push(4, L - 4);
+  if (pastFree && mode === 'causal') push(1, L - 1);
+  return extra;
+}
