@@ -96,10 +96,7 @@ export function writeVerifyOutputs(report: VerifyReport, o: VerifyCliOptions, pr
   if (o.plot) {
     if (report.sharpness) {
       const s = report.sharpness;
-      writeTextFile(o.plot, sharpnessSvg(s, { title, subtitle: `L = ${report.trainLen} · ${s.points[0].length} → ${s.points[s.points.length - 1].length} tokens: the original keeps ${percent(-s.originalFall)} of its sharpness, the patched model ${percent(-s.patchedFall)}`,
-        caption: s.rows === 'all'
-          ? 'largest probability of each attention row, averaged over rows, heads and layers (batch 1)'
-          : 'largest probability of causal attention rows seeing 3/4·n to n keys, averaged over them, heads and layers (batch 1)' }), protect);
+      writeTextFile(o.plot, sharpnessSvg(s, { title, subtitle: `L = ${report.trainLen} · ${s.points[0].length} → ${s.points[s.points.length - 1].length} tokens: the original keeps ${percent(-s.originalFall)} of its sharpness, the patched model ${percent(-s.patchedFall)}`}), protect);
       lines.push(`plot: ${o.plot}`);
     } else {
       lines.push(`plot: not written (${report.checks.find((c) => c.id === 'sharpness')?.summary ?? 'no sharpness curve'})`);

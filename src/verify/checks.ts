@@ -44,7 +44,7 @@ function describeStats(o: OutputStats, tol: Tolerance): string {
 
 /** Parity of two models over runs: every output of every run within tolerance. */
 export function parityCheck(id: 'wiring' | 'retrofit', criterion: string, runs: RunResult[], tol: Tolerance, what: string): CheckResult {
-  if (runs.length === 0) return skippedCheck(id, criterion, 'no run');
+  if (runs.length === 0) return skippedCheck(id, criterion, 'no run could be compared (see the notes)');
   const failed = runs.find((r) => r.error);
   if (failed) return check(id, 'FAILED', `${failed.run}: ${failed.error}`, criterion, runs);
   const worst = worstOutput(runs)!;
@@ -66,10 +66,26 @@ export function probeCheck(criterion: string, sites: ProbeSiteResult[], problems
 
 export interface LivenessData {
   longRuns: RunResult[];
+  /** Long runs whose original attention is saturated (mean largest probability ≥ 0.99): no factor can show there. */
+  saturated: Set<string>;
   finiteRuns: number;
   nonFinite: string[];
   errors: string[];
   L: number;
+}
+
+/**
+ * A long run is alive when some output differs from the original's by more than 10× the float noise the
+ * factor-1 model shows on that output, and by more than 1e-6 of the output's scale: a factor that does
+ * nothing leaves the outputs bit-identical or within that noise.
+ */
+export function aliveRuns(longRuns: RunResult[], noiseRuns: RunResult[]): RunResult[] {
+  const noise = new Map<string, number>();
+  for (const r of noiseRuns) for (const o of r.outputs) noise.set(o.name, Math.max(noise.get(o.name) ?? 0, Number.isFinite(o.maxAbs) ? o.maxAbs : 0));
+  return longRuns.map((r) => ({
+    ...r,
+    passed: r.outputs.some((o) => o.maxAbs > 10 * (noise.get(o.name) ?? 0) && o.maxAbs > 1e-6 * o.scale && o.maxAbs > 0),
+  }));
 }
 
 export function livenessCheck(criterion: string, d: LivenessData): CheckResult {
@@ -77,11 +93,15 @@ export function livenessCheck(criterion: string, d: LivenessData): CheckResult {
   if (d.nonFinite.length) return check('liveness', 'FAILED', d.nonFinite[0], criterion, d.longRuns);
   const finite = `all outputs finite in ${d.finiteRuns} run(s)`;
   if (d.longRuns.length === 0) return skippedCheck('liveness', criterion, `no run longer than L = ${d.L} (${finite})`);
-  const dead = d.longRuns.find((r) => !r.passed);
+  const dead = d.longRuns.find((r) => !r.passed && !d.saturated.has(r.run));
   if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond L`, criterion, d.longRuns);
-  const longest = d.longRuns[d.longRuns.length - 1];
+  const alive = d.longRuns.filter((r) => r.passed);
+  if (alive.length === 0) {
+    return skippedCheck('liveness', criterion, `the original's attention is saturated at every length beyond L (mean largest probability ≥ 0.99): no factor can change the outputs (${finite})`);
+  }
+  const longest = alive[alive.length - 1];
   const o = longest.outputs.reduce((a, b) => (b.maxAbs > a.maxAbs ? b : a));
-  return check('liveness', 'PASSED', `outputs differ from the original's at ${d.longRuns.map((r) => r.length.seq + r.length.past).join(', ')} (> L = ${d.L}; ${o.name} max abs ${e2(o.maxAbs)} at ${longest.length.seq + longest.length.past}); ${finite}`, criterion, d.longRuns);
+  return check('liveness', 'PASSED', `outputs differ from the original's at ${alive.map((r) => r.length.seq + r.length.past).join(', ')} (> L = ${d.L}; ${o.name} max abs ${e2(o.maxAbs)} at ${longest.length.seq + longest.length.past}); ${finite}`, criterion, d.longRuns);
 }
 
 export function sharpnessCheck(criterion: string, curve: SharpnessCurve | undefined, why: string | null): CheckResult {
@@ -90,6 +110,9 @@ export function sharpnessCheck(criterion: string, curve: SharpnessCurve | undefi
   const p = (x: number): string => x.toPrecision(3);
   const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
   const text = `mean max attention probability ${first.length} → ${last.length}: original ${p(first.original)} → ${p(last.original)} (${keeps(curve.originalFall)}), patched ${p(first.patched)} → ${p(last.patched)} (${keeps(curve.patchedFall)})`;
+  if (-curve.originalFall >= Math.log(0.98)) {
+    return skippedCheck('sharpness', criterion, `${text}: the original does not fade over these lengths, so there is nothing for SSMax to keep`);
+  }
   if (curve.kept >= MIN_KEPT) return check('sharpness', 'PASSED', text, criterion);
   return check('sharpness', 'FAILED', `${text}: the patched model fades like the original`, criterion);
 }

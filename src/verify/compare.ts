@@ -16,6 +16,8 @@ export interface OutputStats {
   maxAbs: number;
   meanAbs: number;
   maxRel: number;
+  /** Largest finite |expected|: the output's scale. */
+  scale: number;
   /** Smallest atol that passes with the given rtol. */
   neededAtol: number;
   /** Smallest rtol that passes with the given atol. */
@@ -34,12 +36,13 @@ export function compareOutputs(actual: Outputs, expected: Outputs, tol: Toleranc
 }
 
 function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[string], tol: Tolerance): OutputStats {
-  const base = { name, dims: e.dims, maxAbs: Infinity, meanAbs: Infinity, maxRel: Infinity, neededAtol: Infinity, neededRtol: Infinity, newNonFinite: 0, passed: false };
+  const base = { name, dims: e.dims, maxAbs: Infinity, meanAbs: Infinity, maxRel: Infinity, scale: 0, neededAtol: Infinity, neededRtol: Infinity, newNonFinite: 0, passed: false };
   if (!a) return { ...base, mismatches: e.data.length, error: 'missing in the actual outputs' };
   if (a.dims.join() !== e.dims.join()) return { ...base, mismatches: e.data.length, error: `shape [${a.dims.join(', ')}] instead of [${e.dims.join(', ')}]` };
-  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0;
+  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0;
   for (let i = 0; i < e.data.length; i++) {
     const x = a.data[i], y = e.data[i];
+    if (Math.abs(y) > scale && Number.isFinite(y)) scale = Math.abs(y);
     if (x === y || (Number.isNaN(x) && Number.isNaN(y))) continue;
     if (!Number.isFinite(x) || !Number.isFinite(y)) {
       if (Number.isFinite(y)) newNonFinite++;
@@ -58,7 +61,7 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
     if (d > tol.atol && rel > tol.rtol) mismatches++;
   }
   return {
-    name, dims: e.dims, maxAbs, meanAbs: counted ? sum / e.data.length : 0, maxRel, neededAtol, neededRtol,
+    name, dims: e.dims, maxAbs, meanAbs: maxAbs === Infinity ? Infinity : counted ? sum / e.data.length : 0, maxRel, scale, neededAtol, neededRtol,
     mismatches, newNonFinite, passed: mismatches === 0,
   };
 }

@@ -34,6 +34,9 @@ export interface Plan {
   runs: RunSpec[];
   sweep: number[];
   notes: string[];
+  /** The longest total length (past + sequence) any run may have, and why. */
+  cap: number;
+  capReason: string;
 }
 
 export const SHORT_SEQ = 12;
@@ -46,6 +49,7 @@ export function defaultSweep(L: number): number[] {
 export function makePlan(p: PlanInput): Plan {
   const notes: string[] = [];
   const cap = Math.min(p.maxLen ?? Infinity, p.limit?.length ?? Infinity);
+  const capReason = p.limit && p.limit.length <= (p.maxLen ?? Infinity) ? p.limit.reason : `--max-len ${p.maxLen}`;
   const batch = p.pinned.batch ?? p.batch;
   const seqOf = (want: number): number => p.pinned.seq ?? want;
   const pastOf = (want: number): number => p.pinned.past ?? want;
@@ -57,9 +61,10 @@ export function makePlan(p: PlanInput): Plan {
   const short = seqOf(Math.max(2, Math.min(SHORT_SEQ, cap)));
   add('short', batch, short, pastOf(0));
   if (p.canPad && batch >= 2 && short >= 2) add('short', batch, short, pastOf(0), true);
-  if (p.pastFree && 3 + 7 <= cap) {
-    add('short', batch, seqOf(3), 7);
-    add('short', batch, seqOf(1), 8);
+  if (p.pastFree && cap >= 5) {
+    // Prefill after a cache (Tq = 3 < Tk) and one-token decoding, within the cap.
+    add('short', batch, seqOf(3), Math.min(7, cap - seqOf(3)));
+    add('short', batch, seqOf(1), Math.min(8, cap - seqOf(1)));
   }
   let sweep: number[] = [];
   if (!p.seqFree) {
@@ -70,13 +75,10 @@ export function makePlan(p: PlanInput): Plan {
     const wanted = p.lengths ?? defaultSweep(p.trainLen);
     sweep = wanted.filter((t) => t <= cap);
     const dropped = wanted.filter((t) => t > cap);
-    if (dropped.length) {
-      const why = p.limit && p.limit.length <= (p.maxLen ?? Infinity) ? p.limit.reason : `--max-len ${p.maxLen}`;
-      notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${why})`);
-    }
+    if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
     for (const t of sweep) add('sweep', p.pinned.batch ?? 1, t, pastOf(0));
   }
-  return { runs, sweep, notes };
+  return { runs, sweep, notes, cap, capReason };
 }
 
 /** The extra runs retrofit parity needs with a KV cache: every row at n = L. */

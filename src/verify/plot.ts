@@ -54,7 +54,7 @@ export function sharpnessSvg(curve: SharpnessCurve, labels: PlotLabels): string 
   parts.push(series(pts.map((p) => [px(p.length), py(p.patched)]), COLORS.patched, 'square'));
   parts.push(text(M.left + plotW / 2, H - 36, 'context length n (tokens, log scale)', { size: 13, anchor: 'middle' }));
   parts.push(`<text x="20" y="${r(M.top + plotH / 2)}" font-family="sans-serif" font-size="13" text-anchor="middle" transform="rotate(-90 20 ${r(M.top + plotH / 2)})">mean max attention probability${yLog ? ' (log scale)' : ''}</text>`);
-  parts.push(text(M.left, H - 12, labels.caption ?? 'largest probability of each attention row, averaged over rows, heads and layers (batch 1)', { size: 11, fill: '#777777' }));
+  parts.push(text(M.left, H - 12, labels.caption ?? `largest probability of the last quarter of the attention rows (at most ${curve.rows}), averaged over them, heads and layers (batch 1)`, { size: 11, fill: '#777777' }));
   parts.push(legend(W - M.right - 200, M.top + 12));
   return `<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">\n${parts.join('\n')}\n</svg>\n`;
 }

@@ -22,7 +22,7 @@ export class Runner {
   static async create(bytes: Uint8Array, label: string): Promise<Runner> {
     const start = performance.now();
     const threads = typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
-    const session = await ort.InferenceSession.create(bytes, { logSeverityLevel: 3, intraOpNumThreads: Math.max(1, threads) });
+    const session = await ort.InferenceSession.create(bytes, { logSeverityLevel: 4, intraOpNumThreads: Math.max(1, threads) });
     return new Runner(session, label, performance.now() - start);
   }
 

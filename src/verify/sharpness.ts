@@ -5,6 +5,7 @@
  * falling the way the original's does.
  */
 import { OutputTensor } from './run';
+import { ROW_SAMPLE } from './runtime-model';
 
 export interface SharpnessPoint {
   length: number;
@@ -17,8 +18,8 @@ export interface SharpnessPoint {
 
 export interface SharpnessCurve {
   trainLen: number;
-  /** Which rows are averaged: all rows (keys n), or the last quarter (causal n, rows seeing 3/4·T to T keys). */
-  rows: 'all' | 'last quarter';
+  /** Rows averaged per head and layer: the last quarter of the rows, at most this many. */
+  rows: number;
   points: SharpnessPoint[];
   /** ln(first/last) of each curve: how much it falls over the tested lengths. */
   originalFall: number;
@@ -31,23 +32,24 @@ export interface SharpnessCurve {
 export const MIN_KEPT = Math.log(1.02);
 
 /**
- * Mean of a row-max tensor [..., Tq]. Causal rows see fewer keys than the context length, so for causal sites
- * only the last quarter of the rows counts: rows attending to between 3/4·T and T keys.
+ * Mean of a row-max tensor [..., r] holding the last r rows of logits with `tq` rows: the last quarter of the
+ * rows, at most ROW_SAMPLE, count. In causal attention these are the rows that see close to n keys; in
+ * bidirectional attention every row sees n keys and the last ones are as good as any.
  */
-export function meanOf(t: OutputTensor, causal: boolean): number {
-  const rows = t.dims.length ? t.dims[t.dims.length - 1] : 1;
-  const from = causal ? Math.floor((3 * rows) / 4) : 0;
+export function meanOf(t: OutputTensor, tq: number): number {
+  const r = t.dims.length ? t.dims[t.dims.length - 1] : 1;
+  const want = Math.max(1, Math.min(r, ROW_SAMPLE, Math.floor(tq / 4)));
   let sum = 0, count = 0;
   for (let i = 0; i < t.data.length; i++) {
-    if (i % rows < from) continue;
+    if (i % r < r - want) continue;
     sum += t.data[i];
     count++;
   }
   return count ? sum / count : NaN;
 }
 
-export function layerMeans(rowMax: Map<number, OutputTensor>, causal: Set<number>): number[] {
-  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).map(([layer, t]) => meanOf(t, causal.has(layer)));
+export function layerMeans(rowMax: Map<number, OutputTensor>, tq: number): number[] {
+  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).map(([, t]) => meanOf(t, tq));
 }
 
 const average = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;
@@ -56,10 +58,10 @@ export function sharpnessPoint(length: number, original: number[], patched: numb
   return { length, original: average(original), patched: average(patched), originalLayers: original, patchedLayers: patched };
 }
 
-export function sharpnessCurve(trainLen: number, points: SharpnessPoint[], causal: boolean): SharpnessCurve {
+export function sharpnessCurve(trainLen: number, points: SharpnessPoint[]): SharpnessCurve {
   const sorted = [...points].sort((a, b) => a.length - b.length);
   const first = sorted[0], last = sorted[sorted.length - 1];
   const originalFall = Math.log(first.original / last.original);
   const patchedFall = Math.log(first.patched / last.patched);
-  return { trainLen, rows: causal ? 'last quarter' : 'all', points: sorted, originalFall, patchedFall, kept: originalFall - patchedFall };
+  return { trainLen, rows: ROW_SAMPLE, points: sorted, originalFall, patchedFall, kept: originalFall - patchedFall };
 }

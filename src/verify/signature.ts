@@ -88,10 +88,12 @@ function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string,
   if (exact !== undefined) return { size: exact, source: 'fixed' };
   if (/[+-]/.test(param)) return expression(param, shape, fixed);
   const p = param.toLowerCase();
-  if (/batch/.test(p) || p === 'n' || p === 'b') return { size: shape.batch, source: 'batch' };
+  if (/^(batch|bs$|n$|b$)/.test(p)) return { size: shape.batch, source: 'batch' };
   if (/past|cache|prev/.test(p)) return { size: shape.past, source: 'past' };
   if (/total|all_|kv|key|full|present/.test(p)) return { size: shape.past + shape.seq, source: 'total' };
+  // 'max_seq_len_in_batch' is a sequence length, so sequence names are matched before a later 'batch'.
   if (/seq|len|token|time|step|position|enc|dec|^[st]$/.test(p)) return { size: shape.seq, source: 'seq' };
+  if (/batch/.test(p)) return { size: shape.batch, source: 'batch' };
   return null;
 }
 

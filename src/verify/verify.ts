@@ -14,7 +14,7 @@ import { InputError } from '../errors';
 import { cloneModel } from '../rewrite/patch';
 import { PatchRecord, readRecord } from '../rewrite/record';
 import { scaleFromTrainLen } from '../policy/scale';
-import { CHECK_NAMES, LivenessData, livenessCheck, parityCheck, probeCheck, sharpnessCheck, skippedCheck } from './checks';
+import { aliveRuns, CHECK_NAMES, LivenessData, livenessCheck, parityCheck, probeCheck, sharpnessCheck, skippedCheck } from './checks';
 import { compareOutputs, Tolerance } from './compare';
 import { dimSources, synthesize } from './inputs';
 import { positionLimit } from './limits';
@@ -61,6 +61,7 @@ interface Setup {
   graph: Graph;
   specs: InputSpec[];
   given: Feeds;
+  inputFiles: Record<string, string>;
   fixed: Map<string, number>;
   L: number;
   trainLenKnown: boolean;
@@ -78,7 +79,7 @@ interface Setup {
 const CRITERIA = {
   wiring: (t: Tolerance) => `with the factor forced to 1, every output equals the original's (atol ${t.atol}, rtol ${t.rtol})`,
   probe: 'logits after each factor = s_h·ln(n_i) × logits before it, every batch item, head and row',
-  liveness: 'beyond L the outputs differ from the original\'s; no NaN or Inf where the original is finite',
+  liveness: 'beyond L some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite',
   sharpness: `from the shortest to the longest length the patched model keeps at least ${Math.round((Math.exp(MIN_KEPT) - 1) * 100)} % more of its mean largest attention probability than the original`,
 };
 
@@ -87,13 +88,32 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   const setup = prepare(original, patched, options);
   const progress = options.progress ?? ((): void => undefined);
   progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
-  const sessions = await openSessions(original, patched, setup, progress);
+  let sessions: Sessions;
+  try {
+    sessions = await openSessions(original, patched, setup, progress);
+  } catch (e) {
+    if (e instanceof LoadFailure) return failedReport(setup, e.message, started);
+    throw e;
+  }
   try {
     const collected = await execute(setup, sessions, progress);
     return assemble(setup, sessions, collected, started);
   } finally {
     await sessions.release();
   }
+}
+
+/** A patched variant that onnxruntime refuses: every selected check fails with the reason. */
+class LoadFailure extends Error {}
+
+function failedReport(setup: Setup, reason: string, started: number): VerifyReport {
+  const checks = CHECK_IDS.map((id): CheckResult => (setup.checks.has(id)
+    ? { id, name: CHECK_NAMES[id], status: 'FAILED', summary: reason, criterion: '', runs: [] }
+    : skippedCheck(id, '', 'not selected (--checks)')));
+  return {
+    passed: false, trainLen: setup.L, trainLenSource: setup.trainLenSource, tolerance: setup.tolerance, inputs: inputReports(setup),
+    sweep: setup.plan.sweep, notes: setup.plan.notes, runs: [], checks, sessions: [], totalMs: Math.round(performance.now() - started),
+  };
 }
 
 function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptions): Setup {
@@ -129,7 +149,7 @@ function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptio
     .filter((o) => [DataType.FLOAT16, DataType.BFLOAT16].includes(o.type?.tensorType?.elemType as 10 | 16)).map((o) => o.name));
   const tolerance = { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 };
   const setup: Setup = {
-    record, graph, specs, given, fixed, L, trainLenKnown: known, trainLenSource: source, plan, pastFree, checks, tolerance,
+    record, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source, plan, pastFree, checks, tolerance,
     toleranceGiven: options.atol !== undefined || options.rtol !== undefined, lowPrecisionOutputs, retrofit: { ids: new Set(), criterion: '' }, modelOutputs: original.graph!.output.map((o) => o.name),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
@@ -162,6 +182,7 @@ function planRetrofit(setup: Setup, batch: number | undefined): Setup['retrofit'
   if (!record.sites.every((s) => (Array.isArray(s.s) ? s.s : [s.s]).every((v) => Math.abs(v - expected) < 1e-9))) {
     return skip(`s is not 1/ln ${L} at every site: no length gives factor 1`);
   }
+  if (L > plan.cap) return skip(`L = ${L} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`);
   const modes = new Set(record.sites.map((s) => s.n));
   const ids = new Set<string>();
   const runBatch = setup.plan.runs.find((r) => r.kind === 'sweep')?.batch ?? batch ?? 1;
@@ -205,7 +226,13 @@ async function openSessions(original: ModelProto, patched: ModelProto, setup: Se
     progress(`verify: loading ${label}`);
     const runnable = hasBf16Io(model) ? cloneModel(model) : model;
     if (runnable !== model) carryBf16AsFloat(runnable);
-    s.runners[key] = await Runner.fromModel(runnable, label);
+    try {
+      s.runners[key] = await Runner.fromModel(runnable, label);
+    } catch (e) {
+      await s.release();
+      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${oneLine(e)}`);
+      throw new LoadFailure(`onnxruntime cannot load the ${label} model: ${oneLine(e)}`);
+    }
   };
   const needsPair = checks.has('retrofit') || checks.has('liveness') || checks.has('sharpness');
   if (checks.has('wiring') || needsPair) {
@@ -267,7 +294,7 @@ async function execute(setup: Setup, sessions: Sessions, progress: (l: string) =
   const others = setup.record.sites;
   const collected: Collected = {
     runs: [], wiring: [], retrofit: [], probes: new Map(others.map((s) => [s.layer, new SiteProbe(s, others)])), probeRuns: [], points: [],
-    liveness: { longRuns: [], finiteRuns: 0, nonFinite: [], errors: [], L: setup.L },
+    liveness: { longRuns: [], saturated: new Set(), finiteRuns: 0, nonFinite: [], errors: [], L: setup.L },
   };
   let sweepStopped = false;
   for (const spec of setup.plan.runs) {
@@ -291,9 +318,14 @@ async function execute(setup: Setup, sessions: Sessions, progress: (l: string) =
     }
     if (Object.keys(errors).length) report.errors = Object.fromEntries(Object.entries(errors).map(([k, v]) => [sessions.runners[k as SessionKey]!.label, v]));
     collected.runs.push(report);
-    if (spec.kind === 'sweep' && errors.original) {
-      sweepStopped = true;
-      setup.plan.notes.push(`the original model fails at ${spec.seq}, so longer lengths were not run: ${errors.original}`);
+    if (errors.original) {
+      if (spec === setup.plan.runs[0]) {
+        throw new InputError(`the original model fails on the synthesised inputs (${spec.id}): ${errors.original}; set sizes with --dim NAME=N or give inputs with --input NAME=FILE`);
+      }
+      if (spec.kind === 'sweep') sweepStopped = true;
+      setup.plan.notes.push(spec.kind === 'sweep'
+        ? `the original model fails at length ${spec.seq}, so it and longer lengths were not compared: ${errors.original}`
+        : `the original model fails at ${spec.id}, so that run was not compared: ${errors.original}`);
       continue;
     }
     observe(spec, setup, sessions, out, errors, collected);
@@ -314,12 +346,6 @@ function observe(spec: RunSpec, setup: Setup, sessions: Sessions, out: Partial<R
     return { run: spec.id, length, padded: spec.padded, outputs, passed: outputs.every((o) => o.passed) };
   };
   const failedRun = (error: string): RunResult => ({ run: spec.id, length, padded: spec.padded, outputs: [], passed: false, error });
-  if (errors.original) {
-    const failed = failedRun(`the original model fails: ${errors.original}`);
-    if (out.unit || errors.unit) c.wiring.push(failed);
-    if (setup.retrofit.ids.has(spec.id)) c.retrofit.push(failed);
-    return;
-  }
   if (errors.unit) c.wiring.push(failedRun(`the factor-1 model fails: ${errors.unit}`));
   else if (out.unit && out.original) c.wiring.push(compare(out.unit, out.original));
   if (errors.probe) sessions.probeProblems.push(`${spec.id}: the patched model fails: ${errors.probe}`);
@@ -336,12 +362,13 @@ function observe(spec: RunSpec, setup: Setup, sessions: Sessions, out: Partial<R
       c.liveness.nonFinite.push(`${spec.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
     }
     if (setup.retrofit.ids.has(spec.id)) c.retrofit.push(r);
-    if (spec.kind === 'sweep' && spec.seq + spec.past > setup.L) c.liveness.longRuns.push({ ...r, passed: r.outputs.some((o) => !o.passed) });
+    if (spec.kind === 'sweep' && spec.seq + spec.past > setup.L) c.liveness.longRuns.push(r);
   }
   if (spec.kind === 'sweep' && out.original && out.patched && sessions.rowMax.original.size && sessions.rowMax.patched.size) {
-    const causal = new Set(setup.record.sites.filter((s) => s.n === 'causal').map((s) => s.layer));
-    const means = (o: Outputs, m: Map<number, string>): number[] => layerMeans(new Map([...m].map(([layer, name]) => [layer, o[name]])), causal);
-    c.points.push(sharpnessPoint(spec.seq, means(out.original, sessions.rowMax.original), means(out.patched, sessions.rowMax.patched)));
+    const means = (o: Outputs, m: Map<number, string>): number[] => layerMeans(new Map([...m].map(([layer, name]) => [layer, o[name]])), spec.seq);
+    const point = sharpnessPoint(spec.seq, means(out.original, sessions.rowMax.original), means(out.patched, sessions.rowMax.patched));
+    c.points.push(point);
+    if (point.original >= 0.99) c.liveness.saturated.add(spec.id);
   }
 }
 
@@ -360,7 +387,8 @@ function assemble(setup: Setup, sessions: Sessions, c: Collected, started: numbe
     : notSelected('probe', CRITERIA.probe));
   checks.push(setup.retrofit.skip ? skippedCheck('retrofit', setup.retrofit.criterion, setup.retrofit.skip)
     : parityCheck('retrofit', setup.retrofit.criterion, c.retrofit, t, 'equals the original'));
-  checks.push(selected('liveness') ? livenessCheck(CRITERIA.liveness, c.liveness) : notSelected('liveness', CRITERIA.liveness));
+  const liveness = { ...c.liveness, longRuns: aliveRuns(c.liveness.longRuns, [...c.wiring, ...c.retrofit]) };
+  checks.push(selected('liveness') ? livenessCheck(CRITERIA.liveness, liveness) : notSelected('liveness', CRITERIA.liveness));
   const { curve, why } = curveOf(setup, sessions, c.points);
   checks.push(selected('sharpness') ? sharpnessCheck(CRITERIA.sharpness, curve, why) : notSelected('sharpness', CRITERIA.sharpness));
   return {
@@ -368,11 +396,7 @@ function assemble(setup: Setup, sessions: Sessions, c: Collected, started: numbe
     trainLen: setup.L,
     trainLenSource: setup.trainLenSource,
     tolerance: setup.tolerance,
-    inputs: setup.specs.map((s): InputReport => ({
-      name: s.name, type: elemTypeName(s.elemType), role: s.role,
-      dims: s.dims.map((d) => ('value' in d ? d.value : 'param' in d ? d.param : null)),
-      ...(setup.given[s.name] ? { file: 'given with --input' } : {}),
-    })),
+    inputs: inputReports(setup),
     sweep: setup.plan.sweep,
     notes: setup.plan.notes,
     runs: c.runs,
@@ -383,13 +407,21 @@ function assemble(setup: Setup, sessions: Sessions, c: Collected, started: numbe
   };
 }
 
+function inputReports(setup: Setup): InputReport[] {
+  return setup.specs.map((s) => ({
+    name: s.name, type: elemTypeName(s.elemType), role: s.role,
+    dims: s.dims.map((d) => ('value' in d ? d.value : 'param' in d ? d.param : null)),
+    ...(setup.inputFiles[s.name] ? { file: setup.inputFiles[s.name] } : {}),
+  }));
+}
+
 function curveOf(setup: Setup, sessions: Sessions, points: SharpnessPoint[]): { curve?: SharpnessCurve; why: string | null } {
   if (!setup.checks.has('sharpness')) return { why: null };
   if (sessions.rowMax.original.size === 0 || sessions.rowMax.patched.size === 0) {
     return { why: 'the attention Softmax nodes named in the patch record were not found' };
   }
   if (points.length < 2) return { why: `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${points.length}`})` };
-  const curve = sharpnessCurve(setup.L, points, setup.record.sites.some((s) => s.n === 'causal'));
+  const curve = sharpnessCurve(setup.L, points);
   if (curve.points[curve.points.length - 1].length <= setup.L) {
     return { why: `no length beyond L = ${setup.L} ran (${setup.plan.notes[0] ?? 'see --lengths'})` };
   }
