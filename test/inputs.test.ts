@@ -42,6 +42,18 @@ describe('input roles and dims', () => {
     assert.deepEqual(values(feeds.attention_mask), [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
   });
 
+  it('finds the heads and head size of past key/values in the graph when their shape names them only', () => {
+    const m = fixture('gpt2_past');
+    for (const input of m.graph!.input.filter((v) => v.name.startsWith('past_'))) {
+      const dims = input.type!.tensorType!.shape!.dim;
+      dims[1] = { dimParam: 'num_heads' };
+      dims[3] = { dimParam: 'head_size' };
+    }
+    const g = new Graph(m.graph!);
+    const feeds = synthesize(g, describeInputs(g), { batch: 1, seq: 2, past: 6 });
+    assert.deepEqual(feeds.past_value_1.dims, [1, 4, 6, 8]);
+  });
+
   it('matches dim names, sums and pinned sizes', () => {
     const spec = { name: 'x', elemType: DataType.FLOAT, role: 'values' as const, dims: [
       { param: 'batch_size' }, { param: 'max_seq_len_in_batch' }, { param: 'past_seq_len + 1' }, { param: 'past_sequence_length+sequence_length' },

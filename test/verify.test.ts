@@ -133,3 +133,15 @@ describe('sharpness plot', () => {
   });
 });
 
+describe('the report committed under docs/', () => {
+  it('is what verify computes for the llama_gqa fixture today', async () => {
+    const committed = JSON.parse(fs.readFileSync(path.resolve(__dirname, '../../docs/verify-llama_gqa.json'), 'utf8'));
+    const llama = readModel(path.join(TORCH, 'llama_gqa.onnx'));
+    const r = await verifyPatch(llama, patchModel(llama, { trainLen: 64 }).model);
+    assert.deepEqual(committed.checks.map((c: { status: string }) => c.status), r.checks.map((c) => c.status));
+    assert.deepEqual(committed.sweep, r.sweep);
+    committed.sharpness.points.forEach((p: { original: number; patched: number }, i: number) => {
+      assert.ok(Math.abs(p.original - r.sharpness!.points[i].original) < 1e-5 && Math.abs(p.patched - r.sharpness!.points[i].patched) < 1e-5);
+    });
+  });
+});

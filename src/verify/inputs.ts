@@ -35,9 +35,6 @@ export function rng(seed: number): () => number {
   };
 }
 
-export function hasPast(graph: Graph): boolean {
-  return describeInputs(graph).some((s) => s.role === 'past');
-}
 
 export function synthesizeInputs(graph: Graph, len: Length, seed = 1): Feeds {
   return synthesize(graph, describeInputs(graph), len, { seed });

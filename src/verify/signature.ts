@@ -3,7 +3,8 @@
  * name, element type and shape, and how big each of its dims is for a given run: symbolic dims are matched
  * by name (batch, past, total, sequence) or fixed by --dim and by user-given inputs.
  */
-import { Graph } from '../graph/graph';
+import { attrInts, Graph } from '../graph/graph';
+import { shapeElements } from '../detect/heads';
 import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
 import { InputError } from '../errors';
 
@@ -17,6 +18,8 @@ export interface InputSpec {
   elemType: number;
   dims: DimSpec[];
   role: InputRole;
+  /** Sizes the graph fixes for a past key/value input (heads, head size), where its shape leaves them open. */
+  graphDims?: (number | undefined)[];
 }
 
 /** The sizes a run asks for; symbolic dims are resolved against them. */
@@ -41,8 +44,39 @@ export function describeInputs(graph: Graph): InputSpec[] {
     const tensor = v.type?.tensorType;
     if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with --input ${v.name}=FILE)`);
     const dims = (tensor.shape?.dim ?? []).map(dimSpec);
-    return { name: v.name, elemType: tensor.elemType, dims, role: roleOf(v.name, tensor.elemType) };
+    const role = roleOf(v.name, tensor.elemType);
+    const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name) : undefined;
+    return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
   });
+}
+
+/**
+ * A cached key or value is concatenated with the new one, which the graph builds by a Reshape to a constant
+ * head count and head size and a Transpose: those give the past input's heads and head size.
+ */
+function pastDimsFromGraph(graph: Graph, input: string): (number | undefined)[] | undefined {
+  for (const node of graph.consumersOf(input)) {
+    if (node.opType !== 'Concat') continue;
+    for (const other of node.input) {
+      const dims = other && other !== input ? knownDims(graph, other, 0) : undefined;
+      if (dims) return dims;
+    }
+  }
+  return undefined;
+}
+
+function knownDims(graph: Graph, name: string, depth: number): (number | undefined)[] | undefined {
+  const node = graph.producer.get(name);
+  if (!node || depth > 8) return undefined;
+  if (node.opType === 'Transpose') {
+    const inner = knownDims(graph, node.input[0], depth + 1);
+    const perm = attrInts(node, 'perm');
+    return inner && perm ? perm.map((p) => inner[p]) : undefined;
+  }
+  if (node.opType === 'Reshape') return shapeElements(graph, node.input[1])?.map((d) => (d !== undefined && d > 0 ? d : undefined));
+  // Casts and rotary embeddings (k·cos + rotate(k)·sin) keep the shape of their first input.
+  if (['Cast', 'Identity', 'Add', 'Mul', 'Sub'].includes(node.opType)) return knownDims(graph, node.input[0], depth + 1);
+  return undefined;
 }
 
 function dimSpec(d: Dimension): DimSpec {
@@ -73,12 +107,14 @@ function roleOf(name: string, elemType: number): InputRole {
 export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } {
   const d = input.dims[axis];
   if ('value' in d) return { size: d.value, source: 'fixed' };
+  const fromGraph = input.graphDims?.[axis];
   if ('param' in d) {
     const r = resolveParam(d.param, shape, fixed);
     if (r) return r;
+    if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
     throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with --dim ${d.param}=N or give the input with --input ${input.name}=FILE`);
   }
-  const r = unnamedDim(input, axis, shape);
+  const r = unnamedDim(input, axis, shape) ?? (fromGraph !== undefined ? { size: fromGraph, source: 'fixed' as const } : null);
   if (r) return r;
   throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with --input ${input.name}=FILE.npy|.json|.pb`);
 }
@@ -128,9 +164,6 @@ function unnamedDim(input: InputSpec, axis: number, shape: RunShape): { size: nu
   return null;
 }
 
-export function hasPastInputs(specs: InputSpec[]): boolean {
-  return specs.some((s) => s.role === 'past');
-}
 
 /** Run sizes pinned by named dims: `--dim seq=128` or an input file fixing 'sequence' pins the sequence length. */
 export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShape> {
