@@ -37,7 +37,7 @@ export interface VerifyOptions {
   trainLen?: number;
   /** Context lengths of the sweep (default L/4, L/2, L, 2L, 4L, 8L, 16L). */
   lengths?: number[];
-  /** No run longer than this (default: no cap beyond the model's position table). */
+  /** No run longer than this (default 4096, or the model's position table if shorter). */
   maxLen?: number;
   /** Batch of the short runs (default 2: one plain item and one padded item). */
   batch?: number;
