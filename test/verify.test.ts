@@ -89,6 +89,17 @@ describe('verifyPatch', () => {
   });
 });
 
+describe('pinned lengths', () => {
+  it('--dim seq=N fixes the sequence length of every run; retrofit parity still runs when N = L', async () => {
+    const r = await verifyPatch(original, patched, { dims: { seq: L } });
+    assert.ok(r.runs.every((x) => x.seq === L), JSON.stringify(r.runs.map((x) => x.id)));
+    assert.deepEqual(r.sweep, []);
+    const retrofit = r.checks.find((c) => c.id === 'retrofit')!;
+    assert.equal(retrofit.status, 'PASSED', retrofit.summary);
+    assert.equal(r.checks.find((c) => c.id === 'sharpness')!.status, 'SKIPPED');
+  });
+});
+
 describe('Polygraphy-style statistics', () => {
   it('report max/mean abs error, max rel error, and the smallest atol and rtol that pass', () => {
     const out = (data: number[]): { y: { dims: number[]; data: Float64Array } } => ({ y: { dims: [4], data: Float64Array.from(data) } });

@@ -89,18 +89,33 @@ export function makePlan(p: PlanInput): Plan {
   return { runs, sweep, notes, cap, capReason };
 }
 
-/** The extra runs retrofit parity needs with a KV cache: every row at n = L. */
-export function addRetrofitRuns(plan: Plan, mode: 'keys' | 'causal', L: number, pastFree: boolean, batch: number): RunSpec[] {
-  const extra: RunSpec[] = [];
-  const push = (seq: number, past: number): void => {
-    const id = `batch=${batch} seq=${seq} past=${past}`;
-    if (!plan.runs.some((r) => r.id === id)) {
-      const spec: RunSpec = { id, kind: 'retrofit', batch, seq, past, padded: false };
-      plan.runs.push(spec);
-      extra.push(spec);
-    }
+export interface RetrofitInput {
+  seqFree: boolean;
+  pastFree: boolean;
+  pinned: Partial<RunShape>;
+  batch: number;
+}
+
+/**
+ * The runs where every row has n = L, added to the plan when missing: keys mode at Tk = L (the full sequence,
+ * and new tokens after L − seq cached ones); causal mode only with a KV cache, one token after L − 1.
+ * Returns the run ids, or why no run can reach n = L.
+ */
+export function retrofitRuns(plan: Plan, mode: 'keys' | 'causal', L: number, o: RetrofitInput): string[] | string {
+  const ids: string[] = [];
+  const want = (seq: number, past: number): void => {
+    const id = `batch=${o.batch} seq=${seq}${past ? ` past=${past}` : ''}`;
+    if (!plan.runs.some((r) => r.id === id)) plan.runs.push({ id, kind: 'retrofit', batch: o.batch, seq, past, padded: false });
+    ids.push(id);
   };
-  if (pastFree && mode === 'keys' && L > 4) push(4, L - 4);
-  if (pastFree && mode === 'causal') push(1, L - 1);
-  return extra;
+  if (mode === 'causal') {
+    if (!o.pastFree) return 'causal n without a KV cache: no length puts every row at n = L (use --n keys to check)';
+    if ((o.pinned.seq ?? 1) !== 1) return `causal n needs one new token after L − 1 cached ones; the sequence length is fixed at ${o.pinned.seq}`;
+    want(1, L - 1);
+    return ids;
+  }
+  if (o.seqFree || o.pinned.seq === L) want(L, 0);
+  const seq = o.pinned.seq ?? 4;
+  if (o.pastFree && seq < L) want(seq, L - seq);
+  return ids.length ? ids : `no run reaches Tk = L = ${L}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }

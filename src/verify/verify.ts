@@ -18,13 +18,13 @@ import { aliveRuns, CHECK_NAMES, LivenessData, livenessCheck, parityCheck, probe
 import { compareOutputs, Tolerance } from './compare';
 import { dimSources, synthesize } from './inputs';
 import { positionLimit } from './limits';
-import { addRetrofitRuns, CHECK_IDS, CheckId, makePlan, Plan, RunSpec } from './plan';
+import { CHECK_IDS, CheckId, makePlan, Plan, retrofitRuns, RunSpec } from './plan';
 import { SiteProbe } from './probe';
 import { CheckResult, InputReport, RunReport, RunResult, VerifyReport } from './report';
 import { Outputs, Runner } from './run';
 import { addProbeOutputs, addRowMaxOutputs, carryBf16AsFloat, forceUnitFactor, hasBf16Io, ProbeNames, shallowCopy } from './runtime-model';
 import { layerMeans, MIN_KEPT, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from './sharpness';
-import { bindGivenDims, describeInputs, InputSpec, pinnedShape } from './signature';
+import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
 import { readTensorFile } from './tensor-files';
 import { elemTypeName, Feeds } from './tensors';
 
@@ -67,7 +67,9 @@ interface Setup {
   trainLenKnown: boolean;
   trainLenSource: string;
   plan: Plan;
+  seqFree: boolean;
   pastFree: boolean;
+  pinned: Partial<RunShape>;
   checks: Set<CheckId>;
   tolerance: Tolerance;
   toleranceGiven: boolean;
@@ -126,12 +128,7 @@ function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptio
     throw new InputError(`the original and patched models have different inputs (${specs.map((s) => s.name).join(', ')} vs ${patchedInputs})`);
   }
   const checks = new Set(options.checks ?? CHECK_IDS);
-  const given: Feeds = {};
-  for (const [name, file] of Object.entries(options.inputFiles ?? {})) {
-    const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`--input ${name}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
-    given[name] = readTensorFile(file, name, spec.elemType);
-  }
+  const given = readGivenInputs(specs, options.inputFiles ?? {});
   const fixed = new Map(Object.entries(options.dims ?? {}));
   const origin = new Map([...fixed.keys()].map((k) => [k, `--dim ${k}`]));
   bindGivenDims(specs, given, fixed, origin);
@@ -146,18 +143,28 @@ function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptio
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]),
   });
   const lowPrecisionOutputs = new Set(original.graph!.output
-    .filter((o) => [DataType.FLOAT16, DataType.BFLOAT16].includes(o.type?.tensorType?.elemType as 10 | 16)).map((o) => o.name));
+    .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const tolerance = { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 };
   const setup: Setup = {
-    record, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source, plan, pastFree, checks, tolerance,
+    record, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source, plan, seqFree, pastFree, pinned, checks, tolerance,
     toleranceGiven: options.atol !== undefined || options.rtol !== undefined, lowPrecisionOutputs, retrofit: { ids: new Set(), criterion: '' }, modelOutputs: original.graph!.output.map((o) => o.name),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
   }
-  setup.retrofit = planRetrofit(setup, options.batch);
+  setup.retrofit = planRetrofit(setup);
   validateSynthesis(setup);
   return setup;
+}
+
+function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Feeds {
+  const given: Feeds = {};
+  for (const [name, file] of Object.entries(files)) {
+    const spec = specs.find((s) => s.name === name);
+    if (!spec) throw new InputError(`--input ${name}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    given[name] = readTensorFile(file, name, spec.elemType);
+  }
+  return given;
 }
 
 function trainLength(option: number | undefined, record: PatchRecord): { L: number; known: boolean; source: string } {
@@ -172,7 +179,7 @@ function trainLength(option: number | undefined, record: PatchRecord): { L: numb
   return { L, known: false, source: `factor 1 at n = e^(1/s) for the mean s ${mean.toPrecision(3)}` };
 }
 
-function planRetrofit(setup: Setup, batch: number | undefined): Setup['retrofit'] {
+function planRetrofit(setup: Setup): Setup['retrofit'] {
   const { record, L, plan } = setup;
   const criterion = `at n = L = ${L} every output equals the original's (atol ${setup.tolerance.atol}, rtol ${setup.tolerance.rtol})`;
   const skip = (why: string): Setup['retrofit'] => ({ ids: new Set(), skip: why, criterion });
@@ -183,21 +190,12 @@ function planRetrofit(setup: Setup, batch: number | undefined): Setup['retrofit'
     return skip(`s is not 1/ln ${L} at every site: no length gives factor 1`);
   }
   if (L > plan.cap) return skip(`L = ${L} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`);
-  const modes = new Set(record.sites.map((s) => s.n));
-  const ids = new Set<string>();
-  const runBatch = setup.plan.runs.find((r) => r.kind === 'sweep')?.batch ?? batch ?? 1;
-  if (modes.size === 1 && modes.has('keys')) {
-    const full = plan.runs.find((r) => r.kind === 'sweep' && r.seq === L && r.past === 0);
-    if (full) ids.add(full.id);
-    for (const r of addRetrofitRuns(plan, 'keys', L, setup.pastFree, runBatch)) ids.add(r.id);
-    return ids.size ? { ids, criterion } : skip(`no run reaches Tk = L = ${L} (${plan.notes[0] ?? 'L is not among the lengths'})`);
-  }
-  if (modes.size === 1 && modes.has('causal')) {
-    if (!setup.pastFree) return skip('causal n without a KV cache: no length puts every row at n = L (use --n keys to check)');
-    for (const r of addRetrofitRuns(plan, 'causal', L, true, runBatch)) ids.add(r.id);
-    return { ids, criterion };
-  }
-  return skip('sites mix keys and causal n');
+  const modes = [...new Set(record.sites.map((s) => s.n))];
+  if (modes.length !== 1) return skip('sites mix keys and causal n');
+  const runs = retrofitRuns(plan, modes[0] as 'keys' | 'causal', L, {
+    seqFree: setup.seqFree, pastFree: setup.pastFree, pinned: setup.pinned, batch: setup.pinned.batch ?? 1,
+  });
+  return typeof runs === 'string' ? skip(runs) : { ids: new Set(runs), criterion };
 }
 
 /** Synthesises the first run's inputs before any session exists, so input errors come first and fast. */
@@ -270,10 +268,11 @@ function sessionsFor(spec: RunSpec, setup: Setup, sessions: Sessions): SessionKe
   const c = setup.checks;
   const keys: SessionKey[] = [];
   if (spec.kind === 'short') {
-    if (c.has('wiring') || c.has('liveness')) keys.push('original');
+    const retrofit = setup.retrofit.ids.has(spec.id);
+    if (c.has('wiring') || c.has('liveness') || retrofit) keys.push('original');
     if (c.has('wiring')) keys.push('unit');
     if (c.has('probe')) keys.push('probe');
-    else if (c.has('liveness')) keys.push('patched');
+    else if (c.has('liveness') || retrofit) keys.push('patched');
   } else {
     const pair = c.has('liveness') || c.has('sharpness') || setup.retrofit.ids.has(spec.id);
     const unitHere = c.has('wiring') && spec.kind === 'sweep' && spec.seq === setup.L;
