@@ -3,7 +3,7 @@ import { OutputStats, Tolerance } from './compare';
 import { CheckId } from './plan';
 import { ProbeSiteResult } from './probe';
 import { CheckResult, RunResult, Status } from './report';
-import { MIN_KEPT, SharpnessCurve } from './sharpness';
+import { MIN_KEPT, NO_FADE, SharpnessCurve } from './sharpness';
 
 export const CHECK_NAMES: Record<CheckId, string> = {
   wiring: 'wiring parity', probe: 'semantic probe', retrofit: 'retrofit parity', liveness: 'liveness', sharpness: 'attention sharpness',
@@ -110,9 +110,9 @@ export function sharpnessCheck(criterion: string, curve: SharpnessCurve | undefi
   const p = (x: number): string => x.toPrecision(3);
   const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
   const text = `mean max attention probability ${first.length} → ${last.length}: original ${p(first.original)} → ${p(last.original)} (${keeps(curve.originalFall)}), patched ${p(first.patched)} → ${p(last.patched)} (${keeps(curve.patchedFall)})`;
-  if (-curve.originalFall >= Math.log(0.98)) {
+  if (-curve.originalFall >= Math.log(NO_FADE)) {
     return skippedCheck('sharpness', criterion, `${text}: the original does not fade over these lengths, so there is nothing for SSMax to keep`);
   }
-  if (curve.kept >= MIN_KEPT) return check('sharpness', 'PASSED', text, criterion);
+  if (curve.kept >= MIN_KEPT) return check('sharpness', 'PASSED', `${text}: ${p(Math.exp(curve.kept))}× the original's retention`, criterion);
   return check('sharpness', 'FAILED', `${text}: the patched model fades like the original`, criterion);
 }

@@ -5,6 +5,7 @@
  */
 import { Graph } from '../graph/graph';
 import { toNumber } from '../io/onnx';
+import { InputError } from '../errors';
 import { describeInputs, DimSource, InputSpec, resolveDim, RunShape } from './signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
 
@@ -79,6 +80,9 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
   const values = new Float64Array(count);
   const last = dims.length ? dims[dims.length - 1] : 1;
   switch (spec.role) {
+    case 'lengths':
+      // Per-item key counts or totals have model-specific meanings (total, total − 1, per-item padding).
+      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with --input ${spec.name}=FILE`);
     case 'ids': {
       const vocab = vocabSize(graph, spec.name);
       for (let i = 0; i < count; i++) values[i] = Math.floor(random() * vocab);

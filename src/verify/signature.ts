@@ -9,7 +9,7 @@ import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
 import { InputError } from '../errors';
 
 export type InputRole =
-  | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values';
+  | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
 
 export type DimSpec = { value: number } | { param: string } | { unknown: true };
 
@@ -94,6 +94,7 @@ function roleOf(name: string, elemType: number): InputRole {
   if (/past|cache/.test(n)) return 'past';
   if (isInt && /position|pos_ids/.test(n)) return 'positions';
   if (isInt && /token_type|segment/.test(n)) return 'token-types';
+  if (isInt && /seqlen|seq_len|lengths?$|_lens?$/.test(n)) return 'lengths';
   if (isInt) return 'ids';
   if (isFloat && /encoder_hidden|encoder_out|memory/.test(n)) return 'encoder-states';
   if (isFloat && /pixel|image/.test(n)) return 'pixels';
