@@ -54,6 +54,21 @@ describe('input roles and dims', () => {
     assert.deepEqual(feeds.past_value_1.dims, [1, 4, 6, 8]);
   });
 
+  it('fills positions from the past length, token types with 0 and the cache flag from past > 0', () => {
+    const g = new Graph({ name: 'empty', node: [], input: [], output: [], initializer: [], valueInfo: [] });
+    const specs = describeInputs(g).concat([
+      { name: 'position_ids', elemType: DataType.INT64, role: 'positions', dims: [{ param: 'batch' }, { param: 'sequence' }] },
+      { name: 'token_type_ids', elemType: DataType.INT32, role: 'token-types', dims: [{ param: 'batch' }, { param: 'sequence' }] },
+      { name: 'use_cache_branch', elemType: DataType.BOOL, role: 'cache-flag', dims: [{ value: 1 }] },
+    ]);
+    const feeds = synthesize(g, specs, { batch: 2, seq: 3, past: 4 });
+    assert.deepEqual(values(feeds.position_ids), [4, 5, 6, 4, 5, 6]);
+    assert.equal(feeds.token_type_ids.type, 'int32');
+    assert.deepEqual(values(feeds.token_type_ids), [0, 0, 0, 0, 0, 0]);
+    assert.deepEqual(values(feeds.use_cache_branch), [1]);
+    assert.deepEqual(values(synthesize(g, specs, { batch: 1, seq: 3, past: 0 }).use_cache_branch), [0]);
+  });
+
   it('matches dim names, sums and pinned sizes', () => {
     const spec = { name: 'x', elemType: DataType.FLOAT, role: 'values' as const, dims: [
       { param: 'batch_size' }, { param: 'max_seq_len_in_batch' }, { param: 'past_seq_len + 1' }, { param: 'past_sequence_length+sequence_length' },
