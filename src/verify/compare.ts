@@ -65,7 +65,3 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
     mismatches, newNonFinite, passed: mismatches === 0,
   };
 }
-
-export function allFinite(outputs: Outputs): boolean {
-  return Object.values(outputs).every((o) => o.data.every(Number.isFinite));
-}

@@ -6,14 +6,10 @@
 import { Graph } from '../graph/graph';
 import { toNumber } from '../io/onnx';
 import { InputError } from '../errors';
-import { describeInputs, DimSource, InputSpec, resolveDim, RunShape } from './signature';
+import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
 
 export type { Feeds, HostTensor } from './tensors';
-export { realInputs } from './signature';
-
-/** Kept for existing callers: a run's batch, sequence and past lengths. */
-export type Length = RunShape;
 
 export interface SynthesisOptions {
   /** Sizes of named dims set by --dim or read from user-given inputs. */
@@ -37,9 +33,6 @@ export function rng(seed: number): () => number {
 }
 
 
-export function synthesizeInputs(graph: Graph, len: Length, seed = 1): Feeds {
-  return synthesize(graph, describeInputs(graph), len, { seed });
-}
 
 export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
   const feeds: Feeds = {};

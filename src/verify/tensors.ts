@@ -43,8 +43,6 @@ export function hostTypeOf(elemType: number, input: string): HostType {
   return t;
 }
 
-export const isFloatType = (t: HostType): boolean => t === 'float32' || t === 'float64' || t === 'float16';
-
 export function elementCount(dims: readonly number[]): number {
   return dims.reduce((a, b) => a * b, 1);
 }

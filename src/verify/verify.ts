@@ -11,7 +11,6 @@
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto } from '../io/onnx';
 import { InputError } from '../errors';
-import { cloneModel } from '../rewrite/patch';
 import { PatchRecord, readRecord } from '../rewrite/record';
 import { scaleFromTrainLen } from '../policy/scale';
 import { aliveRuns, CHECK_NAMES, LivenessData, livenessCheck, parityCheck, probeCheck, sharpnessCheck, skippedCheck } from './checks';
@@ -21,8 +20,8 @@ import { positionLimit } from './limits';
 import { CHECK_IDS, CheckId, makePlan, Plan, retrofitRuns, RunSpec } from './plan';
 import { SiteProbe } from './probe';
 import { CheckResult, InputReport, RunReport, RunResult, VerifyReport } from './report';
-import { Outputs, Runner } from './run';
-import { addProbeOutputs, addRowMaxOutputs, carryBf16AsFloat, forceUnitFactor, hasBf16Io, ProbeNames, shallowCopy } from './runtime-model';
+import { Outputs } from './run';
+import { LoadFailure, openSessions, SessionKey, Sessions } from './sessions';
 import { layerMeans, MIN_KEPT, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from './sharpness';
 import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
 import { readTensorFile } from './tensor-files';
@@ -53,8 +52,6 @@ export interface VerifyOptions {
   /** Called with a short progress line as each stage starts. */
   progress?: (line: string) => void;
 }
-
-type SessionKey = 'original' | 'patched' | 'unit' | 'probe';
 
 interface Setup {
   record: PatchRecord;
@@ -92,7 +89,7 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
   let sessions: Sessions;
   try {
-    sessions = await openSessions(original, patched, setup, progress);
+    sessions = await openSessions(original, patched, setup.checks, setup.record.sites, progress);
   } catch (e) {
     if (e instanceof LoadFailure) return failedReport(setup, e.message, started);
     throw e;
@@ -104,9 +101,6 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
     await sessions.release();
   }
 }
-
-/** A patched variant that onnxruntime refuses: every selected check fails with the reason. */
-class LoadFailure extends Error {}
 
 function failedReport(setup: Setup, reason: string, started: number): VerifyReport {
   const checks = CHECK_IDS.map((id): CheckResult => (setup.checks.has(id)
@@ -203,55 +197,6 @@ function validateSynthesis(setup: Setup): void {
   for (const spec of setup.plan.runs.filter((r) => r.kind === 'short').slice(0, 1)) {
     synthesize(setup.graph, setup.specs, spec, { fixed: setup.fixed, given: setup.given, padded: spec.padded });
   }
-}
-
-class Sessions {
-  runners: Partial<Record<SessionKey, Runner>> = {};
-  probes: ProbeNames[] = [];
-  probeProblems: string[] = [];
-  rowMax: { original: Map<number, string>; patched: Map<number, string> } = { original: new Map(), patched: new Map() };
-
-  async release(): Promise<void> {
-    await Promise.all(Object.values(this.runners).map((r) => r.release()));
-  }
-}
-
-async function openSessions(original: ModelProto, patched: ModelProto, setup: Setup, progress: (l: string) => void): Promise<Sessions> {
-  const s = new Sessions();
-  const { checks } = setup;
-  const sites = setup.record.sites.map((r) => ({ layer: r.layer, softmax: r.softmax }));
-  const open = async (key: SessionKey, model: ModelProto, label: string): Promise<void> => {
-    progress(`verify: loading ${label}`);
-    const runnable = hasBf16Io(model) ? cloneModel(model) : model;
-    if (runnable !== model) carryBf16AsFloat(runnable);
-    try {
-      s.runners[key] = await Runner.fromModel(runnable, label);
-    } catch (e) {
-      await s.release();
-      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${oneLine(e)}`);
-      throw new LoadFailure(`onnxruntime cannot load the ${label} model: ${oneLine(e)}`);
-    }
-  };
-  const needsPair = checks.has('retrofit') || checks.has('liveness') || checks.has('sharpness');
-  if (checks.has('wiring') || needsPair) {
-    const m = shallowCopy(original);
-    if (checks.has('sharpness')) s.rowMax.original = addRowMaxOutputs(m, sites);
-    await open('original', m, 'original');
-  }
-  if (needsPair) {
-    const m = shallowCopy(patched);
-    if (checks.has('sharpness')) s.rowMax.patched = addRowMaxOutputs(m, sites);
-    await open('patched', m, 'patched');
-  }
-  if (checks.has('wiring')) await open('unit', forceUnitFactor(shallowCopy(patched)), 'patched with factor 1');
-  if (checks.has('probe')) {
-    const m = shallowCopy(patched);
-    const { probes, missing } = addProbeOutputs(m, setup.record.sites);
-    s.probes = probes;
-    s.probeProblems = missing;
-    await open('probe', m, 'patched with probe outputs');
-  }
-  return s;
 }
 
 interface Collected {
@@ -431,4 +376,3 @@ function oneLine(e: unknown): string {
   return String((e as Error)?.message ?? e).split('\n')[0];
 }
 
-export { CHECK_IDS, CHECK_NAMES };
