@@ -15,5 +15,6 @@ export { patchModel } from './rewrite/patch';
 export type { PatchOptions, PatchReport, PatchResult, PatchedSite } from './rewrite/patch';
 export { readRecord } from './rewrite/record';
 export { verifyPatch, withUnitFactor } from './verify/verify';
-export type { VerifyOptions, VerifyReport, CheckResult } from './verify/verify';
+export type { VerifyOptions, VerifyReport, CheckResult, CheckId } from './verify/verify';
+export { sharpnessSvg } from './verify/plot';
 export { InputError, VerificationError, SsmaxError } from './errors';

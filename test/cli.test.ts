@@ -70,7 +70,7 @@ describe('ssmax-patch CLI', () => {
     assert.match(r.stdout, /PASSED\s+wiring parity/);
     assert.match(r.stdout, /PASSED\s+retrofit parity/);
     assert.match(r.stdout, /PASSED\s+liveness/);
-    assert.match(r.stdout, /PASSED\s+no NaN/);
+    assert.match(r.stdout, /PASSED\s+semantic probe/);
     assert.match(r.stdout, /verify: PASSED/);
     assert.ok(fs.existsSync(path.join(dir, 'out.onnx')));
   });

@@ -84,7 +84,7 @@ function inputs(t: number): Record<string, Float32Array> {
   return Object.fromEntries(['x_q', 'x_k', 'x_v'].map((n, i) => [n, Float32Array.from(randoms(B * t * HID, 11 + i, 1.5))]));
 }
 
-async function run(m: ModelProto, feeds: Record<string, { data: Float32Array; dims: number[] }>): Promise<Float64Array> {
+async function run(m: ModelProto, feeds: Record<string, { data: Float32Array; dims: number[] }>): Promise<Float32Array | Float64Array> {
   const runner = await Runner.create(encodeModel(m), 'test');
   const out = await runner.run(Object.fromEntries(Object.entries(feeds).map(([k, v]) => [k, { type: 'float32' as const, ...v }])));
   await runner.release();

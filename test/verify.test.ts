@@ -8,6 +8,11 @@ import { readModel } from '../src/io/model-file';
 import { DataType, ModelProto, toNumber } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
 import { verifyPatch, VerifyReport, withUnitFactor } from '../src/verify/verify';
+import { compareOutputs } from '../src/verify/compare';
+import { sharpnessSvg } from '../src/verify/plot';
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
 import { TORCH } from './support/ref';
 
 const L = 32;
@@ -29,10 +34,10 @@ function withS(m: ModelProto, value: number): ModelProto {
 }
 
 describe('verifyPatch', () => {
-  it('passes all four checks on a correct retrofit patch', async () => {
+  it('passes all five checks on a correct retrofit patch', async () => {
     const r = await verifyPatch(original, patched, { lengths: [8, L, 4 * L] });
-    assert.equal(r.passed, true, JSON.stringify(r.checks.map((c) => [c.name, c.status])));
-    assert.deepEqual(r.checks.map((c) => c.status), ['PASSED', 'PASSED', 'PASSED', 'PASSED']);
+    assert.equal(r.passed, true, JSON.stringify(r.checks.map((c) => [c.name, c.status, c.summary])));
+    assert.deepEqual(r.checks.map((c) => c.status), ['PASSED', 'PASSED', 'PASSED', 'PASSED', 'PASSED']);
   });
 
   it('retrofit parity fails when s is not 1/ln L at n = L', async () => {
@@ -58,8 +63,96 @@ describe('verifyPatch', () => {
     assert.equal(status(r, /liveness/), 'FAILED');
   });
 
-  it('the NaN check fails when the factor overflows the logits', async () => {
+  it('liveness fails when the factor overflows the logits into NaN', async () => {
     const r = await verifyPatch(original, withS(patched, 1e38), { lengths: [8] });
-    assert.equal(status(r, /NaN/), 'FAILED');
+    const live = r.checks.find((c) => c.id === 'liveness')!;
+    assert.equal(live.status, 'FAILED');
+    assert.match(live.summary, /NaN\/Inf values where the original's are finite/);
+  });
+
+  it('attention sharpness fails when the patched model fades like the original (factor forced to 1)', async () => {
+    const llama = readModel(path.join(TORCH, 'llama_gqa.onnx'));
+    const dead = withUnitFactor(patchModel(llama, { trainLen: 64 }).model);
+    const r = await verifyPatch(llama, dead, { checks: ['sharpness'], lengths: [16, 64, 256] });
+    const c = r.checks.find((k) => k.id === 'sharpness')!;
+    assert.equal(c.status, 'FAILED', c.summary);
+    assert.match(c.summary, /the patched model fades like the original/);
+    assert.equal(r.sharpness!.kept, 0);
+  });
+
+  it('retrofit parity holds for one new token after L − 1 cached ones (causal n with a KV cache)', async () => {
+    const gpt2 = readModel(path.join(TORCH, 'gpt2_past.onnx'));
+    const r = await verifyPatch(gpt2, patchModel(gpt2, { trainLen: 64 }).model, { checks: ['retrofit'] });
+    const c = r.checks.find((k) => k.id === 'retrofit')!;
+    assert.equal(c.status, 'PASSED', c.summary);
+    assert.deepEqual(c.runs.map((x) => x.run), ['batch=1 seq=1 past=63']);
+  });
+});
+
+describe('pinned lengths', () => {
+  it('--dim seq=N fixes the sequence length of every run; retrofit parity still runs when N = L', async () => {
+    const r = await verifyPatch(original, patched, { dims: { seq: L } });
+    assert.ok(r.runs.every((x) => x.seq === L), JSON.stringify(r.runs.map((x) => x.id)));
+    assert.deepEqual(r.sweep, []);
+    const retrofit = r.checks.find((c) => c.id === 'retrofit')!;
+    assert.equal(retrofit.status, 'PASSED', retrofit.summary);
+    assert.equal(r.checks.find((c) => c.id === 'sharpness')!.status, 'SKIPPED');
+  });
+});
+
+describe('Polygraphy-style statistics', () => {
+  it('report max/mean abs error, max rel error, and the smallest atol and rtol that pass', () => {
+    const out = (data: number[]): { y: { dims: number[]; data: Float64Array } } => ({ y: { dims: [4], data: Float64Array.from(data) } });
+    const [s] = compareOutputs(out([1.1, 2, 0.001, -4.4]), out([1, 2, 0, -4]), { atol: 0.01, rtol: 0.05 });
+    assert.ok(Math.abs(s.maxAbs - 0.4) < 1e-12 && Math.abs(s.meanAbs - 0.501 / 4) < 1e-12);
+    assert.equal(s.maxRel, Infinity, '0.001 against an expected 0');
+    assert.equal(s.mismatches, 2, 'elements 0 and 3 exceed both tolerances; element 2 is within atol');
+    assert.ok(Math.abs(s.neededAtol - 0.4) < 1e-12, 'with rtol 0.05: the largest error among elements outside rtol');
+    assert.ok(Math.abs(s.neededRtol - 0.1) < 1e-12, 'with atol 0.01: the largest relative error among elements outside atol');
+    assert.equal(s.passed, false);
+    const [ok] = compareOutputs(out([1.1, 2, 0.001, -4.4]), out([1, 2, 0, -4]), { atol: s.neededAtol, rtol: 0.05 });
+    assert.equal(ok.passed, true);
+    const [nan] = compareOutputs(out([1, NaN, 0, 0]), out([1, 2, 0, 0]));
+    assert.equal(nan.newNonFinite, 1);
+  });
+});
+
+describe('sharpness plot', () => {
+  const curve = {
+    trainLen: 64, rows: 64, originalFall: 0.8, patchedFall: 0.05, kept: 0.75,
+    points: [16, 64, 256, 1024].map((length, i) => ({ length, original: 0.6 / (1 + i), patched: 0.5 - 0.01 * i, originalLayers: [], patchedLayers: [] })),
+  };
+  it('draws two curves on a log-scale x axis with axes, labels and a legend', () => {
+    const svg = sharpnessSvg(curve, { title: 'a <title> & more' });
+    assert.match(svg, /a &lt;title&gt; &amp; more/);
+    const xs = [...svg.matchAll(/<circle cx="([\d.]+)"/g)].map((m) => Number(m[1])).slice(0, 4);
+    const gaps = xs.slice(1).map((x, i) => x - xs[i]);
+    assert.ok(gaps.every((g) => Math.abs(g - gaps[0]) < 0.2), `equal gaps for ×4 steps on a log axis: ${gaps}`);
+    for (const label of ['mean max attention probability', 'context length n (tokens, log scale)', 'original (softmax)', 'patched (SSMax)']) assert.ok(svg.includes(label), label);
+  });
+
+  const rsvg = spawnSync('rsvg-convert', ['--version']).status === 0;
+  it('renders to PNG with rsvg-convert', { skip: rsvg ? false : 'rsvg-convert not installed (apt-get install librsvg2-bin)' }, () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-plot-'));
+    fs.writeFileSync(path.join(dir, 'p.svg'), sharpnessSvg(curve, { title: 'render' }));
+    const r = spawnSync('rsvg-convert', [path.join(dir, 'p.svg'), '-o', path.join(dir, 'p.png')], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    const png = fs.readFileSync(path.join(dir, 'p.png'));
+    assert.equal(png.subarray(1, 4).toString(), 'PNG');
+    assert.equal(png.readUInt32BE(16), 760, 'width');
+    assert.equal(png.readUInt32BE(20), 460, 'height');
+  });
+});
+
+describe('the report committed under docs/', () => {
+  it('is what verify computes for the llama_gqa fixture today', async () => {
+    const committed = JSON.parse(fs.readFileSync(path.resolve(__dirname, '../../docs/verify-llama_gqa.json'), 'utf8'));
+    const llama = readModel(path.join(TORCH, 'llama_gqa.onnx'));
+    const r = await verifyPatch(llama, patchModel(llama, { trainLen: 64 }).model);
+    assert.deepEqual(committed.checks.map((c: { status: string }) => c.status), r.checks.map((c) => c.status));
+    assert.deepEqual(committed.sweep, r.sweep);
+    committed.sharpness.points.forEach((p: { original: number; patched: number }, i: number) => {
+      assert.ok(Math.abs(p.original - r.sharpness!.points[i].original) < 1e-5 && Math.abs(p.patched - r.sharpness!.points[i].patched) < 1e-5);
+    });
   });
 });

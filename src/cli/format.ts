@@ -28,19 +28,15 @@ export function formatPatch(report: PatchReport): string[] {
   return lines;
 }
 
+/** One line per check for a CI log; the numbers behind each verdict are in the JSON report. */
 export function formatVerify(report: VerifyReport): string[] {
-  const lines = ['verify:'];
-  for (const c of report.checks) {
-    lines.push(`  ${c.status.padEnd(7)} ${c.name}: ${c.detail}`);
-    for (const r of c.runs) {
-      const len = `batch=${r.length.batch} seq=${r.length.seq}${r.length.past ? ` past=${r.length.past}` : ''}`;
-      if (r.error) lines.push(`    ${r.passed ? 'ok  ' : 'FAIL'} ${len}: ${r.error}`);
-      else if (r.outputs.length === 0) lines.push(`    ${r.passed ? 'ok  ' : 'FAIL'} ${len}`);
-      for (const o of r.outputs) {
-        lines.push(`    ${r.passed ? 'ok  ' : 'FAIL'} ${len} ${o.name}: max abs ${o.maxAbs.toExponential(2)}, max rel ${o.maxRel.toExponential(2)}${o.finite ? '' : ', NOT FINITE'}`);
-      }
-    }
-  }
-  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'}`);
+  const lengths = report.sweep.length ? `lengths ${report.sweep.join(', ')}` : 'no length sweep';
+  const lines = [`verify: L = ${report.trainLen} (${report.trainLenSource}), ${lengths}, ${report.runs.length} runs`];
+  for (const note of report.notes) lines.push(`  note: ${note}`);
+  for (const c of report.checks) lines.push(`  ${c.status.padEnd(7)} ${c.name}: ${c.summary}`);
+  const count = (s: string): number => report.checks.filter((c) => c.status === s).length;
+  const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
+    .filter(Boolean).join(', ');
+  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}) in ${(report.totalMs / 1000).toFixed(1)} s`);
   return lines;
 }

@@ -8,8 +8,9 @@ import { patchModel, PatchReport } from '../rewrite/patch';
 import { verifyPatch, VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
 import { formatPatch, formatVerify } from './format';
+import { addVerifyOptions, checkVerifyOutputs, verifyCommand, VerifyCliOptions, verifyOptionsFrom, writeVerifyOutputs } from './verify-command';
 
-interface CliOptions {
+interface CliOptions extends VerifyCliOptions {
   output?: string;
   force?: boolean;
   n: string;
@@ -20,7 +21,6 @@ interface CliOptions {
   dryRun?: boolean;
   json?: boolean;
   verify?: boolean;
-  lengths?: string;
   forceSite: string[];
   preset?: string;
   b?: string;
@@ -32,7 +32,7 @@ interface CliOptions {
 const collect = (v: string, all: string[]): string[] => [...all, v];
 
 function program(): Command {
-  return new Command('ssmax-patch')
+  const cmd = new Command('ssmax-patch')
     .description('Retrofit Scalable-Softmax (softmax((s·ln n)·z)) into the attention of an ONNX model')
     .version(VERSION)
     .argument('<model>', 'input ONNX model (never modified)')
@@ -50,9 +50,9 @@ function program(): Command {
     .option('--update-s', 'on an already patched model, replace s instead of refusing')
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the report as JSON on stdout')
-    .option('--verify', 'run original and patched on onnxruntime and check the patch')
-    .option('--lengths <list>', 'sequence lengths for --verify, comma-separated (default 8,L,4L)')
-    .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, [])
+    .option('--verify', 'run original and patched on onnxruntime and check the patch (see also: ssmax-patch verify --help)')
+    .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, []);
+  return addVerifyOptions(cmd)
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
 }
@@ -72,8 +72,10 @@ function defaultOutput(input: string): string {
 async function patchCommand(input: string, o: CliOptions): Promise<number> {
   const n = parseNOption(o.n);
   const trainLen = number(o.trainLen, '--train-len', true);
-  const lengths = o.lengths?.split(',').map((v) => number(v, '--lengths', true)!);
+  const verifyOptions = verifyOptionsFrom(o, trainLen);
+  if (!o.verify && (o.report || o.plot)) throw new InputError('--report and --plot need --verify');
   const output = o.output ?? defaultOutput(input);
+  checkVerifyOutputs(o, [input, output]);
   const original = readModel(input);
   const { model, report } = patchModel(original, {
     n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite, preset: o.preset,
@@ -81,21 +83,22 @@ async function patchCommand(input: string, o: CliOptions): Promise<number> {
     layers: o.layers,
   });
   let verification: VerifyReport | undefined;
-  if (o.verify) verification = await verifyPatch(original, model, { trainLen, lengths });
+  if (o.verify) verification = await verifyPatch(original, model, verifyOptions);
   const written = !o.dryRun && (!verification || verification.passed);
   if (written) writeModel(output, model, { force: o.force, protect: [input] });
-  print(report, verification, o.json ? 'json' : 'text', written ? output : null);
+  const files = verification ? writeVerifyOutputs(verification, o, [input, output], `Attention sharpness: ${path.basename(input)}`) : [];
+  print(report, verification, o.json ? 'json' : 'text', written ? output : null, files);
   if (verification && !verification.passed) throw new VerificationError('verification FAILED: output not written');
   return 0;
 }
 
-function print(report: PatchReport, verification: VerifyReport | undefined, mode: 'json' | 'text', output: string | null): void {
+function print(report: PatchReport, verification: VerifyReport | undefined, mode: 'json' | 'text', output: string | null, files: string[]): void {
   if (mode === 'json') {
     process.stdout.write(JSON.stringify({ output, ...report, verification }, null, 2) + '\n');
     return;
   }
   const lines = formatPatch(report);
-  if (verification) lines.push(...formatVerify(verification));
+  if (verification) lines.push(...formatVerify(verification), ...files);
   lines.push(output ? `wrote ${output}` : 'nothing written');
   process.stdout.write(lines.join('\n') + '\n');
 }
@@ -104,6 +107,7 @@ function print(report: PatchReport, verification: VerifyReport | undefined, mode
 export async function main(argv: string[]): Promise<number> {
   const cmd = program();
   try {
+    if (argv[0] === 'verify') return await verifyCommand(argv.slice(1));
     cmd.parse(argv, { from: 'user' });
     return await patchCommand(cmd.args[0], cmd.opts<CliOptions>());
   } catch (err) {

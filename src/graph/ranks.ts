@@ -45,7 +45,7 @@ function nodeOutputRank(node: NodeProto, rank: (n: string) => number | undefined
   const op = node.opType;
   if (sameAsFirst.has(op)) return inRanks[0];
   // An SSMax factor is built never to broadcast past what it multiplies (its s may be an untyped function input).
-  if (op === 'Mul' && /^ssmax\/L\d+\/apply/.test(node.name)) return inRanks[0];
+  if (op === 'Mul' && /^ssmax\/L\d+\/apply(_\d+)?$/.test(node.name)) return inRanks[0];
   if (broadcasting.has(op)) {
     if (inRanks.some((r) => r === undefined)) return undefined;
     return Math.max(...(inRanks as number[]));

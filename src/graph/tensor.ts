@@ -7,7 +7,7 @@ export interface ConstTensor {
   values: number[];
 }
 
-const float16ToNumber = (h: number): number => {
+export const float16ToNumber = (h: number): number => {
   const sign = h & 0x8000 ? -1 : 1;
   const exp = (h >> 10) & 0x1f;
   const frac = h & 0x3ff;
@@ -66,7 +66,7 @@ export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor |
   return { dims, dataType: t.dataType, values };
 }
 
-function float32ToFloat16Bits(x: number): number {
+export function float32ToFloat16Bits(x: number): number {
   const f32 = new Float32Array([x]);
   const u = new Uint32Array(f32.buffer)[0];
   const sign = (u >>> 16) & 0x8000;

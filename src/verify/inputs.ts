@@ -1,26 +1,27 @@
 /**
  * Synthesises inputs for a model from its graph alone: token ids inside the embedding's vocabulary, masks of
- * ones, positions counting from the past length, random past key/values; dynamic dims set from a Length.
+ * ones (or a right-padded last batch item), positions counting from the past length, token types 0, random past
+ * key/values, encoder states and pixels; bf16 inputs as float32. User-given inputs are used as they are.
  */
 import { Graph } from '../graph/graph';
-import { DataType, ValueInfoProto, toNumber } from '../io/onnx';
+import { toNumber } from '../io/onnx';
 import { InputError } from '../errors';
+import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
+import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
 
-export interface Length {
-  batch: number;
-  seq: number;
-  past: number;
+export type { Feeds, HostTensor } from './tensors';
+
+export interface SynthesisOptions {
+  /** Sizes of named dims set by --dim or read from user-given inputs. */
+  fixed?: ReadonlyMap<string, number>;
+  /** Inputs given by the user; used as they are. */
+  given?: Feeds;
+  /** Zero the last quarter of the attention mask of the last batch item. */
+  padded?: boolean;
+  seed?: number;
 }
 
-export interface HostTensor {
-  type: 'float32' | 'int64' | 'int32' | 'bool' | 'float16';
-  dims: number[];
-  data: Float32Array | BigInt64Array | Int32Array | Uint8Array | Uint16Array;
-}
-
-export type Feeds = Record<string, HostTensor>;
-
-/** A deterministic generator, so every run of a check sees the same inputs. */
+/** A deterministic generator, so every session sees the same inputs for the same run. */
 export function rng(seed: number): () => number {
   let x = seed >>> 0 || 1;
   return () => {
@@ -31,59 +32,77 @@ export function rng(seed: number): () => number {
   };
 }
 
-export function hasPast(graph: Graph): boolean {
-  return realInputs(graph).some((v) => /past/i.test(v.name));
-}
 
-export function realInputs(graph: Graph): ValueInfoProto[] {
-  return graph.proto.input.filter((v) => !graph.initializers.has(v.name));
-}
 
-export function synthesizeInputs(graph: Graph, len: Length, seed = 1): Feeds {
+export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
   const feeds: Feeds = {};
-  const random = rng(seed);
-  for (const input of realInputs(graph)) {
-    const tensor = input.type?.tensorType;
-    if (!tensor) throw new InputError(`input '${input.name}': only tensor inputs can be synthesised`);
-    const dims = (tensor.shape?.dim ?? []).map((d, axis) => dimValue(input.name, d.dimParam, toNumber(d.dimValue), axis, len));
-    feeds[input.name] = fill(graph, input.name, tensor.elemType, dims, len, random);
+  const random = rng(options.seed ?? 1);
+  const fixed = options.fixed ?? new Map<string, number>();
+  for (const spec of specs) {
+    const given = options.given?.[spec.name];
+    if (given) {
+      feeds[spec.name] = given;
+      continue;
+    }
+    const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
+    feeds[spec.name] = fill(graph, spec, dims, shape, options.padded ?? false, random);
   }
   return feeds;
 }
 
-function dimValue(input: string, param: string | undefined, value: number, axis: number, len: Length): number {
-  if (value > 0) return value;
-  const name = (param ?? '').toLowerCase();
-  if (/batch/.test(name) || (!name && axis === 0)) return len.batch;
-  if (/past/.test(name)) return len.past;
-  if (/total|all|kv|key/.test(name) || (/mask/i.test(input) && axis === 1 && len.past > 0)) return len.past + len.seq;
-  if (/past/i.test(input) && !name) return len.past;
-  return len.seq;
+/** Which run sizes the synthesised inputs depend on: tells whether the sequence and past lengths can vary. */
+export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds = {}): Set<DimSource> {
+  const out = new Set<DimSource>();
+  const probe: RunShape = { batch: 2, seq: 5, past: 3 };
+  for (const spec of specs) {
+    if (given[spec.name]) continue;
+    spec.dims.forEach((_, axis) => {
+      try {
+        out.add(resolveDim(spec, axis, probe, fixed).source);
+      } catch {
+        // Reported when the inputs are actually synthesised.
+      }
+    });
+  }
+  return out;
 }
 
-function fill(graph: Graph, name: string, elemType: number, dims: number[], len: Length, random: () => number): HostTensor {
-  const count = dims.reduce((a, b) => a * b, 1);
-  const lower = name.toLowerCase();
-  if (elemType === DataType.INT64 || elemType === DataType.INT32) {
-    const values = new Array<number>(count);
-    const vocab = vocabSize(graph, name);
-    for (let i = 0; i < count; i++) {
-      if (/mask/.test(lower)) values[i] = 1;
-      else if (/position/.test(lower)) values[i] = len.past + (i % dims[dims.length - 1]);
-      else if (/token_type|segment/.test(lower)) values[i] = 0;
-      else values[i] = Math.floor(random() * vocab);
+function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, padded: boolean, random: () => number): HostTensor {
+  const type = hostTypeOf(spec.elemType, spec.name);
+  const count = elementCount(dims);
+  const values = new Float64Array(count);
+  const last = dims.length ? dims[dims.length - 1] : 1;
+  switch (spec.role) {
+    case 'lengths':
+      // Per-item key counts or totals have model-specific meanings (total, total − 1, per-item padding).
+      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with --input ${spec.name}=FILE`);
+    case 'ids': {
+      const vocab = vocabSize(graph, spec.name);
+      for (let i = 0; i < count; i++) values[i] = Math.floor(random() * vocab);
+      break;
     }
-    return elemType === DataType.INT64
-      ? { type: 'int64', dims, data: BigInt64Array.from(values.map(BigInt)) }
-      : { type: 'int32', dims, data: Int32Array.from(values) };
+    case 'mask': {
+      const perItem = dims.length ? count / Math.max(dims[0], 1) : count;
+      const pad = Math.max(1, Math.floor(shape.seq / 4));
+      for (let i = 0; i < count; i++) {
+        const item = Math.floor(i / perItem);
+        const key = i % last;
+        values[i] = padded && dims.length >= 2 && dims[0] >= 2 && shape.seq >= 2 && item === dims[0] - 1 && key >= last - pad ? 0 : 1;
+      }
+      break;
+    }
+    case 'positions':
+      for (let i = 0; i < count; i++) values[i] = shape.past + (i % last);
+      break;
+    case 'token-types':
+      break;
+    case 'cache-flag':
+      values.fill(shape.past > 0 ? 1 : 0);
+      break;
+    default:
+      for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
-  if (elemType === DataType.BOOL) return { type: 'bool', dims, data: new Uint8Array(count).fill(1) };
-  if (elemType === DataType.FLOAT) {
-    const data = new Float32Array(count);
-    for (let i = 0; i < count; i++) data[i] = /mask/.test(lower) ? 1 : (random() * 2 - 1);
-    return { type: 'float32', dims, data };
-  }
-  throw new InputError(`input '${name}': cannot synthesise element type ${elemType}`);
+  return makeHost(type, dims, values);
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */

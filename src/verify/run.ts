@@ -1,30 +1,58 @@
-/** onnxruntime-node sessions: one per model, reused across every length and check. */
+/** onnxruntime-node sessions: one per model variant, created once and reused across every run and check. */
+import * as os from 'node:os';
 import * as ort from 'onnxruntime-node';
-import { Feeds, HostTensor } from './inputs';
+import { encodeModel, ModelProto } from '../io/onnx';
+import { Feeds, HostTensor, hostValues } from './tensors';
+
+export interface OutputTensor {
+  dims: number[];
+  data: Float32Array | Float64Array;
+}
 
 export interface Outputs {
-  [name: string]: { dims: number[]; data: Float64Array };
+  [name: string]: OutputTensor;
 }
 
 export class Runner {
-  private constructor(private readonly session: ort.InferenceSession, readonly label: string) {}
+  /** Milliseconds spent in session.run, summed over every run of this session. */
+  runMs = 0;
 
-  static async create(bytes: Uint8Array, label: string): Promise<Runner> {
-    const session = await ort.InferenceSession.create(bytes, { logSeverityLevel: 3, intraOpNumThreads: 2 });
-    return new Runner(session, label);
+  private constructor(private readonly session: ort.InferenceSession, readonly label: string, readonly createMs: number) {}
+
+  static async create(bytes: Uint8Array, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
+    const start = performance.now();
+    const threads = typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
+    const session = await ort.InferenceSession.create(bytes, {
+      logSeverityLevel: 4, intraOpNumThreads: Math.max(1, threads), graphOptimizationLevel: optimization,
+    });
+    return new Runner(session, label, performance.now() - start);
+  }
+
+  static async fromModel(model: ModelProto, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
+    return Runner.create(encodeModel(model), label, optimization);
   }
 
   get outputNames(): readonly string[] {
     return this.session.outputNames;
   }
 
-  async run(feeds: Feeds): Promise<Outputs> {
+  /** Runs the session; `fetches` limits which outputs are copied back (default: all). */
+  async run(feeds: Feeds, fetches?: readonly string[]): Promise<Outputs> {
     const ortFeeds: Record<string, ort.Tensor> = {};
-    for (const [name, t] of Object.entries(feeds)) ortFeeds[name] = toOrt(t);
-    const result = await this.session.run(ortFeeds);
-    const out: Outputs = {};
-    for (const [name, t] of Object.entries(result)) out[name] = { dims: [...t.dims], data: toFloat64(t) };
-    return out;
+    for (const [name, t] of Object.entries(feeds)) {
+      if (this.session.inputNames.includes(name)) ortFeeds[name] = toOrt(t);
+    }
+    const start = performance.now();
+    try {
+      const result = fetches ? await this.session.run(ortFeeds, [...fetches]) : await this.session.run(ortFeeds);
+      const out: Outputs = {};
+      for (const [name, t] of Object.entries(result)) {
+        out[name] = { dims: [...t.dims], data: hostValues(t.type, t.data as ArrayLike<number | bigint>) };
+      }
+      return out;
+    } finally {
+      this.runMs += performance.now() - start;
+    }
   }
 
   async release(): Promise<void> {
@@ -34,12 +62,4 @@ export class Runner {
 
 function toOrt(t: HostTensor): ort.Tensor {
   return new ort.Tensor(t.type, t.data as never, t.dims);
-}
-
-function toFloat64(t: ort.Tensor): Float64Array {
-  const data = t.data;
-  if (data instanceof BigInt64Array) return Float64Array.from(data, (v) => Number(v));
-  if (data instanceof Float32Array || data instanceof Int32Array || data instanceof Uint8Array) return Float64Array.from(data);
-  if (data instanceof Float64Array) return data;
-  return Float64Array.from(data as ArrayLike<number>);
 }

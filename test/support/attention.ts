@@ -74,7 +74,7 @@ export const i32 = (dims: number[], values: number[]): HostTensor => ({ type: 'i
 export const i64 = (dims: number[], values: number[]): HostTensor => ({ type: 'int64', dims, data: BigInt64Array.from(values.map(BigInt)) });
 
 /** Runs a model once on onnxruntime and returns one output. */
-export async function runOnce(m: ModelProto, feeds: Feeds, output: string): Promise<Float64Array> {
+export async function runOnce(m: ModelProto, feeds: Feeds, output: string): Promise<Float32Array | Float64Array> {
   const runner = await Runner.create(encodeModel(m), 'test');
   try {
     const out = await runner.run(feeds);

@@ -1,0 +1,35 @@
+/** Atomic writes of small text outputs (reports, plots): temporary file beside the target, then rename. */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { InputError } from '../errors';
+
+export function writeTextFile(file: string, text: string, protect: string[] = []): void {
+  const target = path.resolve(file);
+  for (const p of protect) {
+    if (path.resolve(p) === target) throw new InputError(`${file}: refusing to overwrite an input model`);
+  }
+  const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.tmp`);
+  try {
+    fs.writeFileSync(tmp, text, { flag: 'wx' });
+    fs.renameSync(tmp, target);
+  } catch (err) {
+    fs.rmSync(tmp, { force: true });
+    const code = (err as NodeJS.ErrnoException).code ?? 'error';
+    throw new InputError(`${file}: cannot write (${code})`);
+  }
+}
+
+/** Fails early, before a long run, when `file` could not be written later. */
+export function checkWritable(file: string, protect: string[] = []): void {
+  const target = path.resolve(file);
+  for (const p of protect) {
+    if (path.resolve(p) === target) throw new InputError(`${file}: refusing to overwrite an input model`);
+  }
+  const dir = path.dirname(target);
+  try {
+    fs.accessSync(dir, fs.constants.W_OK);
+  } catch {
+    throw new InputError(`${file}: cannot write (folder ${dir} is missing or not writable)`);
+  }
+  if (fs.existsSync(target) && fs.statSync(target).isDirectory()) throw new InputError(`${file}: is a folder`);
+}

@@ -1,0 +1,58 @@
+/**
+ * The longest context a model can run, when its graph says so: a learned position table (a Gather from a
+ * constant [P, d] table whose indices are positions, not token ids) has P rows. Relative-position bucket
+ * tables (indices clamped with Min/Log/Where) are not limits and are left alone.
+ */
+import { Graph } from '../graph/graph';
+import { toNumber } from '../io/onnx';
+import { InputSpec } from './signature';
+
+export interface LengthLimit {
+  length: number;
+  reason: string;
+}
+
+/** Ops through which a position index keeps being a position (arange, offsets, reshapes, cumsum of a mask). */
+const POSITION_OPS = new Set([
+  'Range', 'Add', 'Sub', 'Mul', 'Slice', 'Unsqueeze', 'Squeeze', 'Reshape', 'Expand', 'Cast', 'Identity',
+  'Constant', 'ConstantOfShape', 'CumSum', 'Gather', 'Concat', 'Tile', 'Flatten', 'Shape',
+]);
+
+export function positionLimit(graph: Graph, specs: InputSpec[]): LengthLimit | null {
+  const roles = new Map(specs.map((s) => [s.name, s.role]));
+  let best: LengthLimit | null = null;
+  for (const node of graph.nodes) {
+    if (node.opType !== 'Gather') continue;
+    const table = graph.initializers.get(node.input[0]);
+    if (!table || table.dims.length !== 2 || graph.inputs.has(node.input[0])) continue;
+    const rows = toNumber(table.dims[0]);
+    if (rows < 2 || !isPositionIndex(graph, node.input[1], roles)) continue;
+    if (!best || rows < best.length) best = { length: rows, reason: `position table '${node.input[0]}' has ${rows} rows` };
+  }
+  return best;
+}
+
+/**
+ * True when `name` is computed from positions only (a positions input, a cumulative sum of the mask, or a
+ * Range or Slice sized by the run-time sequence length) and never from token ids or through a clamp.
+ */
+function isPositionIndex(graph: Graph, name: string, roles: Map<string, string>): boolean {
+  const seen = new Set<string>();
+  const stack = [name];
+  let lengthDependent = false;
+  while (stack.length) {
+    const t = stack.pop()!;
+    if (seen.has(t)) continue;
+    seen.add(t);
+    const role = roles.get(t);
+    if (role === 'positions' || role === 'mask') { lengthDependent = true; continue; }
+    if (role !== undefined) return false;
+    if (graph.initializers.has(t)) continue;
+    const node = graph.producer.get(t);
+    if (!node) continue;
+    if (!POSITION_OPS.has(node.opType)) return false;
+    if (node.opType === 'Shape') { lengthDependent = true; continue; } // a shape tells sizes, not values
+    stack.push(...node.input.filter(Boolean));
+  }
+  return lengthDependent;
+}

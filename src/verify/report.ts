@@ -1,0 +1,73 @@
+/** The verification report: what ran, each check's verdict with its numbers, and the sharpness curve. */
+import { OutputStats, Tolerance } from './compare';
+import { CheckId } from './plan';
+import { ProbeSiteResult } from './probe';
+import { SharpnessCurve } from './sharpness';
+import { InputRole } from './signature';
+
+export type Status = 'PASSED' | 'FAILED' | 'SKIPPED';
+
+export interface RunResult {
+  run: string;
+  length: { batch: number; seq: number; past: number };
+  padded: boolean;
+  outputs: OutputStats[];
+  passed: boolean;
+  error?: string;
+}
+
+export interface CheckResult {
+  id: CheckId;
+  name: string;
+  status: Status;
+  /** One line for the CI log: the verdict's numbers, or what is wrong, or why it was skipped. */
+  summary: string;
+  /** What the check requires. */
+  criterion: string;
+  runs: RunResult[];
+  /** Semantic probe: one entry per site. */
+  sites?: ProbeSiteResult[];
+}
+
+export interface InputReport {
+  name: string;
+  type: string;
+  dims: (string | number | null)[];
+  role: InputRole;
+  /** The file it was read from, when given with --input. */
+  file?: string;
+}
+
+export interface RunReport {
+  id: string;
+  kind: 'short' | 'sweep' | 'retrofit';
+  batch: number;
+  seq: number;
+  past: number;
+  padded: boolean;
+  /** Milliseconds per session that ran it. */
+  ms: Record<string, number>;
+  errors?: Record<string, string>;
+}
+
+export interface SessionReport {
+  label: string;
+  createMs: number;
+  runMs: number;
+}
+
+export interface VerifyReport {
+  passed: boolean;
+  trainLen?: number;
+  /** Where L came from: the patch record, --train-len, or the length at which the mean s gives factor 1. */
+  trainLenSource: string;
+  tolerance: Tolerance;
+  inputs: InputReport[];
+  sweep: number[];
+  notes: string[];
+  runs: RunReport[];
+  checks: CheckResult[];
+  sharpness?: SharpnessCurve;
+  sessions: SessionReport[];
+  totalMs: number;
+}

@@ -1,0 +1,74 @@
+/**
+ * Attention sharpness: the largest probability of each attention row, averaged over rows, heads, batch and
+ * layers, for the original and the patched model at each context length. Plain softmax fades as n grows (the
+ * largest probability tends to 0); the SSMax factor grows with ln n and must keep the patched curve from
+ * falling the way the original's does.
+ */
+import { OutputTensor } from './run';
+import { ROW_SAMPLE } from './runtime-model';
+
+export interface SharpnessPoint {
+  length: number;
+  original: number;
+  patched: number;
+  /** Per layer, in layer order. */
+  originalLayers: number[];
+  patchedLayers: number[];
+}
+
+export interface SharpnessCurve {
+  trainLen: number;
+  /** Rows averaged per head and layer: the last quarter of the rows, at most this many. */
+  rows: number;
+  points: SharpnessPoint[];
+  /** ln(first/last) of each curve: how much it falls over the tested lengths. */
+  originalFall: number;
+  patchedFall: number;
+  /** originalFall − patchedFall: how much more of its sharpness the patched model keeps (ln units). */
+  kept: number;
+}
+
+/**
+ * Minimum `kept` for the check to pass: the patched curve must keep at least 1 % more of its sharpness than the
+ * original's. Small on purpose: near-uniform attention (random weights) leaves SSMax little to act on, while a
+ * factor that does not grow with n keeps exactly as much as the original.
+ */
+export const MIN_KEPT = Math.log(1.01);
+
+/** An original that keeps at least this share of its sharpness does not fade: nothing for SSMax to restore. */
+export const NO_FADE = 0.95;
+
+/**
+ * Mean of a row-max tensor [..., r] holding the last r rows of logits with `tq` rows: the last quarter of the
+ * rows, at most ROW_SAMPLE, count. In causal attention these are the rows that see close to n keys; in
+ * bidirectional attention every row sees n keys and the last ones are as good as any.
+ */
+export function meanOf(t: OutputTensor, tq: number): number {
+  const r = t.dims.length ? t.dims[t.dims.length - 1] : 1;
+  const want = Math.max(1, Math.min(r, ROW_SAMPLE, Math.floor(tq / 4)));
+  let sum = 0, count = 0;
+  for (let i = 0; i < t.data.length; i++) {
+    if (i % r < r - want) continue;
+    sum += t.data[i];
+    count++;
+  }
+  return count ? sum / count : NaN;
+}
+
+export function layerMeans(rowMax: Map<number, OutputTensor>, tq: number): number[] {
+  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).map(([, t]) => meanOf(t, tq));
+}
+
+const average = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;
+
+export function sharpnessPoint(length: number, original: number[], patched: number[]): SharpnessPoint {
+  return { length, original: average(original), patched: average(patched), originalLayers: original, patchedLayers: patched };
+}
+
+export function sharpnessCurve(trainLen: number, points: SharpnessPoint[]): SharpnessCurve {
+  const sorted = [...points].sort((a, b) => a.length - b.length);
+  const first = sorted[0], last = sorted[sorted.length - 1];
+  const originalFall = Math.log(first.original / last.original);
+  const patchedFall = Math.log(first.patched / last.patched);
+  return { trainLen, rows: ROW_SAMPLE, points: sorted, originalFall, patchedFall, kept: originalFall - patchedFall };
+}

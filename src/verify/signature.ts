@@ -1,0 +1,201 @@
+/**
+ * What each graph input of a model holds (token ids, mask, positions, past key/values, ...), read from its
+ * name, element type and shape, and how big each of its dims is for a given run: symbolic dims are matched
+ * by name (batch, past, total, sequence) or fixed by --dim and by user-given inputs.
+ */
+import { attrInts, Graph } from '../graph/graph';
+import { shapeElements } from '../detect/heads';
+import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
+import { InputError } from '../errors';
+
+export type InputRole =
+  | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
+
+export type DimSpec = { value: number } | { param: string } | { unknown: true };
+
+export interface InputSpec {
+  name: string;
+  elemType: number;
+  dims: DimSpec[];
+  role: InputRole;
+  /** Sizes the graph fixes for a past key/value input (heads, head size), where its shape leaves them open. */
+  graphDims?: (number | undefined)[];
+}
+
+/** The sizes a run asks for; symbolic dims are resolved against them. */
+export interface RunShape {
+  batch: number;
+  seq: number;
+  past: number;
+}
+
+/** What a dim was resolved from: the run's batch, sequence, past or past + sequence, or a fixed size. */
+export type DimSource = 'batch' | 'seq' | 'past' | 'total' | 'fixed';
+
+const INT_TYPES: number[] = [DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8];
+const FLOAT_TYPES: number[] = [DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16, DataType.DOUBLE];
+
+export function realInputs(graph: Graph): ValueInfoProto[] {
+  return graph.proto.input.filter((v) => !graph.initializers.has(v.name));
+}
+
+export function describeInputs(graph: Graph): InputSpec[] {
+  return realInputs(graph).map((v) => {
+    const tensor = v.type?.tensorType;
+    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with --input ${v.name}=FILE)`);
+    const dims = (tensor.shape?.dim ?? []).map(dimSpec);
+    const role = roleOf(v.name, tensor.elemType);
+    const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name) : undefined;
+    return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
+  });
+}
+
+/**
+ * A cached key or value is concatenated with the new one, which the graph builds by a Reshape to a constant
+ * head count and head size and a Transpose: those give the past input's heads and head size.
+ */
+function pastDimsFromGraph(graph: Graph, input: string): (number | undefined)[] | undefined {
+  for (const node of graph.consumersOf(input)) {
+    if (node.opType !== 'Concat') continue;
+    for (const other of node.input) {
+      const dims = other && other !== input ? knownDims(graph, other, 0) : undefined;
+      if (dims) return dims;
+    }
+  }
+  return undefined;
+}
+
+function knownDims(graph: Graph, name: string, depth: number): (number | undefined)[] | undefined {
+  const node = graph.producer.get(name);
+  if (!node || depth > 8) return undefined;
+  if (node.opType === 'Transpose') {
+    const inner = knownDims(graph, node.input[0], depth + 1);
+    const perm = attrInts(node, 'perm');
+    return inner && perm ? perm.map((p) => inner[p]) : undefined;
+  }
+  if (node.opType === 'Reshape') return shapeElements(graph, node.input[1])?.map((d) => (d !== undefined && d > 0 ? d : undefined));
+  // Casts and rotary embeddings (k·cos + rotate(k)·sin) keep the shape of their first input.
+  if (['Cast', 'Identity', 'Add', 'Mul', 'Sub'].includes(node.opType)) return knownDims(graph, node.input[0], depth + 1);
+  return undefined;
+}
+
+function dimSpec(d: Dimension): DimSpec {
+  if (d.dimParam) return { param: d.dimParam };
+  if (Object.prototype.hasOwnProperty.call(d, 'dimValue') || d.value === 'dimValue') return { value: toNumber(d.dimValue) };
+  return { unknown: true };
+}
+
+function roleOf(name: string, elemType: number): InputRole {
+  const n = name.toLowerCase();
+  const isInt = INT_TYPES.includes(elemType);
+  const isFloat = FLOAT_TYPES.includes(elemType);
+  if (elemType === DataType.BOOL && /use_cache|cache_branch/.test(n)) return 'cache-flag';
+  if (/mask/.test(n)) return 'mask';
+  if (/past|cache/.test(n)) return 'past';
+  if (isInt && /position|pos_ids/.test(n)) return 'positions';
+  if (isInt && /token_type|segment/.test(n)) return 'token-types';
+  if (isInt && /seqlen|seq_len|lengths?$|_lens?$/.test(n)) return 'lengths';
+  if (isInt) return 'ids';
+  if (isFloat && /encoder_hidden|encoder_out|memory/.test(n)) return 'encoder-states';
+  if (isFloat && /pixel|image/.test(n)) return 'pixels';
+  return 'values';
+}
+
+/**
+ * Resolves dim `axis` of `input` for a run. `fixed` holds sizes set by --dim or read from user-given inputs,
+ * keyed by dim name. Throws an InputError naming the input and the option when nothing tells the size.
+ */
+export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } {
+  const d = input.dims[axis];
+  if ('value' in d) return { size: d.value, source: 'fixed' };
+  const fromGraph = input.graphDims?.[axis];
+  if ('param' in d) {
+    const r = resolveParam(d.param, shape, fixed);
+    if (r) return r;
+    if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
+    throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with --dim ${d.param}=N or give the input with --input ${input.name}=FILE`);
+  }
+  const r = unnamedDim(input, axis, shape) ?? (fromGraph !== undefined ? { size: fromGraph, source: 'fixed' as const } : null);
+  if (r) return r;
+  throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with --input ${input.name}=FILE.npy|.json|.pb`);
+}
+
+function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {
+  const exact = fixed.get(param);
+  if (exact !== undefined) return { size: exact, source: 'fixed' };
+  if (/[+-]/.test(param)) return expression(param, shape, fixed);
+  const p = param.toLowerCase();
+  if (/^(batch|bs$|n$|b$)/.test(p)) return { size: shape.batch, source: 'batch' };
+  if (/past|cache|prev/.test(p)) return { size: shape.past, source: 'past' };
+  if (/total|all_|kv|key|full|present/.test(p)) return { size: shape.past + shape.seq, source: 'total' };
+  // 'max_seq_len_in_batch' is a sequence length, so sequence names are matched before a later 'batch'.
+  if (/seq|len|token|time|step|position|enc|dec|^[st]$/.test(p)) return { size: shape.seq, source: 'seq' };
+  if (/batch/.test(p)) return { size: shape.batch, source: 'batch' };
+  return null;
+}
+
+/** Dims like 'past_seq_len + 1' or 'past_sequence_length+sequence_length'. */
+function expression(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {
+  const terms = param.replace(/\s+/g, '').match(/[+-]?[^+-]+/g) ?? [];
+  let size = 0;
+  const sources = new Set<DimSource>();
+  for (const term of terms) {
+    const sign = term.startsWith('-') ? -1 : 1;
+    const body = term.replace(/^[+-]/, '');
+    if (/^\d+$/.test(body)) {
+      size += sign * Number(body);
+      continue;
+    }
+    const r = resolveParam(body, shape, fixed);
+    if (!r) return null;
+    size += sign * r.size;
+    sources.add(r.source);
+  }
+  const source: DimSource = sources.has('past') && sources.has('seq') ? 'total' : sources.has('past') ? 'past' : sources.has('seq') ? 'seq' : 'fixed';
+  return { size, source };
+}
+
+/** Unnamed dynamic dims: axis 0 is the batch; axis 1 of ids, masks and positions the sequence. */
+function unnamedDim(input: InputSpec, axis: number, shape: RunShape): { size: number; source: DimSource } | null {
+  if (axis === 0) return { size: shape.batch, source: 'batch' };
+  if (axis === 1 && ['ids', 'positions', 'token-types'].includes(input.role)) return { size: shape.seq, source: 'seq' };
+  if (axis === 1 && input.role === 'mask') {
+    return shape.past > 0 ? { size: shape.past + shape.seq, source: 'total' } : { size: shape.seq, source: 'seq' };
+  }
+  return null;
+}
+
+
+/** Run sizes pinned by named dims: `--dim seq=128` or an input file fixing 'sequence' pins the sequence length. */
+export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShape> {
+  const pinned: Partial<RunShape> = {};
+  for (const [name, size] of fixed) {
+    if (/[+-]/.test(name)) continue;
+    const source = resolveParam(name, { batch: 0, seq: 0, past: 0 }, new Map())?.source;
+    if (source === 'batch' || source === 'seq' || source === 'past') pinned[source] = size;
+  }
+  return pinned;
+}
+
+/** Checks user-given tensors against the declared shapes and records the sizes of the named dims they fix. */
+export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: number[] }>, fixed: Map<string, number>, origin: Map<string, string>): void {
+  for (const [name, tensor] of Object.entries(given)) {
+    const spec = specs.find((s) => s.name === name);
+    if (!spec) throw new InputError(`--input ${name}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    const shape = `[${tensor.dims.join(', ')}]`;
+    if (spec.dims.length && tensor.dims.length !== spec.dims.length) {
+      throw new InputError(`--input ${name}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
+    }
+    spec.dims.forEach((d, axis) => {
+      const size = tensor.dims[axis];
+      if ('value' in d && d.value !== size) throw new InputError(`--input ${name}: dim ${axis} is ${size}, the model declares ${d.value}`);
+      if (!('param' in d)) return;
+      const known = fixed.get(d.param);
+      if (known !== undefined && known !== size) {
+        throw new InputError(`--input ${name}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`);
+      }
+      fixed.set(d.param, size);
+      origin.set(d.param, `--input ${name}`);
+    });
+  }
+}

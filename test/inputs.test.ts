@@ -1,0 +1,185 @@
+/**
+ * Input synthesis from the graph alone for the signatures real exports have, user-given input files, and the
+ * messages that name the input and the option when a size cannot be inferred.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { Graph } from '../src/graph/graph';
+import { InputError } from '../src/errors';
+import { readModel } from '../src/io/model-file';
+import { DataType, ModelProto } from '../src/io/onnx';
+import { patchModel } from '../src/rewrite/patch';
+import { synthesize } from '../src/verify/inputs';
+import { positionLimit } from '../src/verify/limits';
+import { describeInputs, resolveDim, RunShape } from '../src/verify/signature';
+import { readTensorFile } from '../src/verify/tensor-files';
+import { hostValues } from '../src/verify/tensors';
+import { verifyPatch, VerifyReport } from '../src/verify/verify';
+import { FIXTURES, TORCH } from './support/ref';
+import { castAttentionModel, crossAttentionModel, pixelAttentionModel } from './support/signatures';
+
+const INPUTS = path.join(FIXTURES, 'inputs');
+const fixture = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.onnx`));
+const values = (t: { type: string; data: ArrayLike<number | bigint> }): number[] => [...hostValues(t.type, t.data)];
+const statusOf = (r: VerifyReport): Record<string, string> => Object.fromEntries(r.checks.map((c) => [c.id, c.status]));
+
+describe('input roles and dims', () => {
+  it('reads the roles of a KV-cache decoder and sizes its dims from their names', () => {
+    const g = new Graph(fixture('gpt2_past').graph!);
+    const specs = describeInputs(g);
+    assert.deepEqual(specs.map((s) => [s.name, s.role]), [
+      ['input_ids', 'ids'], ['attention_mask', 'mask'], ['past_key_0', 'past'], ['past_value_0', 'past'], ['past_key_1', 'past'], ['past_value_1', 'past'],
+    ]);
+    const feeds = synthesize(g, specs, { batch: 2, seq: 3, past: 5 }, { padded: true });
+    assert.deepEqual(feeds.input_ids.dims, [2, 3]);
+    assert.deepEqual(feeds.attention_mask.dims, [2, 8], 'total_sequence = past + sequence');
+    assert.deepEqual(feeds.past_key_0.dims, [2, 4, 5, 8], 'heads and head size from the graph, past_sequence = 5');
+    assert.ok(values(feeds.input_ids).every((v) => Number.isInteger(v) && v >= 0 && v < 64), 'ids inside the 64-row embedding');
+    // The last batch item is right-padded over the last quarter of the current tokens (here 1 of 3).
+    assert.deepEqual(values(feeds.attention_mask), [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
+  });
+
+  it('finds the heads and head size of past key/values in the graph when their shape names them only', () => {
+    const m = fixture('gpt2_past');
+    for (const input of m.graph!.input.filter((v) => v.name.startsWith('past_'))) {
+      const dims = input.type!.tensorType!.shape!.dim;
+      dims[1] = { dimParam: 'num_heads' };
+      dims[3] = { dimParam: 'head_size' };
+    }
+    const g = new Graph(m.graph!);
+    const feeds = synthesize(g, describeInputs(g), { batch: 1, seq: 2, past: 6 });
+    assert.deepEqual(feeds.past_value_1.dims, [1, 4, 6, 8]);
+  });
+
+  it('fills positions from the past length, token types with 0 and the cache flag from past > 0', () => {
+    const g = new Graph({ name: 'empty', node: [], input: [], output: [], initializer: [], valueInfo: [] });
+    const specs = describeInputs(g).concat([
+      { name: 'position_ids', elemType: DataType.INT64, role: 'positions', dims: [{ param: 'batch' }, { param: 'sequence' }] },
+      { name: 'token_type_ids', elemType: DataType.INT32, role: 'token-types', dims: [{ param: 'batch' }, { param: 'sequence' }] },
+      { name: 'use_cache_branch', elemType: DataType.BOOL, role: 'cache-flag', dims: [{ value: 1 }] },
+    ]);
+    const feeds = synthesize(g, specs, { batch: 2, seq: 3, past: 4 });
+    assert.deepEqual(values(feeds.position_ids), [4, 5, 6, 4, 5, 6]);
+    assert.equal(feeds.token_type_ids.type, 'int32');
+    assert.deepEqual(values(feeds.token_type_ids), [0, 0, 0, 0, 0, 0]);
+    assert.deepEqual(values(feeds.use_cache_branch), [1]);
+    assert.deepEqual(values(synthesize(g, specs, { batch: 1, seq: 3, past: 0 }).use_cache_branch), [0]);
+  });
+
+  it('matches dim names, sums and pinned sizes', () => {
+    const spec = { name: 'x', elemType: DataType.FLOAT, role: 'values' as const, dims: [
+      { param: 'batch_size' }, { param: 'max_seq_len_in_batch' }, { param: 'past_seq_len + 1' }, { param: 'past_sequence_length+sequence_length' },
+      { param: 'total_sequence_length' }, { param: 'height' }, { value: 7 },
+    ] };
+    const shape: RunShape = { batch: 3, seq: 11, past: 4 };
+    const sizes = spec.dims.slice(0, 5).concat([spec.dims[6]]).map((_, i) => resolveDim(spec, i === 5 ? 6 : i, shape, new Map()).size);
+    assert.deepEqual(sizes, [3, 11, 5, 15, 15, 7]);
+    assert.equal(resolveDim(spec, 5, shape, new Map([['height', 224]])).size, 224);
+    assert.throws(() => resolveDim(spec, 5, shape, new Map()),
+      (e: Error) => e instanceof InputError && e.message === "input 'x' dim 5 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input x=FILE");
+  });
+
+  it('finds learned position tables as length limits, and none for RoPE', () => {
+    const specsOf = (m: ModelProto): ReturnType<typeof describeInputs> => describeInputs(new Graph(m.graph!));
+    const gpt2 = fixture('gpt2_decoder');
+    assert.equal(positionLimit(new Graph(gpt2.graph!), specsOf(gpt2))?.length, 256);
+    const bert = fixture('bert_encoder');
+    assert.equal(positionLimit(new Graph(bert.graph!), specsOf(bert))?.length, 512);
+    const llama = fixture('llama_gqa');
+    assert.equal(positionLimit(new Graph(llama.graph!), specsOf(llama)), null);
+  });
+});
+
+describe('input files', () => {
+  const ids = Array.from({ length: 20 }, (_, i) => (7 * i) % 64);
+  it('reads .npy, .pb and .json with the same values, converted to the input type', () => {
+    for (const f of ['ids.npy', 'ids.pb', 'ids.json']) {
+      const t = readTensorFile(path.join(INPUTS, f), 'input_ids', DataType.INT64);
+      assert.equal(t.type, 'int64', f);
+      assert.deepEqual(t.dims, [1, 20], f);
+      assert.deepEqual(values(t), ids, f);
+    }
+    const mask = readTensorFile(path.join(INPUTS, 'mask_i32.npy'), 'attention_mask', DataType.INT64);
+    assert.deepEqual(values(mask), [...Array(15).fill(1), ...Array(5).fill(0)]);
+    const half = readTensorFile(path.join(INPUTS, 'half.npy'), 'x', DataType.FLOAT);
+    assert.deepEqual(half.dims, [2, 3]);
+    const expected = [0.5, -1.25, 3, 65504, -0.0009765625, 1e-4];
+    values(half).forEach((v, i) => assert.ok(Math.abs(v - expected[i]) <= 1e-3 * Math.abs(expected[i]), `${v} vs ${expected[i]}`));
+    const floats = readTensorFile(path.join(INPUTS, 'floats.pb'), 'x', DataType.FLOAT16);
+    assert.equal(floats.type, 'float16');
+    assert.deepEqual(values(floats), [-1, -0.75, -0.5, -0.25, 0, 0.25, 0.5, 0.75]);
+  });
+
+  it('rejects unreadable, malformed and mistyped files with one line naming the option', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-inputs-'));
+    const write = (name: string, text: string): string => {
+      fs.writeFileSync(path.join(dir, name), text);
+      return path.join(dir, name);
+    };
+    const cases: [string, RegExp][] = [
+      [path.join(dir, 'nope.npy'), /^--input x=.*nope\.npy: no such file$/],
+      [write('a.txt', '1'), /unknown file type; use \.npy, \.json or \.pb/],
+      [write('r.json', '[[1, 2], [3]]'), /nested arrays are ragged/],
+      [write('s.json', '{"dims": [2], "data": [1, 2, 3]}'), /3 values do not fill dims \[2\]/],
+      [write('n.npy', 'not numpy'), /not a \.npy file/],
+      [path.join(INPUTS, 'half.npy'), /input 'x' is int64 but the file holds 0\.5/],
+    ];
+    for (const [file, pattern] of cases) {
+      assert.throws(() => readTensorFile(file, 'x', DataType.INT64), (e: Error) => e instanceof InputError && pattern.test(e.message) && !e.message.includes('\n'), file);
+    }
+  });
+
+  it('verifies with user inputs: their shapes fix batch and sequence for every run', async () => {
+    const original = fixture('bert_encoder');
+    const patched = patchModel(original, { trainLen: 32, n: 'keys' }).model;
+    const r = await verifyPatch(original, patched, {
+      inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: path.join(INPUTS, 'mask.json') },
+    });
+    assert.deepEqual(r.runs.map((x) => x.id), ['batch=1 seq=20']);
+    assert.match(r.notes.join('\n'), /sequence length fixed at 20/);
+    assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'SKIPPED', liveness: 'SKIPPED', sharpness: 'SKIPPED' });
+    assert.equal(r.inputs.find((i) => i.name === 'input_ids')!.file, path.join(INPUTS, 'ids.npy'));
+    const twoItems = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-inputs-')), 'mask2.json');
+    fs.writeFileSync(twoItems, '[[1, 1], [1, 0]]');
+    await assert.rejects(verifyPatch(original, patched, { inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: twoItems } }),
+      /--input attention_mask: dim 0 \('batch'\) is 2, but --input input_ids sets it to 1/);
+    await assert.rejects(verifyPatch(original, patched, { inputFiles: { pixel_values: path.join(INPUTS, 'ids.npy') } }),
+      /--input pixel_values: the model has no input 'pixel_values' \(inputs: input_ids, attention_mask\)/);
+  });
+});
+
+describe('synthesised signatures verify end to end', () => {
+  for (const [label, type] of [['float16', DataType.FLOAT16], ['bfloat16', DataType.BFLOAT16]] as const) {
+    it(`${label} inputs and outputs`, async () => {
+      const original = castAttentionModel(type);
+      const patched = patchModel(original, { trainLen: 16 }).model;
+      const r = await verifyPatch(original, patched, { lengths: [8, 16, 64] });
+      assert.equal(r.inputs[0].type, label);
+      assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'PASSED', liveness: 'PASSED', sharpness: 'PASSED' },
+        r.checks.map((c) => `${c.name}: ${c.summary}`).join('\n'));
+    });
+  }
+
+  it('encoder_hidden_states for cross-attention', async () => {
+    const original = crossAttentionModel();
+    assert.deepEqual(describeInputs(new Graph(original.graph!)).map((s) => s.role), ['values', 'encoder-states']);
+    const patched = patchModel(original, { trainLen: 16 }).model;
+    const r = await verifyPatch(original, patched, { lengths: [8, 16, 64] });
+    assert.equal(r.passed, true, r.checks.map((c) => `${c.name}: ${c.summary}`).join('\n'));
+    assert.equal(statusOf(r).sharpness, 'PASSED');
+  });
+
+  it('pixel_values: symbolic height and width need --dim, which the message says', async () => {
+    const original = pixelAttentionModel();
+    const patched = patchModel(original, { s: 0.3 }).model;
+    await assert.rejects(verifyPatch(original, patched), (e: Error) => e instanceof InputError
+      && e.message === "input 'pixel_values' dim 2 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input pixel_values=FILE");
+    const r = await verifyPatch(original, patched, { dims: { height: 16, width: 12 } });
+    assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'SKIPPED', liveness: 'SKIPPED', sharpness: 'SKIPPED' });
+    // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12×12 logits per head.
+    assert.equal(r.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 12 * 12);
+  });
+});

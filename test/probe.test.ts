@@ -1,0 +1,145 @@
+/**
+ * The semantic probe passes on correct patches (keys and causal n, per-head s, 3-D logits, padded batches,
+ * KV-cache prefill and decoding) and catches patches mis-wired by editing a patched fixture: the wrong n,
+ * per-head s in the wrong order, and the factor on the wrong axis, each with a message that says what is wrong.
+ */
+import assert from 'node:assert/strict';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { makeTensor, readTensor } from '../src/graph/tensor';
+import { readModel } from '../src/io/model-file';
+import { ModelProto } from '../src/io/onnx';
+import { patchModel } from '../src/rewrite/patch';
+import { readRecord, writeRecord } from '../src/rewrite/record';
+import { topoSort } from '../src/graph/toposort';
+import { CheckResult, verifyPatch } from '../src/verify/verify';
+import { TORCH } from './support/ref';
+
+const fixture = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.onnx`));
+const PER_HEAD = { kind: 'per-head' as const, s: [0.2, 0.3, 0.4, 0.5] };
+
+/** Rewrites the values of every initializer whose name matches `pattern`. */
+function editInitializers(m: ModelProto, pattern: RegExp, edit: (values: number[]) => number[]): void {
+  let edited = 0;
+  m.graph!.initializer = m.graph!.initializer.map((t) => {
+    if (!pattern.test(t.name)) return t;
+    edited++;
+    const c = readTensor(t)!;
+    return makeTensor(t.name, t.dataType, c.dims, edit(c.values));
+  });
+  assert.ok(edited > 0, `no initializer matches ${pattern}`);
+}
+
+/** Moves each site's factor from the query onto the logits (the QK product), as a logits-side patch would place it. */
+function moveFactorToLogits(m: ModelProto): void {
+  const g = m.graph!;
+  const record = readRecord(m)!;
+  for (const site of record.sites) {
+    const apply = g.node.find((n) => n.name === site.apply)!;
+    const qk = g.node.find((n) => n.output[0] === site.logits)!;
+    const scaled = apply.output[0];
+    qk.input[0] = apply.input[0];
+    for (const n of g.node) if (n !== apply) n.input = n.input.map((i) => (i === qk.output[0] ? scaled : i));
+    apply.input[0] = qk.output[0];
+    site.target = 'logits';
+  }
+  writeRecord(m, record);
+  topoSort(g);
+}
+
+async function probe(original: ModelProto, patched: ModelProto): Promise<CheckResult> {
+  const r = await verifyPatch(original, patched, { checks: ['probe'] });
+  return r.checks.find((c) => c.id === 'probe')!;
+}
+
+function assertFails(c: CheckResult, ...patterns: RegExp[]): void {
+  assert.equal(c.status, 'FAILED', c.summary);
+  for (const p of patterns) assert.match(c.summary, p);
+}
+
+describe('semantic probe', () => {
+  it('passes on keys n with per-head s over a padded batch (bert_encoder)', async () => {
+    const original = fixture('bert_encoder');
+    const c = await probe(original, patchModel(original, { n: 'keys', scale: PER_HEAD }).model);
+    assert.equal(c.status, 'PASSED', c.summary);
+    assert.match(c.summary, /padded/);
+    assert.equal(c.sites!.length, 2);
+    assert.ok(c.sites!.every((s) => s.entries === 2 * 4 * 12 * 12 * 2), JSON.stringify(c.sites!.map((s) => s.entries)));
+    // The factor sits on the query: after and before are two separately rounded QK products.
+    assert.ok(c.sites!.every((s) => s.maxRelError < 1e-4), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
+  });
+
+  it('passes on per-head s tiled over 3-D [B·H, Tq, Tk] logits (encoder_3d)', async () => {
+    const original = fixture('encoder_3d');
+    const c = await probe(original, patchModel(original, { n: 'keys', scale: PER_HEAD }).model);
+    assert.equal(c.status, 'PASSED', c.summary);
+  });
+
+  it('passes on causal n with a KV cache: prefill after past > 0 and one-token decoding (gpt2_past)', async () => {
+    const original = fixture('gpt2_past');
+    const c = await probe(original, patchModel(original, { trainLen: 64 }).model);
+    assert.equal(c.status, 'PASSED', c.summary);
+    assert.match(c.summary, /seq=3 past=7/);
+    assert.match(c.summary, /seq=1 past=8/);
+  });
+
+  it('catches a keys factor where the record declares causal n', async () => {
+    const original = fixture('gpt2_past');
+    const keys = patchModel(original, { trainLen: 64, n: 'keys' }).model;
+    writeRecord(keys, readRecord(patchModel(original, { trainLen: 64, n: 'causal' }).model)!);
+    const c = await probe(original, keys);
+    assertFails(c, /^layer \d+ head \d+ row \d+ \(batch=\d+ seq=\d+.*\): ratio [\d.]+ expected [\d.]+ \(s=0\.240, n=\d+\)/,
+      /matches n = Tk \(keys mode\) although the record says causal/);
+    assert.doesNotMatch(c.summary, /n = Tq/, 'past > 0 runs tell n = Tk from n = Tq');
+  });
+
+  it('catches n = Tq (the row axis read instead of the key axis) in KV-cache runs', async () => {
+    const original = fixture('gpt2_past');
+    const patched = patchModel(original, { trainLen: 64, n: 'keys' }).model;
+    // Read the key count off the query's shape (its row axis) instead of the keys'.
+    const q = patched.graph!.node.find((n) => /^ssmax\/L0\/apply/.test(n.name))!.input[0];
+    patched.graph!.node.push({ opType: 'Shape', domain: '', name: 'test/q_shape', input: [q], output: ['test/q_shape'], attribute: [] });
+    patched.graph!.node.find((n) => /^ssmax\/shared\/tk/.test(n.name))!.input[0] = 'test/q_shape';
+    topoSort(patched.graph!);
+    editInitializers(patched, /^ssmax\/shared\/last$/, () => [-2]);
+    const c = await probe(original, patched);
+    assertFails(c, /past=\d+/, /matches n = Tq \(the query length, not the key count\)/);
+  });
+
+  it('catches per-head s in reverse order, naming the head and the expected ratio', async () => {
+    const original = fixture('bert_encoder');
+    const patched = patchModel(original, { n: 'keys', scale: PER_HEAD }).model;
+    editInitializers(patched, /^ssmax\/L\d+\/s$/, (v) => [...v].reverse());
+    const c = await probe(original, patched);
+    // Head 0 carries s = 0.5 instead of 0.2: ratio 0.5·ln 12 = 1.242 where 0.2·ln 12 = 0.497 is expected.
+    assertFails(c, /head (0 row \d+ .*ratio 1\.242 expected 0\.497 \(s=0\.200, n=12\)|3 row \d+ .*ratio 0\.497 expected 1\.242 \(s=0\.500, n=12\))/,
+      /matches per-head s in reverse order/, /2 of 2 sites fail/);
+  });
+
+  it('catches the causal factor laid along keys (a [1,Tk] row instead of a [Tq,1] column)', async () => {
+    const original = fixture('gpt2_decoder');
+    const patched = patchModel(original, { trainLen: 64 }).model;
+    moveFactorToLogits(patched);
+    editInitializers(patched, /^ssmax\/(shared|L\d+)\/column$/, () => [1, -1]);
+    const c = await probe(original, patched);
+    assertFails(c, /ratio varies along keys from [\d.]+ \(key \d+\) to [\d.]+ \(key \d+\), expected [\d.]+ for the whole row/,
+      /matches the factor indexed by key position j instead of row i/);
+  });
+
+  it('catches a factor that is not applied at all', async () => {
+    const original = fixture('llama_gqa');
+    const patched = patchModel(original, { trainLen: 64 }).model;
+    editInitializers(patched, /^ssmax\/L\d+\/s$/, (v) => v.map(() => 0));
+    const c = await probe(original, patched);
+    assertFails(c, /ratio 0 expected/);
+  });
+
+  it('catches another layer\'s s', async () => {
+    const original = fixture('llama_gqa');
+    const patched = patchModel(original, { scale: { kind: 'per-layer', s: [[0.2, 0.2, 0.2, 0.2], [0.45, 0.45, 0.45, 0.45]] } }).model;
+    editInitializers(patched, /^ssmax\/L0\/s$/, (v) => v.map(() => 0.45));
+    const c = await probe(original, patched);
+    assertFails(c, /^layer 0 /, /matches s of layer 1/);
+    assert.deepEqual(c.sites!.map((s) => s.passed), [false, true]);
+  });
+});

@@ -1,0 +1,133 @@
+/**
+ * `ssmax-patch verify` and `--verify` as CI meets them: exit codes 0 / 1 / 2, one line per check, the JSON
+ * report and the SVG plot written (also when a check fails), one-line errors with nothing written.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { makeTensor, readTensor } from '../src/graph/tensor';
+import { readModel, writeModel } from '../src/io/model-file';
+import { patchModel } from '../src/rewrite/patch';
+import { TORCH } from './support/ref';
+
+const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
+
+function cli(args: string[]): { code: number; stdout: string; stderr: string } {
+  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8' });
+  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
+}
+
+const sha = (file: string): string => createHash('sha256').update(fs.readFileSync(file)).digest('hex');
+const listing = (dir: string): string[] => fs.readdirSync(dir).map((f) => `${f}:${sha(path.join(dir, f))}`).sort();
+
+/** A folder with the llama fixture, a correct patch of it, and one with per-head s reversed in the graph. */
+function workdir(): { dir: string; original: string; patched: string; broken: string } {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-cli-'));
+  const original = path.join(dir, 'llama.onnx');
+  fs.copyFileSync(path.join(TORCH, 'llama_gqa.onnx'), original);
+  const model = readModel(original);
+  const patched = path.join(dir, 'llama.ssmax.onnx');
+  writeModel(patched, patchModel(model, { trainLen: 64 }).model);
+  const broken = patchModel(model, { scale: { kind: 'per-head', s: [0.2, 0.25, 0.3, 0.35] } }).model;
+  broken.graph!.initializer = broken.graph!.initializer.map((t) => (/^ssmax\/L\d+\/s$/.test(t.name)
+    ? makeTensor(t.name, t.dataType, readTensor(t)!.dims, [...readTensor(t)!.values].reverse()) : t));
+  writeModel(path.join(dir, 'broken.onnx'), broken);
+  return { dir, original, patched, broken: path.join(dir, 'broken.onnx') };
+}
+
+function assertOneLineError(r: { code: number; stderr: string }, pattern: RegExp): void {
+  assert.equal(r.code, 2, r.stderr);
+  const lines = r.stderr.trim().split('\n');
+  assert.equal(lines.length, 1, `expected one line, got:\n${r.stderr}`);
+  assert.match(lines[0], pattern);
+  assert.doesNotMatch(r.stderr, /\n\s+at /, 'stack trace printed');
+}
+
+describe('ssmax-patch verify', () => {
+  it('exits 0 on a correct patch, one line per check, and writes the report and the plot', () => {
+    const w = workdir();
+    const report = path.join(w.dir, 'report.json'), plot = path.join(w.dir, 'plot.svg');
+    const before = sha(w.original);
+    const r = cli(['verify', w.original, w.patched, '--report', report, '--plot', plot]);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const checkLines = r.stdout.split('\n').filter((l) => /^\s+(PASSED|FAILED|SKIPPED) /.test(l));
+    assert.deepEqual(checkLines.map((l) => l.trim().split(/\s+/)[0]), ['PASSED', 'PASSED', 'SKIPPED', 'PASSED', 'PASSED']);
+    assert.match(r.stdout, /verify: PASSED \(4 passed, 1 skipped\)/);
+    assert.equal(sha(w.original), before);
+    const json = JSON.parse(fs.readFileSync(report, 'utf8'));
+    assert.equal(json.passed, true);
+    assert.equal(json.trainLen, 64);
+    assert.deepEqual(json.sweep, [16, 32, 64, 128, 256, 512, 1024]);
+    assert.deepEqual(json.sharpness.points.map((p: { length: number }) => p.length), json.sweep);
+    assert.ok(json.sharpness.points.every((p: { originalLayers: number[] }) => p.originalLayers.length === 2));
+    const svg = fs.readFileSync(plot, 'utf8');
+    assert.match(svg, /^<\?xml[^>]*>\n<svg xmlns="http:\/\/www\.w3\.org\/2000\/svg"/);
+    assert.equal((svg.match(/<path /g) ?? []).length, 2, 'two curves');
+    assert.equal((svg.match(/<circle /g) ?? []).length, 7 + 1, 'seven original points and the legend marker');
+    for (const label of ['original (softmax)', 'patched (SSMax)', 'context length n (tokens, log scale)', 'L = 64 (factor 1)', '>1024<']) assert.ok(svg.includes(label), label);
+  });
+
+  it('exits 1 when a check fails, says what is wrong in one line, and still writes the report', () => {
+    const w = workdir();
+    const report = path.join(w.dir, 'report.json');
+    const r = cli(['verify', w.original, w.broken, '--report', report, '--checks', 'wiring,probe']);
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stdout, /^\s+FAILED\s+semantic probe: layer 0 head \d row \d+ .*: ratio [\d.]+ expected [\d.]+ \(s=0\.\d+, n=\d+\); matches per-head s in reverse order/m);
+    assert.match(r.stdout, /^\s+PASSED\s+wiring parity/m);
+    assert.match(r.stdout, /verify: FAILED \(1 passed, 1 failed, 3 skipped\)/);
+    assert.equal(r.stderr, '');
+    const json = JSON.parse(fs.readFileSync(report, 'utf8'));
+    assert.equal(json.passed, false);
+    assert.deepEqual(json.checks.find((c: { id: string }) => c.id === 'probe').sites[0].matches, ['per-head s in reverse order']);
+  });
+
+  it('--json prints the whole report on stdout', () => {
+    const w = workdir();
+    const r = cli(['verify', w.original, w.patched, '--json', '--checks', 'probe', '--lengths', '16,128']);
+    assert.equal(r.code, 0, r.stderr);
+    const json = JSON.parse(r.stdout);
+    assert.equal(json.checks.length, 5);
+    assert.deepEqual(json.checks.map((c: { status: string }) => c.status), ['SKIPPED', 'PASSED', 'SKIPPED', 'SKIPPED', 'SKIPPED']);
+  });
+
+  const bad: [string, (w: ReturnType<typeof workdir>) => string[], RegExp][] = [
+    ['an unknown check', (w) => ['verify', w.original, w.patched, '--checks', 'wiring,speed'], /--checks: unknown check 'speed' \(checks: wiring, probe, retrofit, liveness, sharpness\)/],
+    ['a malformed --dim', (w) => ['verify', w.original, w.patched, '--dim', 'seq'], /--dim seq: expected name=size/],
+    ['a bad --max-len', (w) => ['verify', w.original, w.patched, '--max-len', '1.5'], /--max-len: expected an integer ≥ 2/],
+    ['a missing patched model', (w) => ['verify', w.original, path.join(w.dir, 'nope.onnx')], /nope\.onnx: no such file/],
+    ['a patched model without a patch record', (w) => ['verify', w.original, w.original], /no ssmax-patch record/],
+    ['a report path in a missing folder', (w) => ['verify', w.original, w.patched, '--report', path.join(w.dir, 'no', 'r.json')], /cannot write/],
+    ['a report path equal to an input model', (w) => ['verify', w.original, w.patched, '--report', w.patched], /refusing to overwrite an input model/],
+    ['an input for a name the model lacks', (w) => ['verify', w.original, w.patched, '--input', `pixel_values=${w.original}`], /the model has no input 'pixel_values'/],
+    ['a missing argument', (w) => ['verify', w.original], /missing required argument 'patched'/],
+  ];
+  for (const [what, args, pattern] of bad) {
+    it(`rejects ${what} with one line, exit 2, and nothing written`, () => {
+      const w = workdir();
+      const before = listing(w.dir);
+      assertOneLineError(cli(args(w)), pattern);
+      assert.deepEqual(listing(w.dir), before, 'files in the folder changed');
+    });
+  }
+});
+
+describe('ssmax-patch --verify', () => {
+  it('writes the model, the report and the plot when every check passes', () => {
+    const w = workdir();
+    const out = path.join(w.dir, 'out.onnx'), report = path.join(w.dir, 'r.json'), plot = path.join(w.dir, 'p.svg');
+    const r = cli([w.original, '--train-len', '64', '--verify', '-o', out, '--report', report, '--plot', plot, '--lengths', '16,64,256']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.ok(fs.existsSync(out) && fs.existsSync(report) && fs.existsSync(plot));
+    assert.match(r.stdout, /PASSED\s+attention sharpness: mean max attention probability 16 → 256/);
+  });
+
+  it('--report without --verify is a usage error', () => {
+    const w = workdir();
+    assertOneLineError(cli([w.original, '--train-len', '64', '--report', path.join(w.dir, 'r.json')]), /--report and --plot need --verify/);
+    assert.ok(!fs.existsSync(path.join(w.dir, 'llama.ssmax.onnx.tmp')));
+  });
+});
