@@ -4,11 +4,13 @@ import { InputError } from '../errors';
 import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
 import { topoSort } from '../graph/toposort';
-import { DataType, decodeModel, encodeModel, ModelProto, toNumber } from '../io/onnx';
+import { validateGraph } from '../graph/validate';
+import { cloneModel as cloneTracked, DataType, GraphProto, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { chooseN, NOption } from '../policy/n-mode';
 import { LayerScale, resolveScaleSpec, ScaleOptions, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { insertScale } from './insert-scale';
+import { Factor, findFactors } from './existing';
 import { findScaleInitializer, readRecord, SiteRecord, writeRecord } from './record';
 import { VERSION } from '../version';
 
@@ -19,6 +21,8 @@ export interface PatchOptions extends ScaleOptions {
   scale?: ScaleSpec;
   /** On an already patched model, replace s instead of refusing. */
   updateS?: boolean;
+  /** Accept nodes out of topological order and write them sorted (otherwise such a graph is refused). */
+  sortNodes?: boolean;
 }
 
 export interface PatchedSite {
@@ -48,24 +52,35 @@ export interface PatchResult {
   report: PatchReport;
 }
 
+/** A deep copy that keeps the provenance of every message, so it is still written losslessly. */
 export function cloneModel(model: ModelProto): ModelProto {
-  return decodeModel(encodeModel(model));
+  return cloneTracked(model);
+}
+
+/** Checks the graph before anything walks it; sorts it when asked to accept unsorted nodes. */
+export function prepareGraph(graph: GraphProto, sortNodes = false): void {
+  validateGraph(graph, { allowUnsorted: sortNodes });
+  if (sortNodes) topoSort(graph);
 }
 
 /** Patches a copy of `model`; the argument is left unchanged. */
 export function patchModel(model: ModelProto, options: PatchOptions): PatchResult {
   const spec = options.scale ?? resolveScaleSpec(options);
   const out = cloneModel(model);
+  prepareGraph(out.graph!, options.sortNodes);
   const graph = new Graph(out.graph!);
   const detection = findAttentionSoftmax(out, graph);
   if (detection.sites.length === 0) throw new InputError(noAttentionMessage(detection));
   const scales = scalesForLayers(spec, detection.sites.map((s) => s.heads.heads));
-  const already = detection.sites.filter((s) => s.patchedBy);
-  if (already.length > 0) {
+  const factors = findFactors(graph);
+  const applied = (site: AttentionSite): NodeProto | undefined =>
+    site.patchedBy ?? factors.find((f) => f.softmax === site.softmax)?.apply;
+  const already = Math.max(detection.sites.filter(applied).length, factors.length);
+  if (already > 0) {
     if (!options.updateS) {
-      throw new InputError(`model is already patched (${already.length} SSMax sites); pass --update-s to change s instead of adding a second factor`);
+      throw new InputError(`model is already patched (${already} SSMax sites); pass --update-s to change s instead of adding a second factor`);
     }
-    return { model: out, report: updateScales(out, graph, detection, scales) };
+    return { model: out, report: updateScales(out, graph, detection, scales, applied, factors) };
   }
   const opset = defaultOpset(out);
   const irVersion = toNumber(out.irVersion);
@@ -75,15 +90,23 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
     const n = chooseN(options.n ?? 'auto', site.mask);
     const b = new Builder(graph, `${PATCH_PREFIX}L${site.layer}/`, irVersion);
     const inserted = insertScale(b, site, scales[site.layer], n.mode, opset);
-    graph.proto.node.push(...b.added);
+    placeBefore(graph.proto.node, site.consumer.node, b.added);
     sites.push(describe(site, n.mode, n.reason, scales[site.layer], inserted.sName));
     records.push({ layer: site.layer, softmax: label(site.softmax), n: n.mode, s: scales[site.layer], sInitializer: inserted.sName,
       apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType });
   }
-  topoSort(out.graph!);
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: 'ssmax', scale: describeSpec(spec),
     trainLen: options.trainLen, sites: records });
   return { model: out, report: { sites, skipped: detection.skipped, updated: false, opset, irVersion } };
+}
+
+/**
+ * Puts a site's new nodes just before the node that reads the scaled logits: a valid order (they read only
+ * the logits and constants), and every original node keeps its place, so a revert restores the same order.
+ */
+function placeBefore(nodes: NodeProto[], consumer: NodeProto, added: NodeProto[]): void {
+  const at = nodes.indexOf(consumer);
+  nodes.splice(at < 0 ? nodes.length : at, 0, ...added);
 }
 
 function describe(site: AttentionSite, n: string, nReason: string, s: LayerScale, sInitializer: string): PatchedSite {
@@ -106,11 +129,16 @@ function noAttentionMessage(d: Detection): string {
 }
 
 /** Replaces the s initializers of an earlier patch in place; the factor structure stays as it is. */
-function updateScales(model: ModelProto, graph: Graph, detection: Detection, scales: LayerScale[]): PatchReport {
+function updateScales(
+  model: ModelProto, graph: Graph, detection: Detection, scales: LayerScale[],
+  applied: (site: AttentionSite) => NodeProto | undefined, factors: Factor[],
+): PatchReport {
   const record = readRecord(model);
   const sites: PatchedSite[] = [];
   for (const site of detection.sites) {
-    const name = site.patchedBy ? findScaleInitializer(graph, site.patchedBy) : null;
+    const apply = applied(site);
+    const factor = factors.find((f) => f.apply === apply);
+    const name = apply ? findScaleInitializer(graph, apply, factor?.factor, factor?.logits) : null;
     if (!name) throw new InputError(`layer ${site.layer}: patched, but its s initializer was not found`);
     const old = graph.initializers.get(name)!;
     const s = scales[site.layer];
