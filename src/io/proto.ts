@@ -1,6 +1,8 @@
 /** The protobufjs message types of onnx.proto, and encoding of whole messages or single fields. */
 import * as protobuf from 'protobufjs';
 import { onnxSchema } from './schema';
+import { Reader } from './source';
+import { scanFields } from './wire';
 
 const root = protobuf.Root.fromJSON(onnxSchema as protobuf.INamespace);
 
@@ -53,10 +55,38 @@ export function encodeField(name: TypeName, message: object, field: string): Uin
 
 /** Wire types the schema allows for a field number (packed repeated scalars also arrive as LEN). */
 export function allowedWireTypes(name: TypeName, id: number): number[] | undefined {
-  const f = protoType(name).fieldsById[id];
+  return wireTypesOf(protoType(name).fieldsById[id]);
+}
+
+function wireTypesOf(f: protobuf.Field | undefined): number[] | undefined {
   if (!f) return undefined;
   const wire = scalarWire[f.type] ?? 2;
   return f.repeated && wire !== 2 ? [wire, 2] : [wire];
+}
+
+/**
+ * Checks a message's bytes against the schema all the way down: every known field carries the wire type its
+ * type has, every nested message is well formed. protobufjs does not check wire types (it would read a
+ * corrupt field as something else), so the reader runs this before trusting a decode.
+ */
+export function checkWireTree(name: TypeName, r: Reader, start: number, end: number): string | null {
+  return checkType(protoType(name), r, start, end, 0);
+}
+
+function checkType(type: protobuf.Type, r: Reader, start: number, end: number, depth: number): string | null {
+  if (depth > 64) return 'messages nested too deep';
+  for (const e of scanFields(r, start, end)) {
+    const f = type.fieldsById[e.field];
+    const allowed = wireTypesOf(f);
+    if (!f || !allowed) continue;
+    if (!allowed.includes(e.wire)) return `corrupt ${type.name}.${f.name} at byte ${e.start}`;
+    f.resolve();
+    if (f.resolvedType instanceof protobuf.Type) {
+      const problem = checkType(f.resolvedType, r, e.data, e.end, depth + 1);
+      if (problem) return problem;
+    }
+  }
+  return null;
 }
 
 const scalarWire: Record<string, number> = {

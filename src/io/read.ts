@@ -9,7 +9,7 @@ import { createHash } from 'node:crypto';
 import { EXTERNAL, isKnownDataType, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto } from './onnx';
 import { ModelContext, setExternalContext, setOrigin, StubOrigin } from './origin';
-import { allowedWireTypes, decodeAs, encodeAs, encodeField, fieldName, TypeName } from './proto';
+import { allowedWireTypes, checkWireTree, decodeAs, encodeAs, encodeField, fieldName, TypeName } from './proto';
 import { MemorySource, Reader, Source } from './source';
 import { concatBytes, Entry, scanFields, WireError } from './wire';
 
@@ -112,6 +112,13 @@ function checkWire(type: TypeName, e: Entry): void {
 }
 
 function decodeOrFail<T>(type: TypeName, bytes: Uint8Array, what: string): T {
+  let problem: string | null;
+  try {
+    problem = new MemorySource(bytes, what).session((r) => checkWireTree(type, r, 0, bytes.length));
+  } catch (e) {
+    problem = (e as Error).message;
+  }
+  if (problem) throw new ModelFormatError(`not a readable ONNX model (${what}: ${problem})`);
   try {
     return decodeAs<T>(type, bytes);
   } catch (e) {
