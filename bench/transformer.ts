@@ -107,13 +107,13 @@ export function fillWeights(out: Float32Array, seed: number, amp: number): void 
   }
 }
 
-/** The model with its weights filled in memory (for tests: keep the spec small). */
-export function smallTransformer(spec: TransformerSpec, seed = 7): ModelProto {
+/** The model with its weights filled in memory (for tests: keep the spec small); `gain` scales the weights. */
+export function smallTransformer(spec: TransformerSpec, seed = 7, gain = 1): ModelProto {
   const { model, weights } = transformerGraph(spec);
   for (const [i, w] of weights.entries()) {
     const count = w.dims.reduce((a, b) => a * b, 1);
     const values = new Float32Array(count);
-    fillWeights(values, seed + i, 1 / Math.sqrt(w.dims[0]));
+    fillWeights(values, seed + i, gain / Math.sqrt(w.dims[0]));
     model.graph!.initializer.push(makeTensor(w.name, DataType.FLOAT, w.dims, Array.from(values)));
   }
   return model;
