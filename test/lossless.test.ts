@@ -12,7 +12,7 @@ import { describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { parseModel, readModel, serializeModel, writeModel } from '../src/io/model-file';
 import { encodeModel, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
-import { encodeAs } from '../src/io/proto';
+import { decodeAs, encodeAs } from '../src/io/proto';
 import { MemorySource } from '../src/io/source';
 import { concatBytes, Entry, lenHeader, scanFields, varintField } from '../src/io/wire';
 import { patchModel } from '../src/rewrite/patch';
@@ -140,6 +140,28 @@ describe('lossless rewriting', () => {
     const patched = serializeModel(patchModel(parseModel(built.bytes, 'in'), { trainLen: 8 }).model);
     const back = serializeModel(revertModel(parseModel(patched, 'patched')).model);
     assert.ok(Buffer.from(back).equals(Buffer.from(built.bytes)));
+  });
+
+  it('a big initializer renamed in memory keeps its data; one whose data is replaced gets the new data', async () => {
+    const dir = tmpdir();
+    const input = path.join(dir, 'in.onnx');
+    fs.writeFileSync(input, encodeModel(built.plain));
+    const m = readModel(input);
+    const g = m.graph!;
+    const wte = g.initializer.find((t) => t.name === 'wte')!;
+    const wq = g.initializer.find((t) => t.name === 'l0_wq')!;
+    const oldWte = Buffer.from(wte.rawData!);
+    wte.name = 'embedding';
+    for (const n of g.node) n.input = n.input.map((i) => (i === 'wte' ? 'embedding' : i));
+    const newWq = Buffer.from(new Float32Array(SPEC.d * SPEC.d).fill(0.25).buffer);
+    wq.rawData = newWq;
+    const out = path.join(dir, 'out.onnx');
+    writeModel(out, m);
+    const back = decodeAs<ModelProto>('ModelProto', fs.readFileSync(out)).graph!.initializer;
+    assert.ok(Buffer.from(back.find((t) => t.name === 'embedding')!.rawData!).equals(oldWte));
+    assert.ok(Buffer.from(back.find((t) => t.name === 'l0_wq')!.rawData!).equals(newWq));
+    assert.ok(!back.some((t) => t.name === 'wte'));
+    await runIds(out, IDS);
   });
 
   it('every initializer of a torch export is copied byte for byte', () => {

@@ -8,9 +8,11 @@ import { InputError } from '../errors';
 import { EXTERNAL } from './constants';
 import { dataFile, externalRef, isExternal } from './external';
 import type { AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
-import { cloneTracked, externalContext, MessageOrigin, originOf, ContainerOrigin, StubOrigin } from './origin';
+import {
+  cloneTracked, ContainerOrigin, externalContext, headerOf, MessageOrigin, originOf, PAYLOAD_FIELDS, payloadIntact, StubOrigin,
+} from './origin';
 import { decodeAs, encodeAs, encodeField, fieldIds, fieldName, TypeName } from './proto';
-import { digest, PAYLOAD_FIELDS, SPECS } from './read';
+import { digest, SPECS } from './read';
 import { FileSource, MemorySource, Source, Span } from './source';
 import { Entry, lenHeader, scanFields, varintField } from './wire';
 
@@ -76,16 +78,39 @@ function emitPayload(type: TypeName, obj: object, out: Out, plan: EmitPlan): voi
   const origin = originOf(value);
   if (!origin) out.bytes(encodeAs(type, value));
   else if (origin.kind === 'container') emitContainer(type, value, origin, out, plan);
-  else if (origin.kind === 'stub') out.span(origin.ctx.src, origin.entry.data, origin.entry.end);
+  else if (origin.kind === 'stub') emitStub(value, origin, out);
   else if (unchanged(type, value, origin)) out.span(origin.ctx.src, origin.entry.data, origin.entry.end);
   else emitMerged(type, value, origin, out);
+}
+
+/**
+ * A tensor whose data stayed in the file. Unchanged: its bytes. Header edited (a rename, new dims): the
+ * new header, then the original data and unknown fields, copied. Data replaced: encoded anew.
+ */
+function emitStub(t: object, origin: StubOrigin, out: Out): void {
+  if (!payloadIntact(t)) {
+    out.bytes(encodeAs('TensorProto', t));
+    return;
+  }
+  if (stubUnchanged(t, origin)) {
+    out.span(origin.ctx.src, origin.entry.data, origin.entry.end);
+    return;
+  }
+  out.bytes(encodeAs('TensorProto', headerOf(t)));
+  for (const f of origin.fields) {
+    if (PAYLOAD_FIELDS.has(f.field) || !fieldName('TensorProto', f.field)) out.span(origin.ctx.src, f.start, f.end);
+  }
+}
+
+function stubUnchanged(t: object, origin: StubOrigin): boolean {
+  return payloadIntact(t) && digest(encodeAs('TensorProto', headerOf(t))) === origin.canon;
 }
 
 /** One element of a repeated field: its original entry (tag and length included) when it can be reused. */
 function emitElement(field: number, type: TypeName, obj: object, out: Out, plan: EmitPlan): void {
   const origin = originOf(obj);
   const reusable = origin && origin.kind !== 'container' && origin.entry.field === field
-    && (origin.kind === 'stub' || unchanged(type, obj, origin))
+    && (origin.kind === 'stub' ? stubUnchanged(obj, origin) : unchanged(type, obj, origin))
     && !(type === 'TensorProto' && tensorTransform(obj as TensorProto, plan))
     && !(type === 'NodeProto' && rewritesNodes(plan) && hasExternalTensor((obj as NodeProto).attribute));
   if (reusable) {
@@ -167,7 +192,7 @@ function tensorTransform(t: TensorProto, plan: EmitPlan): boolean {
   if (isExternal(t)) return Boolean(plan.inline || relocated(t, plan));
   if (!plan.externalize) return false;
   const origin = originOf(t);
-  const raw = origin?.kind === 'stub' ? rawField(origin) : undefined;
+  const raw = origin?.kind === 'stub' && payloadIntact(t) ? rawField(origin) : undefined;
   return raw !== undefined && raw.end - raw.data >= plan.externalize.minBytes;
 }
 
@@ -177,7 +202,7 @@ function rawField(origin: StubOrigin): Entry | undefined {
 }
 
 function emitTransformedTensor(t: TensorProto, out: Out, plan: EmitPlan): void {
-  const { fields, src } = tensorFields(t);
+  const fields = tensorFields(t);
   const replace = new Map<number, Uint8Array | Piece[]>();
   if (isExternal(t) && plan.inline) {
     const { file, ref } = locate(t);
@@ -189,21 +214,25 @@ function emitTransformedTensor(t: TensorProto, out: Out, plan: EmitPlan): void {
     replace.set(13, encodeField('TensorProto', { externalData: entries }, 'externalData'));
   } else {
     const x = plan.externalize!;
-    const raw = rawField(originOf(t) as StubOrigin)!;
+    const origin = originOf(t) as StubOrigin;
+    const raw = rawField(origin)!;
     const length = raw.end - raw.data;
     x.data.align(length >= 1 << 20 ? 65536 : 16);
     const offset = x.data.size;
-    x.data.span(src, raw.data, raw.end);
+    x.data.span(origin.ctx.src, raw.data, raw.end);
     const entries: StringStringEntry[] = [
       { key: 'location', value: x.location }, { key: 'offset', value: String(offset) }, { key: 'length', value: String(length) },
     ];
     replace.set(9, []).set(13, encodeField('TensorProto', { externalData: entries }, 'externalData')).set(14, varintField(14, EXTERNAL));
   }
-  emitReplacing(fields, src, replace, out);
+  emitReplacing(fields, replace, out);
 }
 
+/** A field of a message and the source its bytes are in. */
+type Located = Entry & { src: Source };
+
 /** Emits fields in order, putting each replacement where its field first appeared (or at the end). */
-function emitReplacing(fields: Entry[], src: Source, replace: Map<number, Uint8Array | Piece[]>, out: Out): void {
+function emitReplacing(fields: Located[], replace: Map<number, Uint8Array | Piece[]>, out: Out): void {
   const done = new Set<number>();
   const put = (r: Uint8Array | Piece[]): void => {
     for (const p of r instanceof Uint8Array ? [r] : r) {
@@ -213,7 +242,7 @@ function emitReplacing(fields: Entry[], src: Source, replace: Map<number, Uint8A
   };
   for (const f of fields) {
     const r = replace.get(f.field);
-    if (!r) out.span(src, f.start, f.end);
+    if (!r) out.span(f.src, f.start, f.end);
     else if (!done.has(f.field)) {
       put(r);
       done.add(f.field);
@@ -222,17 +251,25 @@ function emitReplacing(fields: Entry[], src: Source, replace: Map<number, Uint8A
   for (const [id, r] of [...replace].sort((a, b) => a[0] - b[0])) if (!done.has(id)) put(r);
 }
 
-/** A tensor's fields with absolute positions in a source, whatever its origin. */
-function tensorFields(t: TensorProto): { fields: Entry[]; src: Source } {
+/** A tensor's fields, each with the source its bytes are in, whatever the tensor's origin and edits. */
+function tensorFields(t: TensorProto): Located[] {
   const origin = originOf(t);
-  if (origin?.kind === 'stub') return { fields: origin.fields, src: origin.ctx.src };
+  const located = (src: Source, entries: Entry[]): Located[] => entries.map((e) => ({ ...e, src }));
+  const scan = (bytes: Uint8Array): Located[] => {
+    const mem = new MemorySource(bytes, t.name);
+    return located(mem, mem.session((r) => scanFields(r, 0, bytes.length)));
+  };
+  if (origin?.kind === 'stub' && stubUnchanged(t, origin)) return located(origin.ctx.src, origin.fields);
+  if (origin?.kind === 'stub' && payloadIntact(t)) {
+    // Header edited: the new header from memory; the data and unknown fields from the source.
+    const kept = origin.fields.filter((f) => PAYLOAD_FIELDS.has(f.field) || !fieldName('TensorProto', f.field));
+    return [...scan(encodeAs('TensorProto', headerOf(t))), ...located(origin.ctx.src, kept)];
+  }
   if (origin?.kind === 'message' && unchanged('TensorProto', t, origin)) {
     const src = origin.ctx.src;
-    return { fields: src.session((r) => scanFields(r, origin.entry.data, origin.entry.end)), src };
+    return located(src, src.session((r) => scanFields(r, origin.entry.data, origin.entry.end)));
   }
-  const bytes = encodeAs('TensorProto', t);
-  const src = new MemorySource(bytes, t.name);
-  return { fields: src.session((r) => scanFields(r, 0, bytes.length)), src };
+  return scan(encodeAs('TensorProto', t));
 }
 
 function locate(t: TensorProto): { file: string; ref: ReturnType<typeof externalRef> } {

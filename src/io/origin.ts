@@ -5,7 +5,7 @@
  */
 import { Entry } from './wire';
 import { Source } from './source';
-import { TypeName } from './proto';
+import { decodeAs, TypeName } from './proto';
 
 /** The model a message was read from: its bytes and the folder its external data paths are relative to. */
 export interface ModelContext {
@@ -40,6 +40,60 @@ export interface StubOrigin {
   entry: Entry;
   /** The tensor's own fields, positions absolute in the source. */
   fields: Entry[];
+  /** Digest of the header (every field but the data) at read time. */
+  canon: string;
+}
+
+/** TensorProto fields that hold the data: float, int32, string, int64, raw, double, uint64. */
+export const PAYLOAD_FIELDS = new Map([
+  [4, 'floatData'], [5, 'int32Data'], [6, 'stringData'], [7, 'int64Data'], [9, 'rawData'], [10, 'doubleData'], [11, 'uint64Data'],
+]);
+const PAYLOAD_NAMES = new Set(PAYLOAD_FIELDS.values());
+
+let lastPayload: { origin: StubOrigin; tensor: Record<string, unknown> } | null = null;
+
+/**
+ * Gives a stub tensor its data fields as properties read from the source on first use (not kept: callers
+ * cache the values they need). Assigning one replaces it with the new value, which the writer then encodes.
+ */
+export function definePayload(t: object, origin: StubOrigin): void {
+  for (const f of origin.fields) {
+    const name = PAYLOAD_FIELDS.get(f.field);
+    if (!name) continue;
+    Object.defineProperty(t, name, {
+      enumerable: true,
+      configurable: true,
+      get: () => payloadOf(origin)[name],
+      set(this: object, value: unknown) {
+        Object.defineProperty(this, name, { value, writable: true, enumerable: true, configurable: true });
+      },
+    });
+  }
+}
+
+function payloadOf(origin: StubOrigin): Record<string, unknown> {
+  if (lastPayload?.origin !== origin) {
+    const bytes = origin.ctx.src.read(origin.entry.data, origin.entry.end);
+    lastPayload = { origin, tensor: decodeAs<Record<string, unknown>>('TensorProto', bytes) };
+  }
+  return lastPayload.tensor;
+}
+
+/** True when a stub's data fields are still the ones in the source: no accessor replaced, no empty field filled. */
+export function payloadIntact(t: object): boolean {
+  return [...PAYLOAD_NAMES].every((name) => {
+    const d = Object.getOwnPropertyDescriptor(t, name);
+    if (!d || d.get) return true;
+    const v = d.value as { length?: number } | null | undefined;
+    return v === undefined || v === null || v.length === 0;
+  });
+}
+
+/** The header of a tensor: every own field but the data, as a plain object to encode. */
+export function headerOf(t: object): Record<string, unknown> {
+  const out = Object.create(Object.getPrototypeOf(t)) as Record<string, unknown>;
+  for (const key of Object.keys(t)) if (!PAYLOAD_NAMES.has(key)) out[key] = (t as Record<string, unknown>)[key];
+  return out;
 }
 
 export type Origin = ContainerOrigin | MessageOrigin | StubOrigin;
@@ -66,7 +120,7 @@ export function setExternalContext(tensor: object, ctx: ModelContext): void {
 
 /**
  * A deep copy that keeps each message's provenance, so a copy is still written losslessly. Byte arrays and
- * int64 values are shared (nothing mutates them in place); stubs are frozen and shared.
+ * int64 values are shared (nothing mutates them in place); a stub's data accessors are copied, not read.
  */
 export function cloneTracked<T>(value: T): T {
   return copy(value) as T;
@@ -77,9 +131,13 @@ function copy(v: unknown): unknown {
   if (v instanceof Uint8Array || typeof (v as { toNumber?: unknown }).toNumber === 'function') return v;
   if (Array.isArray(v)) return v.map(copy);
   const origin = origins.get(v);
-  if (origin?.kind === 'stub') return v;
   const out = Object.create(Object.getPrototypeOf(v)) as Record<string, unknown>;
-  for (const key of Object.keys(v)) out[key] = copy((v as Record<string, unknown>)[key]);
+  for (const key of Object.keys(v)) {
+    const d = Object.getOwnPropertyDescriptor(v, key)!;
+    // A stub's data stays in the file: copy the accessor, not the bytes.
+    if (d.get) Object.defineProperty(out, key, d);
+    else out[key] = copy(d.value);
+  }
   if (origin) origins.set(out, origin);
   const ext = externals.get(v);
   if (ext) externals.set(out, ext);

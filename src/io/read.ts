@@ -8,7 +8,7 @@
 import { createHash } from 'node:crypto';
 import { EXTERNAL, isKnownDataType, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto } from './onnx';
-import { ModelContext, setExternalContext, setOrigin, StubOrigin } from './origin';
+import { definePayload, ModelContext, PAYLOAD_FIELDS, setExternalContext, setOrigin, StubOrigin } from './origin';
 import { allowedWireTypes, checkWireTree, decodeAs, encodeAs, encodeField, fieldName, TypeName } from './proto';
 import { MemorySource, Reader, Source } from './source';
 import { concatBytes, Entry, scanFields, WireError } from './wire';
@@ -20,8 +20,6 @@ export const MIN_IR_VERSION = 3;
 export const MAX_IR_VERSION = 13;
 /** Tensors up to this many bytes are decoded whole; larger ones stay in the file until their values are needed. */
 export const EAGER_TENSOR_BYTES = 4096;
-/** TensorProto fields that hold the data: float, int32, string, int64, raw, double, uint64. */
-export const PAYLOAD_FIELDS = new Set([4, 5, 6, 7, 9, 10, 11]);
 
 export interface ContainerSpec {
   lists: Record<number, [string, TypeName]>;
@@ -147,33 +145,13 @@ function decodeTensor(r: Reader, e: Entry, ctx: ModelContext, what: string): Ten
   for (const f of fields) checkWire('TensorProto', f);
   const header = fields.filter((f) => !PAYLOAD_FIELDS.has(f.field)).map((f) => r.bytes(f.start, f.end));
   const t = decodeOrFail<TensorProto>('TensorProto', concatBytes(header), what);
-  const origin: StubOrigin = { kind: 'stub', ctx, entry: e, fields };
+  const origin: StubOrigin = { kind: 'stub', ctx, entry: e, fields, canon: digest(encodeAs('TensorProto', t)) };
   const raw = fields.filter((f) => f.field === 9).pop();
   definePayload(t, origin);
   checkTensor(t, raw ? raw.end - raw.data : undefined, false);
   if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
   setOrigin(t, origin);
-  Object.freeze(t.dims);
-  return Object.freeze(t);
-}
-
-let lastPayload: { origin: StubOrigin; tensor: TensorProto } | null = null;
-
-/** Data fields of a stub, read from the source when first asked for (and not kept: the caller caches values). */
-function definePayload(t: TensorProto, origin: StubOrigin): void {
-  const present = new Set(origin.fields.filter((f) => PAYLOAD_FIELDS.has(f.field)).map((f) => f.field));
-  for (const id of present) {
-    const name = fieldName('TensorProto', id)!;
-    Object.defineProperty(t, name, { enumerable: true, get: () => payloadOf(origin)[name as keyof TensorProto] });
-  }
-}
-
-function payloadOf(origin: StubOrigin): TensorProto {
-  if (lastPayload?.origin !== origin) {
-    const bytes = origin.ctx.src.read(origin.entry.data, origin.entry.end);
-    lastPayload = { origin, tensor: decodeAs<TensorProto>('TensorProto', bytes) };
-  }
-  return lastPayload.tensor;
+  return t;
 }
 
 /** Shape, type and size checks onnxruntime would otherwise fail on later, reported while reading. */
