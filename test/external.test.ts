@@ -13,11 +13,9 @@ const realFs: typeof fs = require('node:fs');
 import { smallTransformer } from '../bench/transformer';
 import { readModel, writeModel } from '../src/io/model-file';
 import { encodeModel } from '../src/io/onnx';
-import { encodeAs } from '../src/io/proto';
 import { externalRef } from '../src/io/external';
-import { lenHeader, varintField, concatBytes } from '../src/io/wire';
 import { patchModel } from '../src/rewrite/patch';
-import { assertOneLineError, assertSameOutputs, cli, ortLoadError, runIds, sha, snapshot, tmpdir, writeExternal } from './support/io';
+import { assertOneLineError, assertSameOutputs, cli, ortLoadError, runIds, sha, snapshot, tmpdir, scratchdir, writeExternal, writeSparseModel } from './support/io';
 
 const SPEC = { layers: 2, d: 64, heads: 4, ff: 128, vocab: 200, tmax: 16 };
 const IDS = [[1, 5, 9, 2, 33, 7, 11, 3, 0, 199], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]];
@@ -169,7 +167,7 @@ describe('external data', () => {
 
   it('a model over 2 GB is read, patched, and written with its weights in a data file', () => {
     // On tmpfs, reading the sparse file's holes costs no page cache; on a disk it takes seconds, but works.
-    const dir = fs.existsSync('/dev/shm') ? fs.mkdtempSync('/dev/shm/ssmax-big-') : tmpdir();
+    const dir = scratchdir('ssmax-big-');
     try {
       bigModelRoundTrip(dir);
     } finally {
@@ -181,7 +179,7 @@ describe('external data', () => {
 /** Patches a model with a 2 GB initializer and checks the output's data file holds its bytes where it says. */
 function bigModelRoundTrip(dir: string): void {
   const input = path.join(dir, 'big.onnx');
-  const { markers, rawBytes } = writeSparseBigModel(input);
+  const { markers, rawBytes } = writeSparseModel(input, 2 ** 29 + 4096);
   const r = cli([input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')]);
   assert.equal(r.code, 0, r.stderr);
   assert.match(r.stdout, /external data written: .*out\.onnx\.data/);
@@ -199,27 +197,3 @@ function bigModelRoundTrip(dir: string): void {
   assert.ok(head.equals(markers.head) && tail.equals(markers.tail), 'weight bytes moved to the wrong place');
 }
 
-/**
- * A model with an initializer of over 2 GB, written as a sparse file (the tensor is zeros but for marker
- * bytes at both ends), so the test costs no disk space.
- */
-function writeSparseBigModel(file: string): { markers: { head: Buffer; tail: Buffer }; rawBytes: number } {
-  const model = smallTransformer({ layers: 1, d: 16, heads: 2, ff: 16, vocab: 20, tmax: 8 });
-  const graphHead = encodeAs('GraphProto', model.graph!);
-  const elements = 2 ** 29 + 4096;
-  const rawBytes = elements * 4;
-  const tensorHead = encodeAs('TensorProto', { name: 'big_table', dataType: 1, dims: [elements] });
-  const rawHeader = lenHeader(9, rawBytes);
-  const tensorLength = tensorHead.length + rawHeader.length + rawBytes;
-  const entryHeader = lenHeader(5, tensorLength);
-  const graphLength = graphHead.length + entryHeader.length + tensorLength;
-  const top = concatBytes([varintField(1, 8), encodeAs('ModelProto', { opsetImport: model.opsetImport, producerName: 'sparse' }),
-    lenHeader(7, graphLength), graphHead, entryHeader, tensorHead, rawHeader]);
-  const markers = { head: Buffer.from('first bytes of the table'), tail: Buffer.from('last bytes of the table') };
-  const fd = fs.openSync(file, 'w');
-  fs.writeSync(fd, top, 0, top.length, 0);
-  fs.writeSync(fd, markers.head, 0, markers.head.length, top.length);
-  fs.writeSync(fd, markers.tail, 0, markers.tail.length, top.length + rawBytes - markers.tail.length);
-  fs.closeSync(fd);
-  return { markers, rawBytes };
-}

@@ -20,7 +20,7 @@ import { ortLoadError, sha, tmpdir } from './support/io';
 import { TORCH } from './support/ref';
 
 const SEED = Number(process.env.SSMAX_FUZZ_SEED ?? 20250129);
-const COUNT = Number(process.env.SSMAX_FUZZ_COUNT ?? 2000);
+const COUNT = Number(process.env.SSMAX_FUZZ_COUNT ?? 3000);
 /** The run stops early after this long, so CI time stays bounded on a slow machine. */
 const BUDGET_MS = Number(process.env.SSMAX_FUZZ_BUDGET_MS ?? 50_000);
 const MIN_COUNT = Math.min(COUNT, 1000);
@@ -75,7 +75,7 @@ function bases(): Buffer[] {
 }
 
 describe('fuzz: mutated models through read → patch → write', () => {
-  it(`${COUNT} mutations from seed ${SEED}: no crash, no hang, no output on error, every output loads`, { timeout: 150_000 }, async () => {
+  it(`${COUNT} mutations from seed ${SEED}: no crash, no hang, no output on error, every output loads`, { timeout: Math.max(150_000, BUDGET_MS + 60_000) }, async () => {
     const r = xorshift(SEED);
     const models = bases();
     const dir = tmpdir('ssmax-fuzz-');

@@ -31,7 +31,8 @@ export interface JobResult {
   how: 'written' | 'linked' | 'copied';
 }
 
-const CHUNK = 8 * 1024 * 1024;
+/** Small enough to stay in cache between the read and the write of each chunk (measured: 1 MB beats 8 MB). */
+const CHUNK = 1024 * 1024;
 
 export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
   const temps = jobs.map((j) => tempPath(j.target));

@@ -6,8 +6,10 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import * as ort from 'onnxruntime-node';
+import { smallTransformer } from '../../bench/transformer';
 import { ModelProto, TensorProto } from '../../src/io/onnx';
 import { decodeAs, encodeAs } from '../../src/io/proto';
+import { concatBytes, lenHeader, varintField } from '../../src/io/wire';
 
 export const BIN = path.resolve(__dirname, '../../../bin/ssmax-patch.js');
 
@@ -109,4 +111,33 @@ export function writeExternal(bytes: Uint8Array, dir: string, name: string, opti
   const file = path.join(dir, name);
   fs.writeFileSync(file, encodeAs('ModelProto', model));
   return file;
+}
+
+/**
+ * A small attention model plus an unused float initializer 'big_table' of `elements` values, written as a
+ * sparse file: the table is zeros but for marker bytes at both ends, so a multi-GB model costs no disk space.
+ */
+export function writeSparseModel(file: string, elements: number): { markers: { head: Buffer; tail: Buffer }; rawBytes: number } {
+  const model = smallTransformer({ layers: 1, d: 16, heads: 2, ff: 16, vocab: 20, tmax: 8 });
+  const graphHead = encodeAs('GraphProto', model.graph!);
+  const rawBytes = elements * 4;
+  const tensorHead = encodeAs('TensorProto', { name: 'big_table', dataType: 1, dims: [elements] });
+  const rawHeader = lenHeader(9, rawBytes);
+  const tensorLength = tensorHead.length + rawHeader.length + rawBytes;
+  const entryHeader = lenHeader(5, tensorLength);
+  const graphLength = graphHead.length + entryHeader.length + tensorLength;
+  const top = concatBytes([varintField(1, 8), encodeAs('ModelProto', { opsetImport: model.opsetImport, producerName: 'sparse' }),
+    lenHeader(7, graphLength), graphHead, entryHeader, tensorHead, rawHeader]);
+  const markers = { head: Buffer.from('first bytes of the table'), tail: Buffer.from('last bytes of the table') };
+  const fd = fs.openSync(file, 'w');
+  fs.writeSync(fd, top, 0, top.length, 0);
+  fs.writeSync(fd, markers.head, 0, markers.head.length, top.length);
+  fs.writeSync(fd, markers.tail, 0, markers.tail.length, top.length + rawBytes - markers.tail.length);
+  fs.closeSync(fd);
+  return { markers, rawBytes };
+}
+
+/** A scratch folder on tmpfs when there is one (sparse files read fast there), else in the temp folder. */
+export function scratchdir(prefix: string): string {
+  return fs.existsSync('/dev/shm') ? fs.mkdtempSync(path.join('/dev/shm', prefix)) : tmpdir(prefix);
 }
