@@ -9,7 +9,7 @@
  * or on a busy machine: `dd iflag=nocache` evicts only that file, nothing else on the machine).
  *
  * Options: --reps N (default 3; the median is reported), --only LABEL[,LABEL], --cache warm|cold|both,
- * --dir DIR (model cache; also SSMAX_BENCH_DIR; default ~/.cache/ssmax-patch-bench).
+ * --large (adds a 4 GB model, written with external data since it passes 2 GB), --dir DIR (model cache; also SSMAX_BENCH_DIR; default ~/.cache/ssmax-patch-bench).
  */
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -22,6 +22,8 @@ const MODELS: BenchModel[] = [
   { label: '1 GB embedded', spec: { layers: 16, d: 1024, heads: 16, ff: 4096, vocab: 32000, tmax: 256 }, external: false },
   { label: '1 GB external', spec: { layers: 16, d: 1024, heads: 16, ff: 4096, vocab: 32000, tmax: 256 }, external: true },
 ];
+/** With --large: a model whose output must go to external data (over 2 GB), to see the ratio at scale. */
+const LARGE: BenchModel = { label: '4 GB embedded', spec: { layers: 72, d: 1024, heads: 16, ff: 4096, vocab: 32000, tmax: 256 }, external: false };
 /** Bump when the model generator changes, so cached models are rebuilt. */
 const GENERATOR_VERSION = 1;
 const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
@@ -29,9 +31,11 @@ const PYTHON = '/usr/bin/python3';
 
 interface Measure { seconds: number; rssMB: number }
 type Cache = 'warm' | 'cold';
-interface Row { model: BenchModel; cache: Cache; sizeMB: number; ours: Measure; cp: Measure; python: Measure | null; sites: number }
+interface Row {
+  model: BenchModel; cache: Cache; sizeMB: number; ours: Measure; dry: Measure; cp: Measure; python: Measure | 'failed' | null; sites: number;
+}
 
-function args(): { reps: number; only: string[] | null; dir: string; caches: Cache[] } {
+function args(): { reps: number; only: string[] | null; dir: string; caches: Cache[]; large: boolean } {
   const argv = process.argv.slice(2);
   const get = (flag: string): string | undefined => {
     const i = argv.indexOf(flag);
@@ -42,6 +46,7 @@ function args(): { reps: number; only: string[] | null; dir: string; caches: Cac
     only: get('--only')?.split(',') ?? null,
     dir: get('--dir') ?? process.env.SSMAX_BENCH_DIR ?? path.join(os.homedir(), '.cache', 'ssmax-patch-bench'),
     caches: get('--cache') === 'warm' ? ['warm'] : get('--cache') === 'cold' ? ['cold'] : ['cold', 'warm'],
+    large: argv.includes('--large'),
   };
 }
 
@@ -104,8 +109,10 @@ function benchOne(file: string, m: BenchModel, reps: number, python: boolean, ca
   const inputs = m.external ? [file, `${file}.data`] : [file];
   removeOutputs(dir);
   const ours: Measure[] = [];
+  const dry: Measure[] = [];
   const cp: Measure[] = [];
   const py: Measure[] = [];
+  let pyFailed = false;
   let sites = 0;
   for (let i = 0; i < reps; i++) {
     prepare(inputs, cache);
@@ -116,25 +123,35 @@ function benchOne(file: string, m: BenchModel, reps: number, python: boolean, ca
     sites = JSON.parse(r.stdout).sites.length;
     ours.push(r.measure);
     removeOutputs(dir);
-    if (python) {
+    // The fixed part: Node start-up, reading the graph, detection, no write.
+    prepare(inputs, cache);
+    dry.push(timed(process.execPath, [BIN, file, '--train-len', '1024', '--dry-run', '--quiet']).measure);
+    if (python && !pyFailed) {
       prepare(inputs, cache);
-      py.push(timed(PYTHON, ['-c', PY_ROUND_TRIP, file, path.join(dir, 'py.onnx'), m.external ? '1' : '0']).measure);
+      try {
+        py.push(timed(PYTHON, ['-c', PY_ROUND_TRIP, file, path.join(dir, 'py.onnx'), m.external ? '1' : '0']).measure);
+      } catch {
+        pyFailed = true; // e.g. onnx.load of a protobuf over 2 GB
+      }
       removeOutputs(dir);
     }
   }
   const size = fs.statSync(file).size + (m.external ? fs.statSync(`${file}.data`).size : 0);
-  return { model: m, cache, sizeMB: size / 2 ** 20, ours: median(ours), cp: median(cp), python: python ? median(py) : null, sites };
+  const pyResult = !python ? null : pyFailed ? 'failed' : median(py);
+  return { model: m, cache, sizeMB: size / 2 ** 20, ours: median(ours), dry: median(dry), cp: median(cp), python: pyResult, sites };
 }
 
 function table(rows: Row[]): string {
   const f = (x: number, d = 2): string => x.toFixed(d);
   const lines = [
-    '| model | page cache | size | ssmax-patch time | ssmax-patch peak RSS | cp time | patch / cp | python onnx load+save time | python peak RSS |',
-    '|---|---|---|---|---|---|---|---|---|',
+    '| model | page cache | size | ssmax-patch time | of which fixed (--dry-run) | ssmax-patch peak RSS | cp time | patch / cp | python onnx load+save time | python peak RSS |',
+    '|---|---|---|---|---|---|---|---|---|---|',
   ];
   for (const r of rows) {
-    const py = r.python ? `${f(r.python.seconds)} s | ${f(r.python.rssMB, 0)} MB` : 'n/a | n/a';
-    lines.push(`| ${r.model.label} | ${r.cache} | ${f(r.sizeMB, 0)} MB | ${f(r.ours.seconds)} s | ${f(r.ours.rssMB, 0)} MB | ${f(r.cp.seconds)} s | ${f(r.ours.seconds / r.cp.seconds)}× | ${py} |`);
+    const py = r.python === 'failed' ? 'fails | —' : r.python ? `${f(r.python.seconds)} s | ${f(r.python.rssMB, 0)} MB` : 'n/a | n/a';
+    // With external data, cp copies only the small .onnx file: a ratio to it means nothing.
+    const ratio = r.model.external ? '—' : `${f(r.ours.seconds / r.cp.seconds)}×`;
+    lines.push(`| ${r.model.label} | ${r.cache} | ${f(r.sizeMB, 0)} MB | ${f(r.ours.seconds)} s | ${f(r.dry.seconds)} s | ${f(r.ours.rssMB, 0)} MB | ${f(r.cp.seconds)} s | ${ratio} | ${py} |`);
   }
   return lines.join('\n');
 }
@@ -149,10 +166,10 @@ function verdicts(rows: Row[]): string[] {
 }
 
 function main(): void {
-  const { reps, only, dir, caches } = args();
+  const { reps, only, dir, caches, large } = args();
   const python = hasPythonOnnx();
   const rows: Row[] = [];
-  for (const m of MODELS.filter((x) => !only || only.some((o) => x.label.startsWith(o)))) {
+  for (const m of [...MODELS, ...(large ? [LARGE] : [])].filter((x) => !only || only.some((o) => x.label.startsWith(o)))) {
     const file = ensureModel(dir, m);
     for (const cache of caches) {
       process.stderr.write(`measuring ${m.label}, ${cache} page cache (${reps} runs each) ...\n`);

@@ -47,6 +47,8 @@ export class MemorySource implements Source {
 export class SourceChangedError extends Error {}
 
 const WINDOW = 64 * 1024;
+/** After a jump (past a tensor's data), read little: the next field header is all the scan needs. */
+const JUMP_WINDOW = 4 * 1024;
 
 export class FileSource implements Source {
   readonly size: number;
@@ -101,7 +103,8 @@ class WindowReader implements Reader {
   constructor(private readonly fd: number, private readonly size: number) {}
 
   byte(pos: number): number {
-    if (pos < this.windowStart || pos >= this.windowStart + this.window.length) this.fill(pos, WINDOW);
+    const end = this.windowStart + this.window.length;
+    if (pos < this.windowStart || pos >= end) this.fill(pos, pos === end ? WINDOW : JUMP_WINDOW);
     return this.window[pos - this.windowStart];
   }
 
