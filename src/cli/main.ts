@@ -47,6 +47,7 @@ function program(): Command {
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
     .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
     .option('--quiet', 'no progress line on stderr')
+    .addHelpText('after', '\nTo remove a patch: ssmax-patch revert <patched.onnx> [-o out.onnx] (see ssmax-patch revert --help)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
 }
