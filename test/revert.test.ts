@@ -7,9 +7,11 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
+import { smallTransformer } from '../bench/transformer';
 import { Graph } from '../src/graph/graph';
 import { parseModel, readModel, serializeModel } from '../src/io/model-file';
 import { ModelProto } from '../src/io/onnx';
+import { encodeAs } from '../src/io/proto';
 import { patchModel } from '../src/rewrite/patch';
 import { RECORD_KEY } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
@@ -79,6 +81,20 @@ describe('revert', () => {
     assert.ok(fs.readFileSync(path.join(dir, 'gpt2.reverted.onnx')).equals(fs.readFileSync(input)));
     const json = JSON.parse(cli(['revert', path.join(dir, 'gpt2.ssmax.onnx'), '-o', path.join(dir, 'again.onnx'), '--json']).stdout);
     assert.equal(json.sites.length, 2);
+  });
+
+  it('IR 3 (every initializer also a graph input): the new inputs go too, and the revert is exact', () => {
+    const m = smallTransformer({ layers: 2, d: 16, heads: 2, ff: 16, vocab: 20, tmax: 8 });
+    m.irVersion = 3;
+    for (const t of m.graph!.initializer) {
+      m.graph!.input.push({ name: t.name, type: { tensorType: { elemType: t.dataType, shape: { dim: t.dims.map((d) => ({ dimValue: d })) } } } });
+    }
+    const original = encodeAs('ModelProto', m);
+    const patched = serializeModel(patchModel(parseModel(original, 'ir3'), { s: 0.3 }).model);
+    assert.ok(parseModel(patched, 'patched').graph!.input.length > m.graph!.input.length);
+    assert.throws(() => patchModel(parseModel(patched, 'patched'), { s: 0.3 }), /already patched/);
+    const back = serializeModel(revertModel(parseModel(patched, 'patched')).model);
+    assert.ok(Buffer.from(back).equals(Buffer.from(original)));
   });
 
   it('a model without a patch: one line, exit 2, nothing written', () => {

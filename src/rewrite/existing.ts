@@ -63,7 +63,8 @@ function ancestry(graph: Graph, name: string, stop: string): NodeProto[] | null 
     const n = queue.shift()!;
     if (!n || n === stop || seen.has(n)) continue;
     seen.add(n);
-    if (graph.isConstant(n) && !graph.producer.has(n)) continue;
+    // An initializer is a leaf even when also a graph input (IR < 4 declares every initializer as one).
+    if (graph.initializers.has(n) && !graph.producer.has(n)) continue;
     const p = graph.producer.get(n);
     if (!p) return null;
     if (!nodes.has(p)) {
