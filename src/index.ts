@@ -1,8 +1,12 @@
 /** Library API of ssmax-patch: the same pipeline the CLI runs, stage by stage. */
 export { readModel, parseModel, writeModel, serializeModel } from './io/model-file';
+export type { WriteOptions, WriteReport, ExternalDataMode, ParseOptions, SerializeOptions } from './io/model-file';
+export { terminalProgress } from './io/progress';
+export type { Progress } from './io/progress';
 export type { ModelProto, GraphProto, NodeProto, TensorProto } from './io/onnx';
 export { Graph } from './graph/graph';
 export { topoSort } from './graph/toposort';
+export { validateGraph } from './graph/validate';
 export { findAttentionSoftmax, detectAttention } from './detect/find-attention';
 export type { AttentionSite, CallSite, Detection, SkippedSoftmax } from './detect/find-attention';
 export type { FusedSite } from './detect/fused';
@@ -14,6 +18,9 @@ export type { NOption, NMode } from './policy/n-mode';
 export { patchModel } from './rewrite/patch';
 export type { PatchOptions, PatchReport, PatchResult, PatchedSite } from './rewrite/patch';
 export { readRecord } from './rewrite/record';
+export { revertModel } from './rewrite/revert';
+export type { RevertReport, RevertedSite, RevertOptions } from './rewrite/revert';
+export { findFactors } from './rewrite/existing';
 export { verifyPatch, withUnitFactor } from './verify/verify';
 export type { VerifyOptions, VerifyReport, CheckResult, CheckId } from './verify/verify';
 export { sharpnessSvg } from './verify/plot';

@@ -263,6 +263,7 @@ describe('com.microsoft GroupQueryAttention', () => {
     assert.throws(() => patchModel(sink, { s: 0.5 }), /attention sink/);
     const qnorm = gqa({});
     qnorm.graph!.node[0].input.push('', '', '', '', '', '', '', 'qn', 'kn'); // inputs 14 and 15
+    qnorm.graph!.input.push(value('qn', DataType.FLOAT, [8]), value('kn', DataType.FLOAT, [8]));
     assert.throws(() => patchModel(qnorm, { s: 0.5 }), /q_norm_weight/);
     assert.throws(() => patchModel(m, { s: 0.5, force: ['nope'] }), /--force-site nope: no such attention node/);
   });

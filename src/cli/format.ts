@@ -1,5 +1,7 @@
 /** Human-readable report lines: one line per site, per skipped Softmax, per check. */
+import { WriteReport } from '../io/model-file';
 import { PatchReport } from '../rewrite/patch';
+import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
 import { VerifyReport } from '../verify/verify';
 
@@ -38,5 +40,22 @@ export function formatVerify(report: VerifyReport): string[] {
   const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
     .filter(Boolean).join(', ');
   lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}) in ${(report.totalMs / 1000).toFixed(1)} s`);
+  return lines;
+}
+
+export function formatRevert(report: RevertReport): string[] {
+  const lines = [`reverted ${report.sites.length} SSMax site(s):`];
+  for (const s of report.sites) {
+    const sv = s.s === null ? 's=?' : `s=${fmtS(s.s)}`;
+    lines.push(`  L${s.layer}  ${s.apply}${s.softmax ? ` → ${s.softmax}` : ''}  ${sv}  removed ${s.removedNodes} nodes, ${s.removedInitializers.length} initializers`);
+  }
+  if (!report.hadRecord) lines.push('(the model had no ssmax_patch metadata record: found from the graph)');
+  return lines;
+}
+
+export function formatWrite(written: WriteReport | null): string[] {
+  if (!written) return ['nothing written'];
+  const lines = written.externalData.map((e) => `external data ${e.how}: ${e.file}`);
+  lines.push(`wrote ${written.output}`);
   return lines;
 }

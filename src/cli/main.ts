@@ -2,12 +2,14 @@
 import * as path from 'node:path';
 import { Command, CommanderError } from 'commander';
 import { InputError, SsmaxError, VerificationError } from '../errors';
-import { readModel, writeModel } from '../io/model-file';
+import { ExternalDataMode, readModel, writeModel, WriteOptions, WriteReport } from '../io/model-file';
+import { terminalProgress } from '../io/progress';
 import { parseNOption } from '../policy/n-mode';
 import { patchModel, PatchReport } from '../rewrite/patch';
-import { verifyPatch, VerifyReport } from '../verify/verify';
+import { revertModel } from '../rewrite/revert';
+import type { VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
-import { formatPatch, formatVerify } from './format';
+import { formatPatch, formatRevert, formatVerify, formatWrite } from './format';
 import { addVerifyOptions, checkVerifyOutputs, verifyCommand, VerifyCliOptions, verifyOptionsFrom, writeVerifyOutputs } from './verify-command';
 
 interface CliOptions extends VerifyCliOptions {
@@ -27,6 +29,9 @@ interface CliOptions extends VerifyCliOptions {
   floorScale?: string;
   attnScale?: string;
   layers?: string;
+  externalData?: string;
+  quiet?: boolean;
+  sortNodes?: boolean;
 }
 
 const collect = (v: string, all: string[]): string[] => [...all, v];
@@ -51,7 +56,11 @@ function program(): Command {
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the report as JSON on stdout')
     .option('--verify', 'run original and patched on onnxruntime and check the patch (see also: ssmax-patch verify --help)')
-    .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, []);
+    .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, [])
+    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
+    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
+    .option('--quiet', 'no progress line on stderr')
+    .addHelpText('after', '\nTo remove a patch: ssmax-patch revert <patched.onnx> [-o out.onnx] (see ssmax-patch revert --help)');
   return addVerifyOptions(cmd)
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
@@ -76,39 +85,79 @@ async function patchCommand(input: string, o: CliOptions): Promise<number> {
   if (!o.verify && (o.report || o.plot)) throw new InputError('--report and --plot need --verify');
   const output = o.output ?? defaultOutput(input);
   checkVerifyOutputs(o, [input, output]);
+  const write = writeOptions(o, input);
   const original = readModel(input);
   const { model, report } = patchModel(original, {
     n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite, preset: o.preset,
     b: number(o.b, '--b'), floorScale: number(o.floorScale, '--floor-scale'), attnScale: number(o.attnScale, '--attn-scale'),
-    layers: o.layers,
+    layers: o.layers, sortNodes: o.sortNodes,
   });
   let verification: VerifyReport | undefined;
-  if (o.verify) verification = await verifyPatch(original, model, verifyOptions);
-  const written = !o.dryRun && (!verification || verification.passed);
-  if (written) writeModel(output, model, { force: o.force, protect: [input] });
+  if (o.verify) {
+    // Loaded only when asked for: onnxruntime costs start-up time and memory a plain patch does not need.
+    const { verifyPatch } = await import('../verify/verify');
+    verification = await verifyPatch(original, model, verifyOptions);
+  }
+  const written = !o.dryRun && (!verification || verification.passed) ? writeModel(output, model, write) : null;
   const files = verification ? writeVerifyOutputs(verification, o, [input, output], `Attention sharpness: ${path.basename(input)}`) : [];
-  print(report, verification, o.json ? 'json' : 'text', written ? output : null, files);
+  print(report, verification, o.json ? 'json' : 'text', written, files);
   if (verification && !verification.passed) throw new VerificationError('verification FAILED: output not written');
   return 0;
 }
 
-function print(report: PatchReport, verification: VerifyReport | undefined, mode: 'json' | 'text', output: string | null, files: string[]): void {
+function writeOptions(o: CliOptions, input: string): WriteOptions {
+  const modes = ['reference', 'copy', 'link'];
+  if (o.externalData !== undefined && !modes.includes(o.externalData)) {
+    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
+  }
+  return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
+}
+
+function print(report: PatchReport, verification: VerifyReport | undefined, mode: 'json' | 'text', written: WriteReport | null, files: string[]): void {
   if (mode === 'json') {
-    process.stdout.write(JSON.stringify({ output, ...report, verification }, null, 2) + '\n');
+    const output = written?.output ?? null;
+    process.stdout.write(JSON.stringify({ output, ...report, verification, externalData: written?.externalData }, null, 2) + '\n');
     return;
   }
   const lines = formatPatch(report);
   if (verification) lines.push(...formatVerify(verification), ...files);
-  lines.push(output ? `wrote ${output}` : 'nothing written');
+  lines.push(...formatWrite(written));
   process.stdout.write(lines.join('\n') + '\n');
+}
+
+/** `ssmax-patch revert PATCHED [-o OUT]`: removes the patch, giving back the original model. */
+function revertProgram(): Command {
+  return new Command('ssmax-patch revert')
+    .description('Remove an SSMax patch: the result computes exactly what the original model computed')
+    .argument('<model>', 'patched ONNX model (never modified)')
+    .option('-o, --output <file>', 'output model (default <name>.reverted.onnx beside the input)')
+    .option('--force', 'overwrite an existing output file')
+    .option('--json', 'print the report as JSON on stdout')
+    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
+    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
+    .option('--quiet', 'no progress line on stderr')
+    .exitOverride()
+    .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
+}
+
+function revertCommand(input: string, o: CliOptions): number {
+  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
+  const write = writeOptions(o, input);
+  const { model, report } = revertModel(readModel(input), { sortNodes: o.sortNodes });
+  const written = writeModel(output, model, write);
+  if (o.json) process.stdout.write(JSON.stringify({ output: written.output, ...report, externalData: written.externalData }, null, 2) + '\n');
+  else process.stdout.write([...formatRevert(report), ...formatWrite(written)].join('\n') + '\n');
+  return 0;
 }
 
 /** Runs the CLI and returns the exit code; all expected failures end here as one line on stderr. */
 export async function main(argv: string[]): Promise<number> {
-  const cmd = program();
+  const revert = argv[0] === 'revert';
+  const cmd = revert ? revertProgram() : program();
   try {
     if (argv[0] === 'verify') return await verifyCommand(argv.slice(1));
-    cmd.parse(argv, { from: 'user' });
+    cmd.parse(revert ? argv.slice(1) : argv, { from: 'user' });
+    if (revert) return revertCommand(cmd.args[0], cmd.opts<CliOptions>());
     return await patchCommand(cmd.args[0], cmd.opts<CliOptions>());
   } catch (err) {
     if (err instanceof CommanderError) {

@@ -20,6 +20,7 @@ export const num = (n: number): Poly => new Map(n === 0 ? [] : [['', n]]);
 export const sym = (name: string): Poly => new Map([[name, 1]]);
 
 export function add(a: Poly, b: Poly, sign = 1): Poly {
+  if (a.size + b.size > 4 * MAX_TERMS) throw new RangeError('symbolic dim too large');
   const out = new Map(a);
   for (const [k, c] of b) {
     const v = (out.get(k) ?? 0) + sign * c;
@@ -29,9 +30,20 @@ export function add(a: Poly, b: Poly, sign = 1): Poly {
   return out;
 }
 
+/** Past these sizes a dim is left unknown: shape arithmetic in real graphs is small, and a corrupt graph must not blow up. */
+const MAX_TERMS = 32;
+const MAX_DEGREE = 12;
+
 export function mul(a: Poly, b: Poly): Poly {
+  if (a.size * b.size > MAX_TERMS) throw new RangeError('symbolic dim too large');
   let out: Poly = new Map();
-  for (const [ka, ca] of a) for (const [kb, cb] of b) out = add(out, new Map([[mono([...split(ka), ...split(kb)]), ca * cb]]));
+  for (const [ka, ca] of a) {
+    for (const [kb, cb] of b) {
+      const symbols = [...split(ka), ...split(kb)];
+      if (symbols.length > MAX_DEGREE || !Number.isSafeInteger(ca * cb)) throw new RangeError('symbolic dim too large');
+      out = add(out, new Map([[mono(symbols), ca * cb]]));
+    }
+  }
   return out;
 }
 
@@ -270,10 +282,12 @@ export class SymbolicShapes {
     }
     if (!s) return {};
     const shape = [...s];
-    starts.forEach((start, k) => {
+    for (const [k, start] of starts.entries()) {
       const axis = axes ? (axes[k] < 0 ? axes[k] + s.length : axes[k]) : k;
+      // A corrupt model may name any axis: only real ones are sliced.
+      if (!Number.isInteger(axis) || axis < 0 || axis >= s.length || !ends[k]) return {};
       shape[axis] = sliceLength(s[axis], start, ends[k]);
-    });
+    }
     return { shape };
   }
 

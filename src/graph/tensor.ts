@@ -1,4 +1,5 @@
 /** Reading values out of TensorProto and building small tensors for the nodes this tool inserts. */
+import { readExternal } from '../io/external';
 import { DataType, Int64, TensorProto, toNumber } from '../io/onnx';
 
 export interface ConstTensor {
@@ -48,13 +49,19 @@ function readRaw(raw: Uint8Array, dataType: number, count: number): number[] | n
   return out;
 }
 
-/** Values of a tensor held in the model (not external data); null when the type or layout is not readable. */
+/**
+ * Values of a tensor, read from the model or from its external data file; null when too large, not readable,
+ * or of a type this tool does not read. Large tensors are never read: detection needs small constants only.
+ */
 export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor | null {
   const dims = (t.dims ?? []).map(toNumber);
   const count = elementCount(dims);
-  if (count > maxElements || t.dataLocation === 1) return null;
+  if (count > maxElements) return null;
   let values: number[] | null = null;
-  if (t.rawData && t.rawData.length > 0) values = readRaw(t.rawData, t.dataType, count);
+  if (t.dataLocation === 1) {
+    const raw = externalBytes(t);
+    values = raw ? readRaw(raw, t.dataType, count) : null;
+  } else if (t.rawData && t.rawData.length > 0) values = readRaw(t.rawData, t.dataType, count);
   else if (t.floatData?.length) values = [...t.floatData];
   else if (t.int64Data?.length) values = t.int64Data.map(toNumber);
   else if (t.doubleData?.length) values = [...t.doubleData];
@@ -64,6 +71,15 @@ export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor |
   } else if (count === 0) values = [];
   if (!values || values.length !== count) return null;
   return { dims, dataType: t.dataType, values };
+}
+
+/** External data of a small tensor; null when it cannot be read (the reader already reported broken files). */
+function externalBytes(t: TensorProto): Uint8Array | null {
+  try {
+    return readExternal(t);
+  } catch {
+    return null;
+  }
 }
 
 export function float32ToFloat16Bits(x: number): number {

@@ -42,15 +42,37 @@ export function topoOrder(graph: GraphProto): NodeProto[] {
   });
   const dependents = graph.node.map(() => [] as number[]);
   deps.forEach((set, i) => set.forEach((d) => dependents[d].push(i)));
+  const priority = placement(graph.node.length, dependents);
   const remaining = deps.map((s) => s.size);
-  // A min-heap would keep exact original order; a sorted ready list is enough for graphs of this size.
+  const before = (a: number, b: number): number => priority[a] - priority[b] || a - b;
   const ready = remaining.flatMap((c, i) => (c === 0 ? [i] : []));
   const order: number[] = [];
   while (ready.length) {
-    ready.sort((a, b) => a - b);
+    ready.sort(before);
     const i = ready.shift()!;
     order.push(i);
     for (const d of dependents[i]) if (--remaining[d] === 0) ready.push(d);
   }
   return order.map((i) => graph.node[i]);
+}
+
+/**
+ * Where each node wants to be: its own index, or earlier if something before it needs it. Nodes appended to a
+ * sorted graph thereby land just before their first reader, and the original nodes keep their relative order
+ * (so removing the appended nodes again gives back the original list).
+ */
+function placement(count: number, dependents: number[][]): number[] {
+  const priority = Array.from({ length: count }, (_, i) => i);
+  for (let changed = true, passes = 0; changed && passes < count; passes++) {
+    changed = false;
+    for (let i = count - 1; i >= 0; i--) {
+      for (const d of dependents[i]) {
+        if (priority[d] < priority[i]) {
+          priority[i] = priority[d];
+          changed = true;
+        }
+      }
+    }
+  }
+  return priority;
 }

@@ -1,68 +1,202 @@
 /**
- * Reading and writing model files. Everything that touches the file system for models goes through here,
- * so that the later streaming and lossless writer replaces one module.
+ * Reading and writing model files: the public face of src/io. Reading decodes the graph and leaves the
+ * weights in the file; writing streams everything unchanged from the input and writes only what changed,
+ * to temporary files renamed into place when complete.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { InputError } from '../errors';
-import { decodeModel, encodeModel, ModelProto, toNumber } from './onnx';
+import { InputError, SsmaxError } from '../errors';
+import { emitModel, Out, toBytes } from './emit';
+import { checkExternalData, externalFiles, isInside } from './external';
+import type { ModelProto } from './onnx';
+import { originOf } from './origin';
+import { Progress } from './progress';
+import { decodeModelFrom, ModelFormatError } from './read';
+import { commit, Job, PlaceJob } from './sink';
+import { FileSource, MemorySource, SourceChangedError } from './source';
+import { WireError } from './wire';
 
-export function parseModel(bytes: Uint8Array, label: string): ModelProto {
-  let model: ModelProto;
+/** The largest protobuf onnx and onnxruntime accept as one message. */
+export const PROTOBUF_LIMIT = 2 ** 31 - 1;
+
+export type ExternalDataMode = 'reference' | 'copy' | 'link';
+
+export interface ParseOptions {
+  /** Folder the model's external data locations are relative to; without it they are neither checked nor read. */
+  dir?: string;
+}
+
+export function parseModel(bytes: Uint8Array, label: string, options: ParseOptions = {}): ModelProto {
+  const dir = options.dir ? path.resolve(options.dir) : null;
   try {
-    model = decodeModel(bytes);
-  } catch (err) {
-    throw new InputError(`${label}: not a readable ONNX model (${(err as Error).message})`);
+    const model = decodeModelFrom(new MemorySource(bytes, label), dir);
+    if (dir) checkExternalData(model, dir);
+    return model;
+  } catch (e) {
+    throw readError(label, e);
   }
-  if (!model.graph || toNumber(model.irVersion) <= 0) {
-    throw new InputError(`${label}: not an ONNX model (no graph or no IR version)`);
-  }
-  if (toNumber(model.irVersion) > 13) {
-    throw new InputError(`${label}: unsupported IR version ${toNumber(model.irVersion)} (this tool reads up to 13)`);
-  }
-  return model;
 }
 
 export function readModel(file: string): ModelProto {
-  let bytes: Buffer;
+  const abs = path.resolve(file);
+  let src: FileSource;
   try {
-    bytes = fs.readFileSync(file);
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    throw new InputError(code === 'ENOENT' ? `${file}: no such file` : `${file}: cannot read (${code ?? 'error'})`);
+    if (!fs.statSync(abs).isFile()) throw new InputError(`${file}: not a file`);
+    src = new FileSource(abs);
+  } catch (e) {
+    throw readError(file, e);
   }
-  return parseModel(bytes, file);
+  try {
+    const model = decodeModelFrom(src, path.dirname(abs));
+    checkExternalData(model, path.dirname(abs));
+    return model;
+  } catch (e) {
+    throw readError(file, e);
+  }
 }
 
-export function serializeModel(model: ModelProto): Uint8Array {
-  return encodeModel(model);
+export interface SerializeOptions {
+  /** Put external data into the bytes, so they stand alone (default true). */
+  inlineExternalData?: boolean;
+}
+
+/** The model as one protobuf in memory, e.g. for onnxruntime; unchanged parts are the input's bytes. */
+export function serializeModel(model: ModelProto, options: SerializeOptions = {}): Uint8Array {
+  const out = emitModel(model, { inline: options.inlineExternalData ?? true });
+  if (out.size > PROTOBUF_LIMIT) {
+    throw new InputError(`the model is ${(out.size / 2 ** 30).toFixed(2)} GB: too large for one protobuf in memory (2 GB at most)`);
+  }
+  try {
+    return toBytes(out);
+  } catch (e) {
+    throw readError('model', e);
+  }
 }
 
 export interface WriteOptions {
   force?: boolean;
-  /** Files that must never be overwritten, e.g. the input model. */
+  /** Files that must never be overwritten, besides the model's own input files (always protected). */
   protect?: string[];
+  /**
+   * How external data is placed when the output goes to another folder: `link` (hard links), `copy`, or
+   * `reference` (locations rewritten relative to the output). Default: link, or copy where linking fails.
+   */
+  externalData?: ExternalDataMode;
+  progress?: Progress | null;
+  /** Largest single protobuf to write; above it large initializers go to `<output>.data` (default 2 GB − 1). */
+  maxProtobufBytes?: number;
 }
 
-/** Writes to a temporary file beside the target and renames it into place, so no half-written output remains. */
-export function writeModel(file: string, model: ModelProto, options: WriteOptions = {}): void {
+export type Placement = 'in place' | 'referenced' | 'linked' | 'copied' | 'written' | 'already there';
+
+export interface WriteReport {
+  output: string;
+  bytes: number;
+  /** Each external data file of the output and how it got there; empty when the output has none. */
+  externalData: { file: string; how: Placement }[];
+}
+
+/** Writes to temporary files beside the targets and renames them into place, so no half-written output remains. */
+export function writeModel(file: string, model: ModelProto, options: WriteOptions = {}): WriteReport {
   const target = path.resolve(file);
-  for (const p of options.protect ?? []) {
-    if (samePath(p, target)) throw new InputError(`${file}: refusing to overwrite the input model`);
+  const dir = path.dirname(target);
+  const inputs = [...inputFiles(model), ...(options.protect ?? [])];
+  guardTarget(file, target, inputs, options.force);
+  checkFolder(file, dir);
+  const placed = placeExternalData(model, dir, options.externalData, inputs, options.force);
+  const jobs: Job[] = [...placed.jobs];
+  let out = emitModel(model, { relocate: placed.relocate });
+  const limit = options.maxProtobufBytes ?? PROTOBUF_LIMIT;
+  const report: WriteReport = { output: file, bytes: 0, externalData: placed.report };
+  if (out.size > limit) {
+    const location = `${path.basename(target)}.data`;
+    const data = new Out();
+    out = emitModel(model, { relocate: placed.relocate, externalize: { location, data, minBytes: 1024 } });
+    if (out.size > limit) {
+      throw new InputError(`${file}: the model exceeds ${limit} bytes even with its initializers in external data`);
+    }
+    const dataTarget = path.join(dir, location);
+    guardTarget(dataTarget, dataTarget, inputs, options.force);
+    jobs.push({ kind: 'write', target: dataTarget, out: data });
+    report.externalData.push({ file: dataTarget, how: 'written' });
   }
-  if (fs.existsSync(target) && !options.force) {
-    throw new InputError(`${file}: already exists (use --force to overwrite)`);
-  }
-  const bytes = serializeModel(model);
-  const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.tmp`);
+  jobs.push({ kind: 'write', target, out });
+  report.bytes = out.size;
   try {
-    fs.writeFileSync(tmp, bytes, { flag: 'wx' });
-    fs.renameSync(tmp, target);
-  } catch (err) {
-    fs.rmSync(tmp, { force: true });
-    const code = (err as NodeJS.ErrnoException).code ?? 'error';
-    throw new InputError(`${file}: cannot write (${code})`);
+    const results = commit(jobs, options.progress ?? null);
+    for (const r of results) {
+      const entry = report.externalData.find((e) => e.file === r.target);
+      if (entry && r.how !== 'written') entry.how = r.how;
+    }
+  } catch (e) {
+    throw writeError(file, e);
   }
+  return report;
+}
+
+/** The files a model was read from: its own file and its external data files. */
+export function inputFiles(model: ModelProto): string[] {
+  const origin = originOf(model);
+  const own = origin && origin.ctx.src instanceof FileSource ? [origin.ctx.src.name] : [];
+  return [...own, ...externalFiles(model).map((f) => f.file)];
+}
+
+function guardTarget(label: string, target: string, inputs: string[], force?: boolean): void {
+  for (const p of inputs) {
+    if (samePath(p, target)) throw new InputError(`${label}: refusing to overwrite the input model${p.endsWith('.onnx') ? '' : ` (its external data ${path.basename(p)})`}`);
+  }
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(target);
+  } catch {
+    return;
+  }
+  if (st.isDirectory()) throw new InputError(`${label}: is a folder`);
+  if (!force) throw new InputError(`${label}: already exists (use --force to overwrite)`);
+}
+
+function checkFolder(label: string, dir: string): void {
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(dir);
+  } catch {
+    throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`);
+  }
+  if (!st.isDirectory()) throw new InputError(`${label}: cannot write (${dir} is not a folder)`);
+}
+
+interface Placed {
+  jobs: PlaceJob[];
+  relocate?: Map<string, string>;
+  report: { file: string; how: Placement }[];
+}
+
+/** Where the output's external data comes from: the same files in place, links, copies, or references. */
+function placeExternalData(model: ModelProto, outDir: string, mode: ExternalDataMode | undefined, inputs: string[], force?: boolean): Placed {
+  const placed: Placed = { jobs: [], report: [] };
+  const relocate = new Map<string, string>();
+  for (const f of externalFiles(model)) {
+    const dest = path.resolve(outDir, f.location);
+    if (dest === f.file) {
+      placed.report.push({ file: f.file, how: 'in place' });
+    } else if (mode === 'reference') {
+      relocate.set(f.file, path.relative(outDir, f.file).split(path.sep).join('/'));
+      placed.report.push({ file: f.file, how: 'referenced' });
+    } else {
+      if (!isInside(outDir, dest)) {
+        throw new InputError(`external data '${f.location}' lies outside its model's folder: it cannot be placed beside the output (use --external-data reference)`);
+      }
+      if (sameFile(dest, f.file)) {
+        placed.report.push({ file: dest, how: 'already there' });
+        continue;
+      }
+      guardTarget(dest, dest, inputs, force);
+      placed.jobs.push({ kind: mode ?? 'link-or-copy', target: dest, source: f.file });
+      placed.report.push({ file: dest, how: mode === 'copy' ? 'copied' : 'linked' });
+    }
+  }
+  if (relocate.size) placed.relocate = relocate;
+  return placed;
 }
 
 function samePath(a: string, b: string): boolean {
@@ -73,5 +207,45 @@ function samePath(a: string, b: string): boolean {
       return path.resolve(p);
     }
   };
-  return real(a) === real(b);
+  return real(a) === real(b) || sameFile(a, b);
+}
+
+function sameFile(a: string, b: string): boolean {
+  try {
+    const x = fs.statSync(a);
+    const y = fs.statSync(b);
+    return x.dev === y.dev && x.ino === y.ino;
+  } catch {
+    return false;
+  }
+}
+
+const errnoText: Record<string, string> = {
+  ENOSPC: 'no space left on the device', EDQUOT: 'disk quota exceeded', EACCES: 'permission denied',
+  EPERM: 'operation not permitted', EROFS: 'read-only file system', EFBIG: 'file too large for the file system',
+  ENOENT: 'no such file or folder', EXDEV: 'on another file system: use --external-data copy', EIO: 'input/output error',
+  EISDIR: 'is a folder', ENOTDIR: 'not a folder', EMFILE: 'too many open files',
+};
+
+function errnoMessage(e: unknown): string | null {
+  const code = (e as NodeJS.ErrnoException)?.code;
+  return code ? (errnoText[code] ?? code) : null;
+}
+
+function writeError(file: string, e: unknown): Error {
+  if (e instanceof SsmaxError) return e;
+  if (e instanceof SourceChangedError) return new InputError(e.message);
+  const why = errnoMessage(e);
+  return why ? new InputError(`${file}: cannot write (${why})`) : (e as Error);
+}
+
+function readError(label: string, e: unknown): Error {
+  if (e instanceof SsmaxError) return e;
+  if (e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`);
+  if (e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`);
+  if (e instanceof SourceChangedError) return new InputError(e.message);
+  const code = (e as NodeJS.ErrnoException)?.code;
+  if (code === 'ENOENT') return new InputError(`${label}: no such file`);
+  const why = errnoMessage(e);
+  return why ? new InputError(`${label}: cannot read (${why})`) : (e as Error);
 }

@@ -1,9 +1,16 @@
-/** Typed view of the ONNX protobuf messages and their encode/decode through protobufjs. */
-import * as protobuf from 'protobufjs';
-import { onnxSchema } from './schema';
+/**
+ * Typed view of the ONNX protobuf messages, and bytes ↔ model. Decoding keeps the provenance of every
+ * message (src/io/origin.ts), so encoding a decoded model gives back the input's bytes for everything
+ * unchanged, unknown fields included.
+ */
+import { serializeModel } from './model-file';
+import { cloneTracked } from './origin';
+import { protoType } from './proto';
+import { decodeBytes } from './read';
+import { Int64 } from './constants';
 
-/** protobufjs decodes int64 as Long when the `long` package is present, as number otherwise. */
-export type Int64 = number | { toNumber(): number };
+export { toNumber, DataType, AttributeType } from './constants';
+export type { Int64 } from './constants';
 
 export interface StringStringEntry { key: string; value: string }
 export interface OperatorSetId { domain: string; version: Int64 }
@@ -87,33 +94,25 @@ export interface ModelProto {
   functions: FunctionProto[];
 }
 
-const root = protobuf.Root.fromJSON(onnxSchema as protobuf.INamespace);
-const modelType = root.lookupType('onnx.ModelProto');
-
+/** Decodes a model held in memory; external data, if any, is neither checked nor readable (no folder). */
 export function decodeModel(bytes: Uint8Array): ModelProto {
-  return modelType.decode(bytes) as unknown as ModelProto;
+  return decodeBytes(bytes);
 }
 
+/**
+ * The model as one protobuf, with external data read back in so the bytes stand alone (onnxruntime sessions
+ * made from bytes cannot resolve external paths). See serializeModel for the size limit and errors.
+ */
 export function encodeModel(model: ModelProto): Uint8Array {
-  return modelType.encode(model as unknown as protobuf.Message).finish();
+  return serializeModel(model);
+}
+
+/** A deep copy that is still written losslessly (it keeps each message's provenance). */
+export function cloneModel(model: ModelProto): ModelProto {
+  return cloneTracked(model);
 }
 
 /** Reports structural problems protobufjs itself would accept (e.g. wrong field types) as text, or null. */
 export function checkModelShape(model: ModelProto): string | null {
-  return modelType.verify(model as unknown as Record<string, unknown>);
+  return protoType('ModelProto').verify(model as unknown as Record<string, unknown>);
 }
-
-export function toNumber(v: Int64 | undefined): number {
-  if (v === undefined || v === null) return 0;
-  return typeof v === 'number' ? v : v.toNumber();
-}
-
-/** ONNX TensorProto.DataType values this tool reads or writes. */
-export const DataType = {
-  FLOAT: 1, UINT8: 2, INT8: 3, UINT16: 4, INT16: 5, INT32: 6, INT64: 7, STRING: 8, BOOL: 9,
-  FLOAT16: 10, DOUBLE: 11, UINT32: 12, UINT64: 13, BFLOAT16: 16,
-} as const;
-
-export const AttributeType = {
-  FLOAT: 1, INT: 2, STRING: 3, TENSOR: 4, GRAPH: 5, FLOATS: 6, INTS: 7, STRINGS: 8, TENSORS: 9, GRAPHS: 10,
-} as const;

@@ -29,10 +29,21 @@ export function chooseN(option: NOption, uses: MaskUse[], causalReason: string):
   if (roles.size === 0) {
     return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
   }
+  const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
+  if (!countable(counted)) {
+    const causal = roles.has('causal') || roles.has('combined');
+    return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown or mixed rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
+  }
   if (roles.has('combined') || roles.has('other')) return { mode: 'mask', reason: 'auto: mask is neither plain causal nor key padding: count visible keys' };
   if (roles.has('causal') && roles.has('padding')) return { mode: 'causal-padding', reason: `auto: ${causalReason} plus a padding mask from the inputs` };
   if (roles.has('causal')) return { mode: 'causal', reason: `auto: ${causalReason}` };
   return { mode: 'padding', reason: 'auto: padding mask from the inputs: count unpadded keys' };
+}
+
+/** Masks can be counted when all are applied to 3-D or 4-D logits of one rank. */
+function countable(uses: MaskUse[]): boolean {
+  const rank = uses[0]?.viewRank;
+  return (rank === 3 || rank === 4) && uses.every((u) => u.viewRank === rank);
 }
 
 /** The per-row n the presets defined on positions need, whatever the mask. */

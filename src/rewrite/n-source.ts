@@ -74,20 +74,21 @@ export class NSources {
   }
 
   private build(site: AttentionSite, mode: NMode, uses: MaskUse[]): Omit<NTensor, 'key'> {
+    if (mode === 'mask' || (mode === 'causal-padding' && !this.keyOnly(uses))) return this.countVisible(site, uses);
+    if (mode === 'padding') {
+      return this.countVisible(site, uses.filter((u) => u.role === 'padding'));
+    }
     const b = this.b;
     const [q, k] = shapeSources(site);
     const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
     if (mode === 'keys') return { n: b.op('Cast', [tk], { to: DataType.FLOAT }, 'n_keys'), view: 'scalar' };
     const tq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('row', [-2], true)], {}, 'tq');
-    if (mode === 'causal') {
-      const one = b.int64('one', [1], true);
-      const first = b.op('Add', [b.op('Sub', [tk, tq], {}, 'past'), one], {}, 'n_first');
-      const rows = b.op('Range', [first, b.op('Add', [tk, one], {}, 'n_end'), one], {}, 'n_rows');
-      const n = b.op('Reshape', [b.op('Cast', [rows], { to: DataType.FLOAT }, 'n_rows_f'), b.int64('column', [-1, 1])], {}, 'n_causal');
-      return { n, view: 'rows' };
-    }
-    if (mode === 'causal-padding') return this.causalPadding(site, uses, tq, tk);
-    return this.countVisible(site, mode === 'padding' ? uses.filter((u) => u.role === 'padding') : uses);
+    if (mode === 'causal-padding') return this.causalPadding(uses, tq, tk);
+    const one = b.int64('one', [1], true);
+    const first = b.op('Add', [b.op('Sub', [tk, tq], {}, 'past'), one], {}, 'n_first');
+    const rows = b.op('Range', [first, b.op('Add', [tk, one], {}, 'n_end'), one], {}, 'n_rows');
+    const n = b.op('Reshape', [b.op('Cast', [rows], { to: DataType.FLOAT }, 'n_rows_f'), b.int64('column', [-1, 1])], {}, 'n_causal');
+    return { n, view: 'rows' };
   }
 
   /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
@@ -103,10 +104,14 @@ export class NSources {
   }
 
   /** Causal plus key padding: the unpadded keys up to each row's position, a cumulative count over keys. */
-  private causalPadding(site: AttentionSite, uses: MaskUse[], tq: string, tk: string): Omit<NTensor, 'key'> {
+  /** Padding masks over keys only ([.., 1, Tk] in a 4-D view): a cumulative count then gives each row's n. */
+  private keyOnly(uses: MaskUse[]): boolean {
+    return uses.filter((u) => u.role === 'padding')
+      .every((u) => u.viewRank === 4 && constantOf(this.sym.dim(u.tensor, -2) ?? new Map([['?', 1]])) === 1);
+  }
+
+  private causalPadding(uses: MaskUse[], tq: string, tk: string): Omit<NTensor, 'key'> {
     const padding = uses.filter((u) => u.role === 'padding');
-    const keyOnly = padding.every((u) => u.viewRank === 4 && constantOf(this.sym.dim(u.tensor, -2) ?? new Map([['?', 1]])) === 1);
-    if (!keyOnly) return this.countVisible(site, uses);
     const b = this.b;
     const visible = padding.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
     const counts = b.op('CumSum', [b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), b.int64('key_axis', [-1], true)], {}, 'visible_cumsum');

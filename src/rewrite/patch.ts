@@ -8,7 +8,10 @@ import { InputError } from '../errors';
 import { Graph } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { makeTensor } from '../graph/tensor';
-import { DataType, decodeModel, encodeModel, ModelProto, NodeProto, toNumber } from '../io/onnx';
+import { cloneModel as cloneTracked, DataType, GraphProto, ModelProto, NodeProto, toNumber } from '../io/onnx';
+import { topoSort } from '../graph/toposort';
+import { validateGraph } from '../graph/validate';
+import { Factor, findFactors } from './existing';
 import { maskUses } from '../detect/mask-uses';
 import { SymbolicShapes } from '../graph/symbolic';
 import { Preset, PresetName, presetNeedsPositions, presetScale, resolvePreset } from '../policy/factor';
@@ -38,6 +41,8 @@ export interface PatchOptions extends ScaleOptions {
   attnScale?: number;
   /** Layers to patch: "3,7,11" or "every:4" (default all). */
   layers?: string;
+  /** Accept nodes out of topological order and write them sorted (otherwise such a graph is refused). */
+  sortNodes?: boolean;
 }
 
 export interface PatchedSite {
@@ -81,8 +86,15 @@ export interface PatchResult {
   report: PatchReport;
 }
 
+/** A deep copy that keeps the provenance of every message, so it is still written losslessly. */
 export function cloneModel(model: ModelProto): ModelProto {
-  return decodeModel(encodeModel(model));
+  return cloneTracked(model);
+}
+
+/** Checks the graph before anything walks it; sorts it when asked to accept unsorted nodes. */
+export function prepareGraph(graph: GraphProto, sortNodes = false): void {
+  validateGraph(graph, { allowUnsorted: sortNodes });
+  if (sortNodes) topoSort(graph);
 }
 
 type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
@@ -105,11 +117,21 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const preset = resolvePreset(options);
   const spec = options.scale ?? scaleSpecFor(preset, options);
   const out = cloneModel(model);
+  prepareGraph(out.graph!, options.sortNodes);
   const scopes = modelScopes(out);
   const detection = detectAttention(out, scopes, { force: options.force });
   checkForced(options.force ?? [], detection);
   const all = orderedSites(detection, scopes);
   if (all.length === 0) throw new InputError(noAttentionMessage(detection));
+  // A patch is recognised from the graph, not only from metadata: by its node names, or, renamed by another
+  // tool, by the structure of its factors.
+  const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX));
+  if (renamed.length > 0 && !all.some((a) => patchedBy(a))) {
+    if (!options.updateS) {
+      throw new InputError(`model is already patched (${renamed.length} SSMax sites, renamed by another tool); pass --update-s to change s instead of adding a second factor`);
+    }
+    return { model: out, report: updateRenamed(out, scopes[0].graph, renamed, spec, detection.skipped) };
+  }
   if (all.some((a) => patchedBy(a))) {
     const already = all.filter((a) => patchedBy(a));
     if (!options.updateS) {
@@ -377,6 +399,22 @@ function updateScales(model: ModelProto, scopes: Scope[], detection: Detection, 
   if (record) writeRecord(model, record);
   return { sites: out, skipped: detection.skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion),
     preset: record?.preset ?? 'ssmax', nSources: 0 };
+}
+
+/** --update-s on factors found by structure only (renamed, no record): s is the one float initializer each uses. */
+function updateRenamed(model: ModelProto, graph: Graph, factors: Factor[], spec: ScaleSpec, skipped: SkippedSoftmax[]): PatchReport {
+  const scales = scalesForLayers(spec, factors.map(() => undefined));
+  const sites = factors.map((f, i): PatchedSite => {
+    const name = findScaleTensor(graph, f.apply, f.factor, f.logits);
+    if (!name || !graph.initializers.has(name)) throw new InputError(`factor ${label(f.apply)}: its s initializer was not found`);
+    replaceScale(graph, name, scales[i], i);
+    return {
+      node: f.softmax ? label(f.softmax) : label(f.apply), layer: f.layer ?? i, scope: 'main', kind: 'Softmax', n: 'unchanged',
+      nReason: 'kept from the earlier patch', heads: null, headAxis: null, headsReason: '', logitsRank: null, logits: f.logits,
+      s: scales[i], sInitializer: name, target: 'logits', nShared: 'unchanged',
+    };
+  });
+  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset: 'ssmax', nSources: 0 };
 }
 
 function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number): void {

@@ -1,6 +1,6 @@
 /** The record of a patch kept in metadata_props, and finding an earlier patch's s in the graph. */
 import { Graph } from '../graph/graph';
-import { ModelProto, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto } from '../io/onnx';
 
 export const RECORD_KEY = 'ssmax_patch';
 
@@ -42,6 +42,14 @@ export function writeRecord(model: ModelProto, record: PatchRecord): void {
   model.metadataProps = props;
 }
 
+/** Removes the record; true if there was one. */
+export function removeRecord(model: ModelProto): boolean {
+  const props = model.metadataProps.filter((p) => p.key !== RECORD_KEY);
+  const had = props.length !== model.metadataProps.length;
+  if (had) model.metadataProps = props;
+  return had;
+}
+
 export function readRecord(model: ModelProto): PatchRecord | null {
   const entry = model.metadataProps.find((p) => p.key === RECORD_KEY);
   if (!entry) return null;
@@ -54,20 +62,36 @@ export function readRecord(model: ModelProto): PatchRecord | null {
 
 /**
  * The s tensor feeding an inserted factor, found by walking up from the node that applies it: an initializer
- * (or, in a function body, a Constant) named `.../s`, or the `ssmax_s*` input through which a function gets s.
+ * (or, in a function body, a Constant) named `.../s`, the `ssmax_s*` input through which a function gets s, or,
+ * when another tool renamed things, the only floating-point initializer the factor uses.
  */
-export function findScaleTensor(graph: Graph, apply: NodeProto): string | null {
-  const queue = [...apply.input];
-  const seen = new Set<string>();
+export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.input[1], logits = apply.input[0]): string | null {
+  const queue = [factor];
+  const seen = new Set<string>([logits]);
+  const floats: string[] = [];
   while (queue.length) {
     const name = queue.shift()!;
     if (!name || seen.has(name)) continue;
     seen.add(name);
-    if (graph.initializers.has(name) && /\/s(_\d+)?$/.test(name)) return name;
+    const init = graph.initializers.get(name);
+    if (init && /\/s(_\d+)?$/.test(name)) return name;
     if (graph.inputs.has(name) && /^ssmax_s/.test(name)) return name;
+    if (init && [DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16].includes(init.dataType as 1)) floats.push(name);
     const node = graph.producer.get(name);
     if (node?.opType === 'Constant' && /\/s(_\d+)?$/.test(name)) return name;
     if (node) queue.push(...node.input);
   }
-  return null;
+  if (floats.length === 1) return floats[0];
+  // Several constants (mask thresholds, ones): s is the one multiplying a logarithm.
+  const scales = floats.filter((name) => graph.consumersOf(name).some((c) => c.opType === 'Mul'
+    && c.input.some((i) => i !== name && dependsOnLog(graph, i))));
+  return scales.length === 1 ? scales[0] : null;
 }
+
+function dependsOnLog(graph: Graph, name: string, depth = 0): boolean {
+  const node = graph.producer.get(name);
+  if (!node || depth > 6) return false;
+  return node.opType === 'Log' || node.input.some((i) => dependsOnLog(graph, i, depth + 1));
+}
+
+export const findScaleInitializer = findScaleTensor;

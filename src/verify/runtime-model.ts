@@ -25,16 +25,11 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
 }
 
 /**
- * A copy of `model` that shares its tensors and untouched nodes: enough to add nodes, outputs and
- * initializers, or to replace whole nodes, without copying hundreds of megabytes of weights.
+ * A copy of `model` to add nodes, outputs and initializers to: the reader's tracked copy, which shares the
+ * weights (held in the file, or the same byte arrays) and keeps where external data lives.
  */
 export function shallowCopy(model: ModelProto): ModelProto {
-  const g = model.graph!;
-  return {
-    ...model,
-    metadataProps: [...model.metadataProps],
-    graph: { ...g, node: [...g.node], input: [...g.input], output: [...g.output], initializer: [...g.initializer], valueInfo: [...g.valueInfo] },
-  };
+  return cloneModel(model);
 }
 
 /**

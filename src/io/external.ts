@@ -1,0 +1,138 @@
+/**
+ * External data: tensors whose bytes live in other files (`data_location = EXTERNAL`, with `location`,
+ * `offset`, `length` entries relative to the model's folder). Checked when a model is read, read on demand
+ * for the few small constants detection needs, and placed for the output (in place, linked, copied or
+ * referenced).
+ */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { EXTERNAL, rawByteLength, toNumber } from './constants';
+import type { AttributeProto, GraphProto, ModelProto, TensorProto } from './onnx';
+import { externalContext } from './origin';
+import { ModelFormatError } from './read';
+import { readExact } from './source';
+
+export interface ExternalRef {
+  location: string;
+  offset: number;
+  /** Bytes of data: the `length` entry, or what dims × element size needs when it is absent. */
+  length: number;
+}
+
+/** Every tensor in the model: initializers and attribute tensors, in the main graph, subgraphs and functions. */
+export function forEachTensor(model: ModelProto, fn: (t: TensorProto) => void): void {
+  if (model.graph) forGraph(model.graph, fn);
+  for (const f of model.functions ?? []) for (const n of f.node) forAttributes(n.attribute, fn);
+}
+
+function forGraph(g: GraphProto, fn: (t: TensorProto) => void): void {
+  for (const t of g.initializer) fn(t);
+  for (const n of g.node) forAttributes(n.attribute, fn);
+}
+
+function forAttributes(attributes: AttributeProto[], fn: (t: TensorProto) => void): void {
+  for (const a of attributes) {
+    for (const t of [a.t, ...(a.tensors ?? [])]) if (t) fn(t);
+    for (const g of [a.g, ...(a.graphs ?? [])]) if (g) forGraph(g, fn);
+  }
+}
+
+export function isExternal(t: TensorProto): boolean {
+  return t.dataLocation === EXTERNAL;
+}
+
+export function externalRef(t: TensorProto): ExternalRef {
+  const entry = (key: string): string | undefined => t.externalData.find((kv) => kv.key === key)?.value;
+  const label = `tensor '${t.name}'`;
+  const location = entry('location');
+  if (!location) throw new ModelFormatError(`${label}: external data without a location`);
+  const number = (key: string): number | undefined => {
+    const v = entry(key);
+    if (v === undefined) return undefined;
+    if (!/^\d+$/.test(v) || !Number.isSafeInteger(Number(v))) throw new ModelFormatError(`${label}: external data ${key} '${v}' is not a byte count`);
+    return Number(v);
+  };
+  const count = t.dims.map(toNumber).reduce((a, b) => a * b, 1);
+  const needed = rawByteLength(t.dataType, count);
+  const length = number('length') ?? needed;
+  if (length === undefined) throw new ModelFormatError(`${label}: external data of data type ${t.dataType} needs a length`);
+  if (needed !== undefined && length !== needed) {
+    throw new ModelFormatError(`${label}: external data length ${length}, but dims [${t.dims.map(toNumber).join(', ')}] need ${needed} bytes`);
+  }
+  return { location, offset: number('offset') ?? 0, length };
+}
+
+/**
+ * The data file a location names, relative to the model's folder. Absolute paths are refused (onnx and
+ * onnxruntime refuse them too); paths that leave the folder are accepted for reading, since
+ * `--external-data reference` writes them, but never as copy or link targets.
+ */
+export function dataFile(dir: string, location: string): string {
+  if (path.isAbsolute(location) || /^[A-Za-z]:[\\/]/.test(location)) {
+    throw new ModelFormatError(`external data location '${location}' is an absolute path (onnx and onnxruntime refuse those)`);
+  }
+  return path.resolve(dir, location);
+}
+
+export function isInside(dir: string, file: string): boolean {
+  const rel = path.relative(dir, file);
+  return rel !== '' && !rel.startsWith('..') && !path.isAbsolute(rel);
+}
+
+/** Checks that every external tensor's file exists and holds its bytes; returns the files, absolute. */
+export function checkExternalData(model: ModelProto, dir: string): string[] {
+  const sizes = new Map<string, number>();
+  forEachTensor(model, (t) => {
+    if (!isExternal(t)) return;
+    const ref = externalRef(t);
+    const file = dataFile(dir, ref.location);
+    let size = sizes.get(file);
+    if (size === undefined) {
+      size = fileSize(file, ref.location, t.name);
+      sizes.set(file, size);
+    }
+    if (ref.offset + ref.length > size) {
+      throw new ModelFormatError(`tensor '${t.name}': external data at offset ${ref.offset} + ${ref.length} bytes runs past the end of '${ref.location}' (${size} bytes)`);
+    }
+  });
+  return [...sizes.keys()];
+}
+
+function fileSize(file: string, location: string, tensor: string): number {
+  try {
+    const st = fs.statSync(file);
+    if (!st.isFile()) throw new ModelFormatError(`tensor '${tensor}': external data '${location}' is not a file`);
+    return st.size;
+  } catch (e) {
+    if (e instanceof ModelFormatError) throw e;
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new ModelFormatError(`tensor '${tensor}': external data file '${location}' ${code === 'ENOENT' ? 'not found' : `cannot be read (${code})`}`);
+  }
+}
+
+/** The bytes of an external tensor, or null when its model's folder is unknown. */
+export function readExternal(t: TensorProto): Uint8Array | null {
+  const ctx = externalContext(t);
+  if (!ctx || ctx.dir === null) return null;
+  const ref = externalRef(t);
+  const fd = fs.openSync(dataFile(ctx.dir, ref.location), 'r');
+  try {
+    return readExact(fd, ref.offset, ref.length);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** The external data files a model references, absolute, with the folder each is relative to. */
+export function externalFiles(model: ModelProto): { file: string; location: string; dir: string }[] {
+  const seen = new Map<string, { file: string; location: string; dir: string }>();
+  forEachTensor(model, (t) => {
+    if (!isExternal(t)) return;
+    const ctx = externalContext(t);
+    if (!ctx || ctx.dir === null) return;
+    const location = externalRef(t).location;
+    const file = dataFile(ctx.dir, location);
+    if (!seen.has(file)) seen.set(file, { file, location, dir: ctx.dir });
+  });
+  return [...seen.values()];
+}

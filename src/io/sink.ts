@@ -1,0 +1,146 @@
+/**
+ * Writes outputs all-or-nothing: every file goes to a temporary name in its target folder, and only when
+ * all are complete are they renamed into place (data files first, the model last). On any error every
+ * temporary and every file already renamed is removed. Spans of input files are streamed in chunks, so
+ * memory stays flat whatever the size; all-zero chunks are skipped, leaving holes, so sparse inputs stay sparse.
+ */
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { Out } from './emit';
+import { Progress } from './progress';
+import { FileSource, MemorySource, Source } from './source';
+
+export interface WriteJob {
+  kind: 'write';
+  target: string;
+  out: Out;
+}
+
+/** Puts an existing file at `target`: a hard link, a copy, or a link where possible and a copy otherwise. */
+export interface PlaceJob {
+  kind: 'link' | 'copy' | 'link-or-copy';
+  target: string;
+  source: string;
+}
+
+export type Job = WriteJob | PlaceJob;
+
+export interface JobResult {
+  target: string;
+  how: 'written' | 'linked' | 'copied';
+}
+
+/** Small enough to stay in cache between the read and the write of each chunk (measured: 1 MB beats 8 MB). */
+const CHUNK = 1024 * 1024;
+
+export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
+  const temps = jobs.map((j) => tempPath(j.target));
+  const renamed: string[] = [];
+  const results: JobResult[] = [];
+  const total = jobs.reduce((n, j) => n + (j.kind === 'write' ? j.out.size : j.kind === 'copy' ? fs.statSync(j.source).size : 0), 0);
+  progress?.start(`writing ${path.basename(jobs[jobs.length - 1].target)}`, total);
+  try {
+    jobs.forEach((job, i) => results.push(run(job, temps[i], progress)));
+    jobs.forEach((job, i) => {
+      fs.renameSync(temps[i], job.target);
+      renamed.push(job.target);
+    });
+    return results;
+  } catch (e) {
+    for (const f of [...temps, ...renamed]) fs.rmSync(f, { force: true });
+    throw e;
+  } finally {
+    progress?.end();
+  }
+}
+
+function tempPath(target: string): string {
+  return path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+}
+
+function run(job: Job, temp: string, progress: Progress | null): JobResult {
+  fs.mkdirSync(path.dirname(temp), { recursive: true });
+  if (job.kind === 'write') {
+    writePieces(job.out, temp, progress);
+    return { target: job.target, how: 'written' };
+  }
+  if (job.kind !== 'copy') {
+    try {
+      fs.linkSync(job.source, temp);
+      return { target: job.target, how: 'linked' };
+    } catch (e) {
+      if (job.kind === 'link') throw e;
+    }
+  }
+  const src = new FileSource(job.source);
+  const out = new Out();
+  out.span(src, 0, src.size);
+  writePieces(out, temp, progress);
+  return { target: job.target, how: 'copied' };
+}
+
+function writePieces(out: Out, file: string, progress: Progress | null): void {
+  const fd = fs.openSync(file, 'wx');
+  const open = new Map<Source, number>();
+  try {
+    let pos = 0;
+    for (const p of out.pieces) {
+      if (p instanceof Uint8Array) {
+        writeAt(fd, p, pos);
+        progress?.advance(p.length);
+      } else if (p.src instanceof MemorySource) {
+        writeAt(fd, p.src.buffer.subarray(p.start, p.end), pos);
+        progress?.advance(p.end - p.start);
+      } else if (p.src instanceof FileSource) {
+        let sfd = open.get(p.src);
+        if (sfd === undefined) {
+          sfd = p.src.open();
+          open.set(p.src, sfd);
+        }
+        copyRange(sfd, p.start, p.end, fd, pos, progress);
+      } else {
+        writeAt(fd, p.src.read(p.start, p.end), pos);
+      }
+      pos += p instanceof Uint8Array ? p.length : p.end - p.start;
+    }
+    fs.ftruncateSync(fd, pos);
+    // The inputs must not have changed while we copied them.
+    for (const [src, sfd] of open) (src as FileSource).check(sfd);
+  } finally {
+    for (const sfd of open.values()) fs.closeSync(sfd);
+    fs.closeSync(fd);
+  }
+}
+
+let chunk: Buffer | null = null;
+let zeros: Buffer | null = null;
+
+function copyRange(sfd: number, start: number, end: number, fd: number, pos: number, progress: Progress | null): void {
+  chunk ??= Buffer.allocUnsafe(CHUNK);
+  let offset = start;
+  while (offset < end) {
+    const want = Math.min(CHUNK, end - offset);
+    let got = 0;
+    while (got < want) {
+      const n = fs.readSync(sfd, chunk, got, want - got, offset + got);
+      if (n === 0) throw new Error(`input ended at byte ${offset + got}, before the ${end - start} bytes expected`);
+      got += n;
+    }
+    if (!isZero(chunk, want)) writeAt(fd, chunk.subarray(0, want), pos + offset - start);
+    offset += want;
+    progress?.advance(want);
+  }
+}
+
+/** True for an all-zero chunk; random data fails on the first bytes, so the full compare is rare. */
+function isZero(buf: Buffer, length: number): boolean {
+  if (length < 4096 || buf[0] !== 0 || buf[length - 1] !== 0 || buf.readBigUInt64LE(0) !== 0n) return false;
+  zeros ??= Buffer.alloc(CHUNK);
+  return buf.compare(zeros, 0, length, 0, length) === 0;
+}
+
+function writeAt(fd: number, bytes: Uint8Array, pos: number): void {
+  let done = 0;
+  while (done < bytes.length) done += fs.writeSync(fd, bytes, done, bytes.length - done, pos + done);
+}
