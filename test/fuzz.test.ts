@@ -15,6 +15,7 @@ import { InputError } from '../src/errors';
 import { readModel, writeModel } from '../src/io/model-file';
 import { encodeModel } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
+import { rng } from '../src/verify/inputs';
 import { revertModel } from '../src/rewrite/revert';
 import { ortLoadError, sha, tmpdir } from './support/io';
 import { TORCH } from './support/ref';
@@ -25,15 +26,6 @@ const COUNT = Number(process.env.SSMAX_FUZZ_COUNT ?? 3000);
 const BUDGET_MS = Number(process.env.SSMAX_FUZZ_BUDGET_MS ?? 50_000);
 const MIN_COUNT = Math.min(COUNT, 1000);
 
-function xorshift(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13; x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5; x >>>= 0;
-    return x / 4294967296;
-  };
-}
 
 type Mutation = (b: Buffer, r: () => number, other: Buffer) => Buffer;
 const at = (b: Buffer, r: () => number): number => Math.floor(r() * b.length);
@@ -76,7 +68,7 @@ function bases(): Buffer[] {
 
 describe('fuzz: mutated models through read → patch → write', () => {
   it(`${COUNT} mutations from seed ${SEED}: no crash, no hang, no output on error, every output loads`, { timeout: Math.max(150_000, BUDGET_MS + 60_000) }, async () => {
-    const r = xorshift(SEED);
+    const r = rng(SEED);
     const models = bases();
     const dir = tmpdir('ssmax-fuzz-');
     const input = path.join(dir, 'in.onnx');

@@ -4,7 +4,7 @@ import { GraphProto, NodeProto } from '../io/onnx';
 import { subgraphsOf } from './graph';
 
 /** Names a node reads, including names its subgraphs capture from the enclosing scope. */
-function readsOf(node: NodeProto): string[] {
+export function readsOf(node: NodeProto): string[] {
   const reads = node.input.filter(Boolean);
   for (const g of subgraphsOf(node)) {
     const local = new Set<string>([...g.input.map((v) => v.name), ...g.initializer.map((t) => t.name)]);

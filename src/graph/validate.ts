@@ -6,7 +6,7 @@
 import { InputError } from '../errors';
 import { GraphProto, NodeProto } from '../io/onnx';
 import { subgraphsOf } from './graph';
-import { topoSort } from './toposort';
+import { readsOf, topoSort } from './toposort';
 
 export interface ValidateOptions {
   /** Accept nodes out of topological order (the caller sorts them); cycles are still refused. */
@@ -73,13 +73,3 @@ function definitions(g: GraphProto, where: string): Map<string, NodeProto> {
   return producer;
 }
 
-/** Names a node reads, including names its subgraphs take from the enclosing scope. */
-function readsOf(node: NodeProto): string[] {
-  const reads = node.input.filter(Boolean);
-  for (const g of subgraphsOf(node)) {
-    const local = new Set<string>([...g.input.map((v) => v.name), ...g.initializer.map((t) => t.name)]);
-    for (const inner of g.node) for (const o of inner.output) local.add(o);
-    for (const inner of g.node) for (const name of readsOf(inner)) if (!local.has(name)) reads.push(name);
-  }
-  return reads;
-}
