@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { describe, it, mock } from 'node:test';
+import { after, describe, it, mock } from 'node:test';
 // The real module object (not the import wrapper), so the methods can be mocked where the tool calls them.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const realFs: typeof fs = require('node:fs');
@@ -15,7 +15,7 @@ import { readModel, writeModel } from '../src/io/model-file';
 import { encodeModel } from '../src/io/onnx';
 import { externalRef } from '../src/io/external';
 import { patchModel } from '../src/rewrite/patch';
-import { assertOneLineError, assertSameOutputs, cli, ortLoadError, runIds, sha, snapshot, tmpdir, scratchdir, writeExternal, writeSparseModel } from './support/io';
+import { assertOneLineError, assertSameOutputs, cli, ortLoadError, removeScratch, runIds, scratchdir, sha, snapshot, tmpdir, writeExternal, writeSparseModel } from './support/io';
 
 const SPEC = { layers: 2, d: 64, heads: 4, ff: 128, vocab: 200, tmax: 16 };
 const IDS = [[1, 5, 9, 2, 33, 7, 11, 3, 0, 199], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]];
@@ -60,6 +60,7 @@ function bytesReadFrom(files: string[], fn: () => void): number {
 }
 
 describe('external data', () => {
+  after(removeScratch);
   it('same folder: patched without reading the weights; the output references the same files and runs', async () => {
     const dir = tmpdir();
     const input = writeExternal(embedded, dir, 'm.onnx');

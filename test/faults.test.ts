@@ -6,12 +6,12 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { encodeModel, ModelProto } from '../src/io/onnx';
 import { decodeAs, encodeAs } from '../src/io/proto';
 import { varintField } from '../src/io/wire';
-import { assertOneLineError, cli, ortLoadError, snapshot, tmpdir, writeExternal } from './support/io';
+import { assertOneLineError, cli, ortLoadError, removeScratch, snapshot, tmpdir, writeExternal } from './support/io';
 
 const SPEC = { layers: 1, d: 16, heads: 2, ff: 16, vocab: 30, tmax: 8 };
 const good = Buffer.from(encodeModel(smallTransformer(SPEC)));
@@ -78,6 +78,7 @@ function expectRefusal(dir: string, args: string[], pattern: RegExp): void {
 }
 
 describe('bad input files', () => {
+  after(removeScratch);
   for (const [what, bytes, pattern] of [...magic.map(([w, b, p]) => [w, () => b, p] as const), ...cases]) {
     it(`${what}: one line, exit 2, nothing written`, () => {
       const { dir } = folder();
@@ -98,6 +99,7 @@ describe('bad input files', () => {
 });
 
 describe('bad external data', () => {
+  after(removeScratch);
   const external: [string, (dir: string) => void, RegExp][] = [
     ['a missing data file', (dir) => fs.rmSync(path.join(dir, 'm.onnx.data')), /external data file 'm\.onnx\.data' not found/],
     ['an offset past the end of the data file', (dir) => fs.truncateSync(path.join(dir, 'm.onnx.data'), 1000), /runs past the end of 'm\.onnx\.data'/],
@@ -137,6 +139,7 @@ describe('bad external data', () => {
 });
 
 describe('bad output targets', () => {
+  after(removeScratch);
   it('the output path equal to the input, by name, through a symlink, or as a hard link', () => {
     const { dir, input } = folder();
     fs.symlinkSync(input, path.join(dir, 'sym.onnx'));

@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { InputError } from '../src/errors';
 import { readModel, writeModel } from '../src/io/model-file';
@@ -17,7 +17,7 @@ import { encodeModel } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
 import { rng } from '../src/verify/inputs';
 import { revertModel } from '../src/rewrite/revert';
-import { ortLoadError, sha, tmpdir } from './support/io';
+import { ortLoadError, removeScratch, sha, tmpdir } from './support/io';
 import { TORCH } from './support/ref';
 
 const SEED = Number(process.env.SSMAX_FUZZ_SEED ?? 20250129);
@@ -67,6 +67,7 @@ function bases(): Buffer[] {
 }
 
 describe('fuzz: mutated models through read → patch → write', () => {
+  after(removeScratch);
   it(`${COUNT} mutations from seed ${SEED}: no crash, no hang, no output on error, every output loads`, { timeout: Math.max(150_000, BUDGET_MS + 60_000) }, async () => {
     const r = rng(SEED);
     const models = bases();

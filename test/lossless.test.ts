@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { parseModel, readModel, serializeModel, writeModel } from '../src/io/model-file';
 import { encodeModel, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
@@ -17,7 +17,7 @@ import { MemorySource } from '../src/io/source';
 import { concatBytes, Entry, lenHeader, scanFields, varintField } from '../src/io/wire';
 import { patchModel } from '../src/rewrite/patch';
 import { revertModel } from '../src/rewrite/revert';
-import { runIds, tmpdir } from './support/io';
+import { removeScratch, runIds, tmpdir } from './support/io';
 
 const utf8 = (s: string): Uint8Array => Buffer.from(s, 'utf8');
 const field = (id: number, payload: Uint8Array): Uint8Array => concatBytes([lenHeader(id, payload.length), payload]);
@@ -94,6 +94,7 @@ function nodeEntries(bytes: Uint8Array): Uint8Array[] {
 }
 
 describe('lossless rewriting', () => {
+  after(removeScratch);
   const built = build();
 
   it('reading and writing an unchanged model gives back the same bytes, unknown fields included', () => {

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { Graph } from '../src/graph/graph';
 import { parseModel, readModel, serializeModel } from '../src/io/model-file';
@@ -16,7 +16,7 @@ import { patchModel } from '../src/rewrite/patch';
 import { RECORD_KEY } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
 import { Outputs, Runner } from '../src/verify/run';
-import { assertOneLineError, cli, tmpdir } from './support/io';
+import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 import { feedsOf, loadRef, TORCH } from './support/ref';
 
 const MODELS = ['bert_encoder', 'encoder_3d', 'gpt2_decoder', 'gpt2_past', 'llama_gqa', 'classifier'];
@@ -55,6 +55,7 @@ function anonymised(patched: ModelProto): Uint8Array {
 }
 
 describe('revert', () => {
+  after(removeScratch);
   for (const name of MODELS) {
     it(`${name}: revert of the patch is the original file, byte for byte, with equal outputs`, async () => {
       const file = path.join(TORCH, `${name}.onnx`);
@@ -107,6 +108,7 @@ describe('revert', () => {
 });
 
 describe('an existing patch is found from the graph', () => {
+  after(removeScratch);
   const file = path.join(TORCH, 'bert_encoder.onnx');
   const patched = patchModel(readModel(file), { s: 0.3 }).model;
 

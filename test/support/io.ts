@@ -20,8 +20,18 @@ export function cli(args: string[], options: { cwd?: string; env?: NodeJS.Proces
   return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
 
+const scratch: string[] = [];
+
+/** Removes every folder tmpdir() made so far: each suite calls it in its after() hook. */
+export function removeScratch(): void {
+  for (const dir of scratch.splice(0)) fs.rmSync(dir, { recursive: true, force: true });
+}
+
+/** A fresh folder, removed by removeScratch(). */
 export function tmpdir(prefix = 'ssmax-io-'): string {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  scratch.push(dir);
+  return dir;
 }
 
 export const sha = (file: string): string => createHash('sha256').update(fs.readFileSync(file)).digest('hex');
