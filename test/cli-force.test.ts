@@ -2,11 +2,13 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { DataType, encodeModel } from '../src/io/onnx';
 import { model, node, value } from './support/build';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 
@@ -29,7 +31,7 @@ function softcapModel(dir: string): string {
 }
 
 describe('--force-site', () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-force-'));
+  const dir = tmpdir('ssmax-force-');
   const input = softcapModel(dir);
 
   it('lists the refused site with its layer, reason and the flag that accepts it', () => {

@@ -3,12 +3,14 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { encodeModel } from '../src/io/onnx';
 import { f32, model, node, randoms, value } from './support/build';
 import { TORCH } from './support/ref';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 
@@ -18,7 +20,7 @@ function cli(args: string[], cwd?: string): { code: number; stdout: string; stde
 }
 
 function workdir(): string {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-cli-'));
+  const dir = tmpdir('ssmax-cli-');
   fs.copyFileSync(path.join(TORCH, 'bert_encoder.onnx'), path.join(dir, 'bert.onnx'));
   fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'gpt2.onnx'));
   return dir;

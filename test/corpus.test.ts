@@ -4,15 +4,17 @@
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { InputError } from '../src/errors';
 import { readModel, writeModel } from '../src/io/model-file';
 import { findAttentionSoftmax } from '../src/detect/find-attention';
 import { patchModel } from '../src/rewrite/patch';
 import { FIXTURES } from './support/ref';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 
@@ -37,7 +39,7 @@ async function loads(file: string): Promise<string | null> {
 
 /** Writes the patched model to a new folder; its external data files, if any, are linked or copied beside it. */
 function writeBesideData(model: Parameters<typeof writeModel>[1]): string {
-  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-corpus-')), 'patched.onnx');
+  const out = path.join(tmpdir('ssmax-corpus-'), 'patched.onnx');
   writeModel(out, model);
   return out;
 }

@@ -5,14 +5,16 @@
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { readModel, serializeModel } from '../src/io/model-file';
 import { decodeModel } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
 import { TORCH } from './support/ref';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 async function optimisedOps(bytes: Uint8Array, file: string): Promise<Record<string, number>> {
   const s = await ort.InferenceSession.create(bytes, { optimizedModelFilePath: file, logSeverityLevel: 3 });
@@ -25,7 +27,7 @@ async function optimisedOps(bytes: Uint8Array, file: string): Promise<Record<str
 const FUSED = /^(Fused|Bias|Fast|Quick|SkipLayer|LayerNorm|SimplifiedLayer|Attention|MultiHead|Gelu)/;
 
 describe('onnxruntime fusions survive the patch', () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-fusion-'));
+  const dir = tmpdir('ssmax-fusion-');
   for (const name of ['bert_encoder', 'encoder_3d', 'gpt2_decoder', 'gpt2_past', 'llama_gqa']) {
     it(name, async () => {
       const m = readModel(path.join(TORCH, `${name}.onnx`));

@@ -4,9 +4,8 @@
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { Graph } from '../src/graph/graph';
 import { InputError } from '../src/errors';
 import { readModel } from '../src/io/model-file';
@@ -20,6 +19,9 @@ import { hostValues } from '../src/verify/tensors';
 import { verifyPatch, VerifyReport } from '../src/verify/verify';
 import { FIXTURES, TORCH } from './support/ref';
 import { castAttentionModel, crossAttentionModel, pixelAttentionModel } from './support/signatures';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 const INPUTS = path.join(FIXTURES, 'inputs');
 const fixture = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.onnx`));
@@ -114,7 +116,7 @@ describe('input files', () => {
   });
 
   it('rejects unreadable, malformed and mistyped files with one line naming the option', () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-inputs-'));
+    const dir = tmpdir('ssmax-inputs-');
     const write = (name: string, text: string): string => {
       fs.writeFileSync(path.join(dir, name), text);
       return path.join(dir, name);
@@ -142,7 +144,7 @@ describe('input files', () => {
     assert.match(r.notes.join('\n'), /sequence length fixed at 20/);
     assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'SKIPPED', liveness: 'SKIPPED', sharpness: 'SKIPPED' });
     assert.equal(r.inputs.find((i) => i.name === 'input_ids')!.file, path.join(INPUTS, 'ids.npy'));
-    const twoItems = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-inputs-')), 'mask2.json');
+    const twoItems = path.join(tmpdir('ssmax-inputs-'), 'mask2.json');
     fs.writeFileSync(twoItems, '[[1, 1], [1, 0]]');
     await assert.rejects(verifyPatch(original, patched, { inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: twoItems } }),
       /--input attention_mask: dim 0 \('batch'\) is 2, but --input input_ids sets it to 1/);

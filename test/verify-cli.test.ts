@@ -6,13 +6,15 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { makeTensor, readTensor } from '../src/graph/tensor';
 import { readModel, writeModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { TORCH } from './support/ref';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 
@@ -26,7 +28,7 @@ const listing = (dir: string): string[] => fs.readdirSync(dir).map((f) => `${f}:
 
 /** A folder with the llama fixture, a correct patch of it, and one with per-head s reversed in the graph. */
 function workdir(): { dir: string; original: string; patched: string; broken: string } {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-cli-'));
+  const dir = tmpdir('ssmax-verify-cli-');
   const original = path.join(dir, 'llama.onnx');
   fs.copyFileSync(path.join(TORCH, 'llama_gqa.onnx'), original);
   const model = readModel(original);

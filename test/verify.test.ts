@@ -1,7 +1,7 @@
 /** Each verification check passes on a correct patch and fails on a patch broken in the way it guards against. */
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { Graph } from '../src/graph/graph';
 import { makeTensor } from '../src/graph/tensor';
 import { readModel } from '../src/io/model-file';
@@ -12,8 +12,10 @@ import { compareOutputs } from '../src/verify/compare';
 import { sharpnessSvg } from '../src/verify/plot';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import { TORCH } from './support/ref';
+import { removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
 
 const L = 32;
 const original = readModel(path.join(TORCH, 'bert_encoder.onnx'));
@@ -133,7 +135,7 @@ describe('sharpness plot', () => {
 
   const rsvg = spawnSync('rsvg-convert', ['--version']).status === 0;
   it('renders to PNG with rsvg-convert', { skip: rsvg ? false : 'rsvg-convert not installed (apt-get install librsvg2-bin)' }, () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-plot-'));
+    const dir = tmpdir('ssmax-plot-');
     fs.writeFileSync(path.join(dir, 'p.svg'), sharpnessSvg(curve, { title: 'render' }));
     const r = spawnSync('rsvg-convert', [path.join(dir, 'p.svg'), '-o', path.join(dir, 'p.png')], { encoding: 'utf8' });
     assert.equal(r.status, 0, r.stderr);
