@@ -1,21 +1,14 @@
 /** --force-site on the command line: refused sites named with their reason, forcing them, and typos caught. */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { DataType, encodeModel } from '../src/io/onnx';
 import { model, node, value } from './support/build';
-import { removeScratch, tmpdir } from './support/io';
+import { cli, removeScratch, tmpdir } from './support/io';
 
 after(removeScratch);
 
-const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
-
-function cli(args: string[]): { code: number; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8' });
-  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
-}
 
 /** An ONNX Attention node with softcap (refused) beside one without (patched). */
 function softcapModel(dir: string): string {

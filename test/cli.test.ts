@@ -1,23 +1,15 @@
 /** The command line as a user meets it: exit codes, one-line errors, output files, the input left alone. */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { encodeModel } from '../src/io/onnx';
 import { f32, model, node, randoms, value } from './support/build';
 import { TORCH } from './support/ref';
-import { removeScratch, tmpdir } from './support/io';
+import { assertOneLineError, cli, removeScratch, sha, tmpdir } from './support/io';
 
 after(removeScratch);
 
-const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
-
-function cli(args: string[], cwd?: string): { code: number; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, [BIN, ...args], { cwd, encoding: 'utf8' });
-  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
-}
 
 function workdir(): string {
   const dir = tmpdir('ssmax-cli-');
@@ -26,15 +18,7 @@ function workdir(): string {
   return dir;
 }
 
-const sha = (file: string): string => createHash('sha256').update(fs.readFileSync(file)).digest('hex');
 
-function assertOneLineError(r: { code: number; stderr: string }, code: number, pattern: RegExp): void {
-  assert.equal(r.code, code, r.stderr);
-  const lines = r.stderr.trim().split('\n');
-  assert.equal(lines.length, 1, `expected one line, got:\n${r.stderr}`);
-  assert.match(lines[0], pattern);
-  assert.doesNotMatch(r.stderr, /\n\s+at /, 'stack trace printed');
-}
 
 describe('ssmax-patch CLI', () => {
   it('writes <name>.ssmax.onnx beside the input, leaves the input unchanged, refuses to overwrite without --force', () => {

@@ -3,8 +3,6 @@
  * report and the SVG plot written (also when a check fails), one-line errors with nothing written.
  */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -12,18 +10,11 @@ import { makeTensor, readTensor } from '../src/graph/tensor';
 import { readModel, writeModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { TORCH } from './support/ref';
-import { removeScratch, tmpdir } from './support/io';
+import { assertOneLineError, cli, removeScratch, sha, tmpdir } from './support/io';
 
 after(removeScratch);
 
-const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 
-function cli(args: string[]): { code: number; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8' });
-  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
-}
-
-const sha = (file: string): string => createHash('sha256').update(fs.readFileSync(file)).digest('hex');
 const listing = (dir: string): string[] => fs.readdirSync(dir).map((f) => `${f}:${sha(path.join(dir, f))}`).sort();
 
 /** A folder with the llama fixture, a correct patch of it, and one with per-head s reversed in the graph. */
@@ -41,13 +32,6 @@ function workdir(): { dir: string; original: string; patched: string; broken: st
   return { dir, original, patched, broken: path.join(dir, 'broken.onnx') };
 }
 
-function assertOneLineError(r: { code: number; stderr: string }, pattern: RegExp): void {
-  assert.equal(r.code, 2, r.stderr);
-  const lines = r.stderr.trim().split('\n');
-  assert.equal(lines.length, 1, `expected one line, got:\n${r.stderr}`);
-  assert.match(lines[0], pattern);
-  assert.doesNotMatch(r.stderr, /\n\s+at /, 'stack trace printed');
-}
 
 describe('ssmax-patch verify', () => {
   it('exits 0 on a correct patch, one line per check, and writes the report and the plot', () => {
@@ -111,7 +95,7 @@ describe('ssmax-patch verify', () => {
     it(`rejects ${what} with one line, exit 2, and nothing written`, () => {
       const w = workdir();
       const before = listing(w.dir);
-      assertOneLineError(cli(args(w)), pattern);
+      assertOneLineError(cli(args(w)), 2, pattern);
       assert.deepEqual(listing(w.dir), before, 'files in the folder changed');
     });
   }
@@ -129,7 +113,7 @@ describe('ssmax-patch --verify', () => {
 
   it('--report without --verify is a usage error', () => {
     const w = workdir();
-    assertOneLineError(cli([w.original, '--train-len', '64', '--report', path.join(w.dir, 'r.json')]), /--report and --plot need --verify/);
+    assertOneLineError(cli([w.original, '--train-len', '64', '--report', path.join(w.dir, 'r.json')]), 2, /--report and --plot need --verify/);
     assert.ok(!fs.existsSync(path.join(w.dir, 'llama.ssmax.onnx.tmp')));
   });
 });
