@@ -10,7 +10,7 @@ import { revertModel } from '../rewrite/revert';
 import type { VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
 import { formatPatch, formatRevert, formatVerify, formatWrite } from './format';
-import { addVerifyOptions, checkVerifyOutputs, verifyCommand, VerifyCliOptions, verifyOptionsFrom, writeVerifyOutputs } from './verify-command';
+import { addVerifyOptions, checkVerifyOutputs, oneLineErrors, verifyCommand, VerifyCliOptions, verifyOptionsFrom, writeVerifyOutputs } from './verify-command';
 
 interface CliOptions extends VerifyCliOptions {
   output?: string;
@@ -61,9 +61,7 @@ function program(): Command {
     .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
     .option('--quiet', 'no progress line on stderr')
     .addHelpText('after', '\nTo remove a patch: ssmax-patch revert <patched.onnx> [-o out.onnx] (see ssmax-patch revert --help)');
-  return addVerifyOptions(cmd)
-    .exitOverride()
-    .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
+  return oneLineErrors(addVerifyOptions(cmd));
 }
 
 function number(v: string | undefined, flag: string, integer = false): number | undefined {
@@ -127,7 +125,7 @@ function print(report: PatchReport, verification: VerifyReport | undefined, mode
 
 /** `ssmax-patch revert PATCHED [-o OUT]`: removes the patch, giving back the original model. */
 function revertProgram(): Command {
-  return new Command('ssmax-patch revert')
+  const cmd = new Command('ssmax-patch revert')
     .description('Remove an SSMax patch: the result computes exactly what the original model computed')
     .argument('<model>', 'patched ONNX model (never modified)')
     .option('-o, --output <file>', 'output model (default <name>.reverted.onnx beside the input)')
@@ -135,9 +133,8 @@ function revertProgram(): Command {
     .option('--json', 'print the report as JSON on stdout')
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
     .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
-    .option('--quiet', 'no progress line on stderr')
-    .exitOverride()
-    .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
+    .option('--quiet', 'no progress line on stderr');
+  return oneLineErrors(cmd);
 }
 
 function revertCommand(input: string, o: CliOptions): number {

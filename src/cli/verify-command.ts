@@ -119,9 +119,12 @@ function verifyProgram(): Command {
     .argument('<patched>', 'the model ssmax-patch wrote')
     .option('--train-len <L>', 'the retrofit length L (default: from the patch record)')
     .option('--json', 'print the report as JSON on stdout instead of one line per check');
-  return addVerifyOptions(cmd)
-    .exitOverride()
-    .configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
+  return oneLineErrors(addVerifyOptions(cmd));
+}
+
+/** Commander errors become one line on stderr and an exception the caller turns into exit code 2. */
+export function oneLineErrors(cmd: Command): Command {
+  return cmd.exitOverride().configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
 }
 
 /** Runs `verify` with the arguments after the subcommand name; returns the exit code. */

@@ -25,21 +25,10 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
 }
 
 /**
- * A copy of `model` to add nodes, outputs and initializers to: the reader's tracked copy, which shares the
- * weights (held in the file, or the same byte arrays) and keeps where external data lives.
- */
-export function shallowCopy(model: ModelProto): ModelProto {
-  return cloneModel(model);
-}
-
-/**
  * Replaces, in `model` itself, the factor input of every apply node by 1, in the main graph, its subgraphs and
  * the model's functions (apply nodes are copied first). The 1 takes the type of what it multiplies.
  */
-export function forceUnitFactor(shallow: ModelProto): ModelProto {
-  // Subgraphs and functions are shared by a shallow copy: edit them only in a deep one.
-  const nested = nodeLists(shallow).slice(1).some((list) => list.some((n) => APPLY.test(n.name)));
-  const model = nested ? cloneModel(shallow) : shallow;
+export function forceUnitFactor(model: ModelProto): ModelProto {
   const g = model.graph!;
   const types = inferElemTypes(new Graph(g));
   const opset = defaultOpset(model);

@@ -9,7 +9,7 @@ import { cloneModel } from '../rewrite/patch';
 import { SiteRecord } from '../rewrite/record';
 import { CheckId } from './plan';
 import { Runner } from './run';
-import { addProbeOutputs, addRowMaxOutputs, carryBf16AsFloat, forceUnitFactor, hasBf16Io, ProbeNames, shallowCopy } from './runtime-model';
+import { addProbeOutputs, addRowMaxOutputs, carryBf16AsFloat, forceUnitFactor, hasBf16Io, ProbeNames } from './runtime-model';
 
 export type SessionKey = 'original' | 'patched' | 'unit' | 'probe';
 
@@ -31,14 +31,14 @@ export async function openSessions(original: ModelProto, patched: ModelProto, ch
   progress: (line: string) => void): Promise<Sessions> {
   const s = new Sessions();
   const sites = records.map((r) => ({ layer: r.layer, softmax: r.softmax }));
+  // Every model opened here is a fresh copy of its own, so it may be edited in place.
   const open = async (key: SessionKey, model: ModelProto, label: string): Promise<void> => {
     progress(`verify: loading ${label}`);
-    const runnable = hasBf16Io(model) ? cloneModel(model) : model;
-    if (runnable !== model) carryBf16AsFloat(runnable);
+    if (hasBf16Io(model)) carryBf16AsFloat(model);
     try {
       // The probe copy reads the query twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
       // tensor read that way, and the probe only reads values, so it runs with basic optimisations.
-      s.runners[key] = await Runner.fromModel(runnable, label, key === 'probe' ? 'basic' : 'all');
+      s.runners[key] = await Runner.fromModel(model, label, key === 'probe' ? 'basic' : 'all');
     } catch (e) {
       await s.release();
       if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${oneLine(e)}`);
@@ -47,18 +47,18 @@ export async function openSessions(original: ModelProto, patched: ModelProto, ch
   };
   const needsPair = checks.has('retrofit') || checks.has('liveness') || checks.has('sharpness');
   if (checks.has('wiring') || needsPair) {
-    const m = shallowCopy(original);
+    const m = cloneModel(original);
     if (checks.has('sharpness')) s.rowMax.original = addRowMaxOutputs(m, sites);
     await open('original', m, 'original');
   }
   if (needsPair) {
-    const m = shallowCopy(patched);
+    const m = cloneModel(patched);
     if (checks.has('sharpness')) s.rowMax.patched = addRowMaxOutputs(m, sites);
     await open('patched', m, 'patched');
   }
-  if (checks.has('wiring')) await open('unit', forceUnitFactor(shallowCopy(patched)), 'patched with factor 1');
+  if (checks.has('wiring')) await open('unit', forceUnitFactor(cloneModel(patched)), 'patched with factor 1');
   if (checks.has('probe')) {
-    const m = shallowCopy(patched);
+    const m = cloneModel(patched);
     const { probes, missing } = addProbeOutputs(m, records);
     s.probes = probes;
     s.probeProblems = missing;
