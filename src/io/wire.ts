@@ -72,21 +72,11 @@ export function encodeVarint(value: number): Uint8Array {
 
 /** Tag and length prefix of a LEN field holding `length` bytes. */
 export function lenHeader(field: number, length: number): Uint8Array {
-  const tag = encodeVarint(field * 8 + LEN);
-  const len = encodeVarint(length);
-  const out = new Uint8Array(tag.length + len.length);
-  out.set(tag);
-  out.set(len, tag.length);
-  return out;
+  return concatBytes([encodeVarint(field * 8 + LEN), encodeVarint(length)]);
 }
 
 export function varintField(field: number, value: number): Uint8Array {
-  const tag = encodeVarint(field * 8 + VARINT);
-  const v = encodeVarint(value);
-  const out = new Uint8Array(tag.length + v.length);
-  out.set(tag);
-  out.set(v, tag.length);
-  return out;
+  return concatBytes([encodeVarint(field * 8 + VARINT), encodeVarint(value)]);
 }
 
 export function concatBytes(parts: Uint8Array[]): Uint8Array {
