@@ -51,3 +51,13 @@ export function positionN(option: NOption): NChoice {
   if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: --n ${option} does not apply`);
   return { mode: 'causal', reason: 'preset: n is the 1-based position' };
 }
+
+/** Modes whose n is counted from masks at run time (the others read shapes only). */
+export function countsMasks(mode: string): boolean {
+  return mode === 'padding' || mode === 'causal-padding' || mode === 'mask';
+}
+
+/** The shape-based mode a mode equals when every mask is all ones; `mask` has none (its masks may be causal or not). */
+export function withMasksOfOnes(mode: string): string {
+  return mode === 'padding' ? 'keys' : mode === 'causal-padding' ? 'causal' : mode;
+}

@@ -14,6 +14,7 @@ import { defaultOpset } from '../detect/find-attention';
 import { AttributeProto, AttributeType, DataType, GraphProto, ModelProto, NodeProto, TensorProto } from '../io/onnx';
 import { cloneModel } from '../rewrite/patch';
 import { SiteRecord } from '../rewrite/record';
+import { countsMasks } from '../policy/n-mode';
 
 /** The Mul that applies a factor (not the Casts around it, named apply_in / apply_out). */
 const APPLY = /^ssmax\/L\d+\/apply(_\d+)?$/;
@@ -88,8 +89,6 @@ export interface ProbeNames {
   masked?: string;
 }
 
-const MASK_COUNTED = new Set(['padding', 'causal-padding', 'mask']);
-
 /** Sites the probe can read: plain-op sites of the main graph (fused kernels and nested graphs hide their logits). */
 export function probeable(site: SiteRecord): boolean {
   return !site.kind && (site.scope ?? 'main') === 'main';
@@ -127,7 +126,7 @@ export function addProbeOutputs(model: ModelProto, sites: SiteRecord[]): { probe
       layer: site.layer,
       before: floatOutput(graph, before, `${PREFIX}L${site.layer}/before`),
       after: floatOutput(graph, after, `${PREFIX}L${site.layer}/after`),
-      ...(MASK_COUNTED.has(site.n) && softmax ? { masked: floatOutput(graph, softmax.input[0], `${PREFIX}L${site.layer}/masked`) } : {}),
+      ...(countsMasks(site.n) && softmax ? { masked: floatOutput(graph, softmax.input[0], `${PREFIX}L${site.layer}/masked`) } : {}),
     });
     placeAfter(graph.proto, anchor, added);
   }

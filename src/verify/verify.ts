@@ -13,6 +13,7 @@ import { DataType, ModelProto } from '../io/onnx';
 import { InputError } from '../errors';
 import { PatchRecord, readRecord } from '../rewrite/record';
 import { scaleFromTrainLen } from '../policy/scale';
+import { withMasksOfOnes } from '../policy/n-mode';
 import { aliveRuns, CHECK_NAMES, LivenessData, livenessCheck, parityCheck, probeCheck, sharpnessCheck, skippedCheck } from './checks';
 import { compareOutputs, Tolerance } from './compare';
 import { dimSources, synthesize } from './inputs';
@@ -186,8 +187,7 @@ function planRetrofit(setup: Setup): Setup['retrofit'] {
   }
   if (L > plan.cap) return skip(`L = ${L} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`);
   // Synthesised masks are all ones: padding counts equal the key count, causal-padding counts equal positions.
-  const like: Record<string, string> = { keys: 'keys', padding: 'keys', causal: 'causal', 'causal-padding': 'causal' };
-  const modes = [...new Set(record.sites.map((s) => like[s.n] ?? s.n))];
+  const modes = [...new Set(record.sites.map((s) => withMasksOfOnes(s.n)))];
   if (modes.length !== 1) return skip('sites mix keys and causal n');
   if (modes[0] !== 'keys' && modes[0] !== 'causal') return skip(`n counted from masks (${modes[0]}): no length fixes every row's n`);
   if (record.preset !== 'ssmax') return skip(`preset ${record.preset}: parity at n = L is the ssmax retrofit's property`);
