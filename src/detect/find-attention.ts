@@ -9,8 +9,8 @@
  * Every graph is searched: the main graph, If/Loop/Scan bodies and other graph attributes at any depth, and
  * function bodies. Layers are numbered in graph order within each graph.
  */
-import { attrInt, Graph } from '../graph/graph';
-import { calledFunction, defaultOpsetOf, modelScopes, nodeLabel, Scope } from '../graph/scopes';
+import { attrInt, Graph, nodeLabel } from '../graph/graph';
+import { calledFunction, defaultOpsetOf, modelScopes, Scope } from '../graph/scopes';
 import { topoOrder } from '../graph/toposort';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import { FusedSite, isFusedCandidate, matchFused } from './fused';
@@ -86,8 +86,6 @@ export function defaultOpset(model: ModelProto): number {
   return defaultOpsetOf(model.opsetImport);
 }
 
-export const label = nodeLabel;
-
 /** Detection over the whole model (the `graph` argument is accepted for compatibility and not needed). */
 export function findAttentionSoftmax(model: ModelProto, _graph?: Graph, options: DetectOptions = {}): Detection {
   return detectAttention(model, modelScopes(model), options);
@@ -127,7 +125,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
     if (called.has(fn)) continue;
     for (const s of inner) {
       const node = 'softmax' in s ? s.softmax : s.node;
-      out.skipped.push({ node: label(node), scope: s.scope, attention: true, reason: `inside function '${fn.name}', which no graph calls` });
+      out.skipped.push({ node: nodeLabel(node), scope: s.scope, attention: true, reason: `inside function '${fn.name}', which no graph calls` });
     }
   }
   return out;
@@ -142,7 +140,7 @@ function numbered(entries: Entry[], scope: Scope, skipped: SkippedSoftmax[]): (A
     else if (e.kind === 'softmax') inner.push({ ...e.site, layer: inner.length, scope: path });
     else if (e.kind === 'fused') inner.push({ ...e.site, layer: inner.length, scope: path });
     else {
-      skipped.push({ node: label(e.node), scope: scope.path, attention: true,
+      skipped.push({ node: nodeLabel(e.node), scope: scope.path, attention: true,
         reason: `call of function '${e.fn.name}' (which holds attention) from inside another function: nested calls are not patched` });
     }
   }
@@ -152,7 +150,7 @@ function numbered(entries: Entry[], scope: Scope, skipped: SkippedSoftmax[]): (A
 function scanScope(model: ModelProto, scope: Scope, force: Set<string>, skipped: SkippedSoftmax[]): Entry[] {
   const entries: Entry[] = [];
   const skip = (node: NodeProto, reason: string, forcible = false, attention = forcible): void => {
-    const entry = { node: label(node), reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
+    const entry = { node: nodeLabel(node), reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
       ...(forcible ? { forcible } : {}), ...(attention ? { attention } : {}) };
     if (attention) entries.push({ kind: 'refused', skip: entry });
     else skipped.push(entry);
@@ -160,13 +158,13 @@ function scanScope(model: ModelProto, scope: Scope, force: Set<string>, skipped:
   // Graph order is topological order: a few files in the wild store their nodes out of order.
   for (const node of topoOrder(scope.graph.proto)) {
     if (node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')) {
-      const result = matchSite(scope, node, force.has(label(node)));
+      const result = matchSite(scope, node, force.has(nodeLabel(node)));
       if ('reason' in result) skip(node, result.reason, result.forcible);
       else entries.push({ kind: 'softmax', site: result });
     } else if (isFusedCandidate(node, scope.opset)) {
       const result = matchFused(scope, node);
       if ('reason' in result) skip(node, result.reason, false, true);
-      else if (result.deviation && !force.has(label(node))) skip(node, `${shortOp(result.op)}: ${result.deviation}`, true);
+      else if (result.deviation && !force.has(nodeLabel(node))) skip(node, `${shortOp(result.op)}: ${result.deviation}`, true);
       else entries.push({ kind: 'fused', site: { ...result, forced: Boolean(result.deviation), patchedBy: fusedPatchedBy(scope.graph, node, result.query) } });
     } else if (node.opType === 'BiasSoftmax' && node.domain === 'com.microsoft') {
       skip(node, 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation', false, true);
@@ -190,9 +188,9 @@ function fnHasAttention(fn: FunctionProto): boolean {
 type Match = Omit<AttentionSite, 'layer' | 'scope'> | { reason: string; forcible?: boolean };
 
 function matchSite(scope: Scope, softmax: NodeProto, forced: boolean): Match {
-  const { graph, ranks, types, opset } = scope;
+  const { graph, shapes, opset } = scope;
   const input = softmax.input[0];
-  const rank = ranks.get(input);
+  const rank = shapes.rank(input);
   const axisProblem = checkAxis(softmax, opset, rank);
   const source = findLogitsMatMul(graph, input, softmax);
   if ('why' in source) return { reason: axisProblem ?? source.why };
@@ -200,7 +198,7 @@ function matchSite(scope: Scope, softmax: NodeProto, forced: boolean): Match {
   if (!valueMatMul) return { reason: axisProblem ?? 'probabilities do not reach a MatMul with values' };
   if (axisProblem && !forced) return { reason: axisProblem, forcible: true };
   const point = insertionPoint(graph, source.matmul, source.path);
-  const logitsRank = ranks.get(point.logits) ?? rank;
+  const logitsRank = shapes.rank(point.logits) ?? rank;
   // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
   const queryProducer = graph.producer.get(source.matmul.input[0]);
   const patched = [queryProducer, ...source.path.map((s) => s.node)]
@@ -213,7 +211,7 @@ function matchSite(scope: Scope, softmax: NodeProto, forced: boolean): Match {
     consumer: point.consumer,
     afterLogits: source.path.slice(point.offset),
     logitsRank,
-    logitsType: types.get(point.logits),
+    logitsType: shapes.type(point.logits),
     heads: headsOf(scope, source.matmul, logitsRank, point.logits),
     mask: classifyMasks(graph, maskOperands(source.path.slice(point.offset))),
     patchedBy: patched.find((n) => /\/apply(_\d+)?$/.test(n.name)) ?? patched[0],
@@ -223,12 +221,12 @@ function matchSite(scope: Scope, softmax: NodeProto, forced: boolean): Match {
 
 /** Heads traced from the query operand (for an Einsum: the operand and axis the logits' head axis comes from). */
 function headsOf(scope: Scope, product: NodeProto, logitsRank: number | undefined, logits: string): HeadInfo {
-  if (product.opType !== 'Einsum') return inferHeads(scope.graph, product.input[0], logitsRank, scope.ranks, { logits });
+  if (product.opType !== 'Einsum') return inferHeads(scope.graph, product.input[0], logitsRank, scope.shapes, { logits });
   const q = einsumQueryOperand(product);
   const t = einsumTerms(product)!;
   const letters = q === 0 ? t.a : t.b;
   const axis = logitsRank === 4 ? letters.indexOf(t.out[1]) : -1;
-  return inferHeads(scope.graph, product.input[q], logitsRank, scope.ranks, { logits, ...(axis >= 0 ? { queryAxis: axis } : {}) });
+  return inferHeads(scope.graph, product.input[q], logitsRank, scope.shapes, { logits, ...(axis >= 0 ? { queryAxis: axis } : {}) });
 }
 
 /**

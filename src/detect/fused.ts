@@ -8,6 +8,7 @@
  *   ONNX Attention (opset 23 and later).
  */
 import { attrFloat, attrInt, attrInts, Graph } from '../graph/graph';
+import { Shapes } from '../graph/shapes';
 import { NodeProto } from '../io/onnx';
 import { HeadInfo } from './heads';
 import { classifyMasks, MaskVerdict } from './mask';
@@ -101,8 +102,7 @@ export function isFusedCandidate(node: NodeProto, opset: number): boolean {
 
 export interface FusedContext {
   graph: Graph;
-  ranks: Map<string, number>;
-  types: Map<string, number>;
+  shapes: Shapes;
 }
 
 export function matchFused(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
@@ -123,7 +123,7 @@ export function matchFused(ctx: FusedContext, node: NodeProto): FusedMatch | { r
 const present = (node: NodeProto, i: number): boolean => Boolean(node.input[i]);
 
 function rankOf(ctx: FusedContext, node: NodeProto, i: number): number | undefined {
-  return present(node, i) ? ctx.ranks.get(node.input[i]) ?? ctx.graph.declaredRank(node.input[i]) : undefined;
+  return present(node, i) ? ctx.shapes.rank(node.input[i]) : undefined;
 }
 
 function headsFromAttr(node: NodeProto, name: string): HeadInfo {
@@ -167,7 +167,7 @@ function multiHead(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: s
     node, op: 'com.microsoft.MultiHeadAttention', heads: headsFromAttr(node, 'num_heads'), mask,
     query: packed ? { layout: 'bsn3h', input: 0 } : { layout: 'bsd', input: 0, bias: present(node, 3) ? 3 : undefined },
     n: mask.causal ? { kind: 'causal', tk } : { kind: 'keys', tk },
-    queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]), deviation,
+    queryLength: { input: 0, axis: 1 }, queryType: ctx.shapes.type(node.input[0]), deviation,
   };
 }
 
@@ -198,7 +198,7 @@ function groupQuery(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: 
     node, op: 'com.microsoft.GroupQueryAttention', heads, mask,
     query: packed ? { layout: 'packed', input: 0, qParts: heads.heads!, parts: heads.heads! + 2 * kvHeads } : { layout: 'bsd', input: 0 },
     n: { kind: 'lengths', lengths: 5, plusOne: true, causal, promptTotal: 6, window: window > 0 ? window : undefined },
-    queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]),
+    queryLength: { input: 0, axis: 1 }, queryType: ctx.shapes.type(node.input[0]),
     deviation: deviations.length ? deviations.join('; ') : undefined,
   };
 }
@@ -224,7 +224,7 @@ function decoderMasked(ctx: FusedContext, node: NodeProto): FusedMatch | { reaso
       ? { layout: 'packed', input: 0, qParts: 1, parts: 3, bias: present(node, 10) ? 10 : undefined }
       : { layout: 'bsd', input: 0, bias: present(node, 10) ? 10 : undefined },
     // One query token: causal and keys give the same n = Tk.
-    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]), deviation,
+    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.shapes.type(node.input[0]), deviation,
   };
 }
 
@@ -255,7 +255,7 @@ function msAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reason:
     node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'),
     mask: unidirectional ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [3, 5], 'no mask_index'),
     query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0] },
-    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[1]),
+    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.shapes.type(node.input[1]),
     deviation: deviations.length ? deviations.join('; ') : undefined,
   };
 }
@@ -280,7 +280,7 @@ function onnxAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reaso
   return {
     node, op: 'Attention', heads, mask, n, deviation,
     query: qRank === 3 ? { layout: 'bsd', input: 0 } : { layout: 'bnsd', input: 0 },
-    queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 }, queryType: ctx.types.get(node.input[0]),
+    queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 }, queryType: ctx.shapes.type(node.input[0]),
   };
 }
 

@@ -1,5 +1,6 @@
 /** Walks along the logits and probabilities of an attention candidate, op by op. */
 import { attrInt, Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { NodeProto } from '../io/onnx';
 
 /** One step of the path from the QK MatMul to the Softmax: `node` reads the logits at input `index`. */
@@ -8,23 +9,9 @@ export interface Step {
   index: number;
 }
 
-/** Ops that carry the logits toward the Softmax, and which inputs may carry them. */
-const logitCarriers: Record<string, number[]> = {
-  Cast: [0], Identity: [0], Reshape: [0], Div: [0], Mul: [0, 1], Add: [0, 1], Sub: [0], Where: [1, 2],
-  Squeeze: [0], Unsqueeze: [0], Max: [0, 1], Min: [0, 1], Tanh: [0], Clip: [0],
-};
-
-const MAX_DEPTH = 12;
-
 /** True when a tensor depends only on constants and tensor shapes, never on activations' values. */
-export function isShapeOrConstant(graph: Graph, name: string, depth = 0): boolean {
-  if (!name) return true;
-  if (graph.isConstant(name)) return true;
-  if (graph.inputs.has(name) || depth > MAX_DEPTH) return false;
-  const node = graph.producer.get(name);
-  if (!node) return false;
-  if (node.opType === 'Shape' || node.opType === 'Size') return true;
-  return node.input.every((i) => isShapeOrConstant(graph, i, depth + 1));
+export function isShapeOrConstant(graph: Graph, name: string): boolean {
+  return graph.query.isStatic(name);
 }
 
 export interface LogitsSource {
@@ -43,7 +30,7 @@ export function einsumTerms(node: NodeProto): { a: string; b: string; out: strin
 
 /** A product of two operands that can compute query·keyᵀ: MatMul, com.microsoft FusedMatMul, or Einsum. */
 function isProduct(node: NodeProto): boolean {
-  return node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum';
+  return opInfo(node).product === true;
 }
 
 /**
@@ -66,9 +53,11 @@ export function einsumQueryOperand(node: NodeProto): number {
 /** Finds the MatMul (or Einsum) of two activations whose output reaches `tensor` through logit-carrying ops. */
 export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): LogitsSource | { why: string } {
   let closest = 'logits not produced by MatMul of two activations';
-  const visit = (name: string, path: Step[], depth: number): LogitsSource | null => {
+  const seen = new Set<string>();
+  const visit = (name: string, path: Step[]): LogitsSource | null => {
     const node = graph.producer.get(name);
-    if (!node || depth > MAX_DEPTH) return null;
+    if (!node || seen.has(name)) return null;
+    seen.add(name);
     if (isProduct(node)) {
       const [a, b] = node.input;
       if (isShapeOrConstant(graph, a) || isShapeOrConstant(graph, b)) {
@@ -81,24 +70,16 @@ export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProt
       }
       return { matmul: node, path };
     }
-    const carriers = logitCarriers[node.opType];
-    if (!carriers) return null;
-    for (const index of carriers) {
+    for (const index of opInfo(node).logits ?? []) {
       const input = node.input[index];
       if (!input || isShapeOrConstant(graph, input)) continue;
-      const found = visit(input, [{ node, index }, ...path], depth + 1);
+      const found = visit(input, [{ node, index }, ...path]);
       if (found) return found;
     }
     return null;
   };
-  return visit(tensor, [{ node: softmax, index: 0 }], 0) ?? { why: closest };
+  return visit(tensor, [{ node: softmax, index: 0 }]) ?? { why: closest };
 }
-
-/**
- * Ops the probabilities may pass through on their way to the value MatMul: guards like Where(IsNaN(p), 0, p),
- * Dropout, head masks (Mul), Casts back from fp32, reshapes.
- */
-const probabilityCarriers = new Set(['Cast', 'Dropout', 'Identity', 'Reshape', 'Where', 'Squeeze', 'Unsqueeze', 'Mul']);
 
 /** True when `node` multiplies the probabilities `tensor` with values over the key axis. */
 function isValueProduct(graph: Graph, node: NodeProto, tensor: string): boolean {
@@ -117,14 +98,18 @@ function isValueProduct(graph: Graph, node: NodeProto, tensor: string): boolean 
   return false;
 }
 
-/** The MatMul that multiplies the probabilities (as its left operand) with values, if any. */
-export function findValueMatMul(graph: Graph, tensor: string, depth = 0): NodeProto | null {
-  if (depth > MAX_DEPTH) return null;
+/**
+ * The MatMul that multiplies the probabilities (as its left operand) with values, if any: the probabilities may
+ * pass through guards like Where(IsNaN(p), 0, p), Dropout, head masks (Mul), Casts back from fp32, reshapes.
+ */
+export function findValueMatMul(graph: Graph, tensor: string, seen = new Set<string>()): NodeProto | null {
+  if (seen.has(tensor)) return null;
+  seen.add(tensor);
   for (const node of graph.consumersOf(tensor)) {
     if (isValueProduct(graph, node, tensor)) return node;
-    if (node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum') continue;
-    if (probabilityCarriers.has(node.opType)) {
-      const found = findValueMatMul(graph, node.output[0], depth + 1);
+    if (isProduct(node)) continue;
+    if (opInfo(node).probs) {
+      const found = findValueMatMul(graph, node.output[0], seen);
       if (found) return found;
     }
   }

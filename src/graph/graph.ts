@@ -7,6 +7,7 @@
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
 /** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
@@ -61,6 +62,8 @@ export class Graph {
   private readonly nodeNames: Set<string>;
   private readonly constantInputs: Set<string>;
   private constCache = new Map<string, ConstTensor | null>();
+  /** Memoised questions about the graph (see query.ts), forgotten on every edit. */
+  readonly query: Query = new Query(this);
 
   constructor(readonly proto: GraphProto, options: GraphOptions = {}) {
     this.parent = options.parent;
@@ -83,6 +86,7 @@ export class Graph {
     this.consumers.clear();
     this.initializers.clear();
     this.constCache.clear();
+    this.query.forget();
     // Names are never released: a name once used stays taken, which is all uniqueName needs.
     this.inputs = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
     this.outputs = new Set(this.proto.output.map((v) => v.name));
@@ -162,6 +166,11 @@ export class Graph {
     const shape = this.valueInfo.get(name)?.type?.tensorType?.shape;
     return shape ? shape.dim.length : undefined;
   }
+}
+
+/** How reports and messages name a node: its name, or its op and first output when it has none. */
+export function nodeLabel(node: NodeProto): string {
+  return node.name || `${node.opType}(${node.output[0] ?? ''})`;
 }
 
 export function attr(node: NodeProto, name: string): AttributeProto | undefined {

@@ -9,7 +9,8 @@
 import { AttentionSite } from '../detect/find-attention';
 import { HIDDEN_BELOW, MaskUse } from '../detect/mask-uses';
 import { InputError } from '../errors';
-import { constantOf, show, SymbolicShapes } from '../graph/symbolic';
+import { constantOf, show } from '../graph/poly';
+import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { NMode } from '../policy/n-mode';
 import { Builder } from './builder';
@@ -39,7 +40,7 @@ function shapeSources(site: AttentionSite): [string, string] {
 export class NSources {
   private readonly cache = new Map<string, NTensor>();
 
-  constructor(private readonly b: Builder, private readonly sym: SymbolicShapes, private readonly opset: number) {}
+  constructor(private readonly b: Builder, private readonly sym: Shapes, private readonly opset: number) {}
 
   /** n for a site in the given mode; `uses` are the masks on its logits (for mask-based modes). */
   get(site: AttentionSite, mode: NMode, uses: MaskUse[]): NTensor {

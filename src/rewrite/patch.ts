@@ -2,10 +2,10 @@
  * The patch itself: detect sites in every graph of the model, choose n and s per site, insert the factors,
  * sort, record.
  */
-import { AttentionSite, CallSite, defaultOpset, Detection, detectAttention, label, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
+import { AttentionSite, CallSite, defaultOpset, Detection, detectAttention, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
 import { InputError } from '../errors';
-import { Graph } from '../graph/graph';
+import { Graph, nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { makeTensor } from '../graph/tensor';
 import { cloneModel as cloneTracked, DataType, GraphProto, ModelProto, NodeProto, toNumber } from '../io/onnx';
@@ -13,7 +13,6 @@ import { topoSort } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
 import { Factor, findFactors } from './existing';
 import { maskUses } from '../detect/mask-uses';
-import { SymbolicShapes } from '../graph/symbolic';
 import { Preset, PresetName, presetNeedsPositions, presetScale, resolvePreset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
@@ -191,8 +190,8 @@ interface PatchContext {
 
 function newContext(scope: Scope, preset: Preset, irVersion: number, option: NOption): PatchContext {
   const shared = builderFor(scope, 'shared', irVersion);
-  const sources = new NSources(shared, new SymbolicShapes(scope.graph), scope.opset);
-  return { scope, shared, option, ctx: { graph: scope.graph, sources, preset, opset: scope.opset, ranks: scope.ranks, types: scope.types } };
+  const sources = new NSources(shared, scope.shapes, scope.opset);
+  return { scope, shared, option, ctx: { graph: scope.graph, sources, preset, opset: scope.opset, shapes: scope.shapes } };
 }
 
 /** --layers: the sites in the chosen layers; the others are reported as skipped. */
@@ -203,7 +202,7 @@ function selectSites(all: AnySite[], skipped: SkippedSoftmax[], layers: string |
   const sites = all.filter((a) => chosen.has(a.site.layer));
   if (sites.length === 0) throw new InputError(`--layers ${layers} selects none of the ${count} attention layers`);
   const left = all.filter((a) => !chosen.has(a.site.layer)).map((a) => ({
-    node: label(a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call),
+    node: nodeLabel(a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call),
     reason: `layer ${a.site.layer} not in --layers ${layers}`, scope: a.site.scope,
   }));
   return { sites, skipped: [...skipped, ...left] };
@@ -232,12 +231,12 @@ function builderFor(scope: Scope, layer: number | 'shared', irVersion: number): 
 }
 
 function patchSoftmax(pc: PatchContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): { site: PatchedSite; record: SiteRecord } {
-  const uses = maskUses(pc.scope.graph, site.afterLogits, pc.scope.ranks);
+  const uses = maskUses(pc.scope.graph, site.afterLogits, pc.scope.shapes);
   const n = presetNeedsPositions(pc.ctx.preset) ? positionN(pc.option) : chooseN(pc.option, uses, site.mask.reason);
   const inserted = insertScale(pc.ctx, b, site, s, n, uses, sInput);
   return {
     site: { ...describe(site, n.mode, n.reason, s, inserted.sName), target: inserted.target, nShared: inserted.nKey },
-    record: { layer: site.layer, scope: site.scope, softmax: label(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
+    record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
       apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType, target: inserted.target,
       logits: site.qkMatMul.output[0] },
   };
@@ -245,9 +244,9 @@ function patchSoftmax(pc: PatchContext, b: Builder, site: AttentionSite, s: Laye
 
 function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, option: NOption, preset: Preset, sInput?: string): { site: PatchedSite; record: SiteRecord } {
   if (preset.kind !== 'ssmax' || preset.b !== undefined) {
-    throw new InputError(`${label(site.node)} (${site.op}): --preset ${preset.kind}${preset.kind === 'ssmax' ? ' with --b' : ''} is not supported on fused attention operators yet`);
+    throw new InputError(`${nodeLabel(site.node)} (${site.op}): --preset ${preset.kind}${preset.kind === 'ssmax' ? ' with --b' : ''} is not supported on fused attention operators yet`);
   }
-  if (option === 'mask') throw new InputError(`${label(site.node)} (${site.op}): --n mask needs the mask outside the kernel; use --n auto`);
+  if (option === 'mask') throw new InputError(`${nodeLabel(site.node)} (${site.op}): --n mask needs the mask outside the kernel; use --n auto`);
   const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
   const mode = modeOf(plan);
   const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
@@ -256,12 +255,12 @@ function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, op
   const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
   return {
     site: {
-      node: label(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
+      node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
       heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
       logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
-      target: 'query', nShared: `site:${label(site.node)}`,
+      target: 'query', nShared: `site:${nodeLabel(site.node)}`,
     },
-    record: { layer: site.layer, scope: site.scope, softmax: label(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
+    record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
       apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
   };
 }
@@ -279,9 +278,11 @@ function patchCall(b: Builder, call: CallSite, s: LayerScale, contextOf: (scope:
     fnScope.fn!.input.push(input);
     fnScope.graph.proto.input.push({ name: input });
     const bb = builderFor(fnScope, call.inner.layer, irVersion);
+    // Function inputs are untyped: a Reshape gives s its rank, so shapes downstream of the factor stay known.
+    const sRanked = bb.op('Reshape', [input, bb.int64('s_shape', Array.isArray(s) ? [-1, 1, 1] : [])], {}, 's_ranked');
     const inner = 'softmax' in call.inner
-      ? patchSoftmax(contextOf(fnScope), bb, call.inner, s, input)
-      : patchFused(bb, fnScope, call.inner, s, option, preset, input);
+      ? patchSoftmax(contextOf(fnScope), bb, call.inner, s, sRanked)
+      : patchFused(bb, fnScope, call.inner, s, option, preset, sRanked);
     fnScope.graph.proto.node.push(...bb.added);
     body = { input, ...inner };
     bodies.set(call.inner, body);
@@ -291,7 +292,7 @@ function patchCall(b: Builder, call: CallSite, s: LayerScale, contextOf: (scope:
   const sName = b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   while (call.call.input.length < position) call.call.input.push('');
   call.call.input[position] = sName;
-  const node = `${label(call.call)} → ${body.site.node}`;
+  const node = `${nodeLabel(call.call)} → ${body.site.node}`;
   const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s, sInitializer: sName };
   return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s, sInitializer: sName } };
 }
@@ -300,7 +301,7 @@ interface PatchedBody { input: string; site: PatchedSite; record: SiteRecord }
 
 function describe(site: AttentionSite, n: NMode, nReason: string, s: LayerScale, sInitializer: string): Omit<PatchedSite, 'target' | 'nShared'> {
   return {
-    node: label(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
+    node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
     headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
     logits: site.logits, s, sInitializer, ...(site.forced ? { deviation: site.forced } : {}),
   };
@@ -323,8 +324,8 @@ function noAttentionMessage(d: Detection): string {
 /** Every --force-site name must name a refused or patched site, so a typo is not silently ignored. */
 function checkForced(force: string[], d: Detection): void {
   const known = new Set([
-    ...d.sites.map((s) => label(s.softmax)), ...d.fused.map((s) => label(s.node)),
-    ...d.calls.map((c) => label('softmax' in c.inner ? c.inner.softmax : c.inner.node)),
+    ...d.sites.map((s) => nodeLabel(s.softmax)), ...d.fused.map((s) => nodeLabel(s.node)),
+    ...d.calls.map((c) => nodeLabel('softmax' in c.inner ? c.inner.softmax : c.inner.node)),
   ]);
   for (const name of force) {
     if (known.has(name)) continue;
@@ -391,7 +392,7 @@ function updateScales(model: ModelProto, scopes: Scope[], detection: Detection, 
     const node = a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call;
     const heads = headsOf(a);
     out.push({
-      node: label(node), layer: a.site.layer, scope: a.site.scope, kind: a.kind === 'softmax' ? 'Softmax' : a.kind === 'fused' ? a.site.op : `call ${a.site.fn.name}`,
+      node: nodeLabel(node), layer: a.site.layer, scope: a.site.scope, kind: a.kind === 'softmax' ? 'Softmax' : a.kind === 'fused' ? a.site.op : `call ${a.site.fn.name}`,
       n: rec?.n ?? 'unchanged', nReason: 'kept from the earlier patch', heads: heads ?? null, headAxis: null, headsReason: '',
       logitsRank: null, logits: '', s: scales[i], sInitializer: name, target: rec?.target ?? 'logits', nShared: 'unchanged',
     });
@@ -406,10 +407,10 @@ function updateRenamed(model: ModelProto, graph: Graph, factors: Factor[], spec:
   const scales = scalesForLayers(spec, factors.map(() => undefined));
   const sites = factors.map((f, i): PatchedSite => {
     const name = findScaleTensor(graph, f.apply, f.factor, f.logits);
-    if (!name || !graph.initializers.has(name)) throw new InputError(`factor ${label(f.apply)}: its s initializer was not found`);
+    if (!name || !graph.initializers.has(name)) throw new InputError(`factor ${nodeLabel(f.apply)}: its s initializer was not found`);
     replaceScale(graph, name, scales[i], i);
     return {
-      node: f.softmax ? label(f.softmax) : label(f.apply), layer: f.layer ?? i, scope: 'main', kind: 'Softmax', n: 'unchanged',
+      node: f.softmax ? nodeLabel(f.softmax) : nodeLabel(f.apply), layer: f.layer ?? i, scope: 'main', kind: 'Softmax', n: 'unchanged',
       nReason: 'kept from the earlier patch', heads: null, headAxis: null, headsReason: '', logitsRank: null, logits: f.logits,
       s: scales[i], sInitializer: name, target: 'logits', nShared: 'unchanged',
     };

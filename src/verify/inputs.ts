@@ -4,6 +4,7 @@
  * key/values, encoder states and pixels; bf16 inputs as float32. User-given inputs are used as they are.
  */
 import { Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { toNumber } from '../io/onnx';
 import { InputError } from '../errors';
 import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
@@ -106,14 +107,13 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */
-function vocabSize(graph: Graph, input: string, depth = 0): number {
+function vocabSize(graph: Graph, input: string): number {
   for (const node of graph.consumersOf(input)) {
     if (node.opType === 'Gather' && node.input[1] === input && graph.initializers.has(node.input[0])) {
       return toNumber(graph.initializers.get(node.input[0])!.dims[0]);
     }
-    if (depth < 3 && ['Cast', 'Reshape', 'Unsqueeze', 'Squeeze', 'Flatten'].includes(node.opType)) {
-      return vocabSize(graph, node.output[0], depth + 1);
-    }
+    // The same ids in another shape or type (no cycles: the graph was validated).
+    if (opInfo(node).view) return vocabSize(graph, node.output[0]);
   }
   return 2;
 }

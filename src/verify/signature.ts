@@ -3,8 +3,9 @@
  * name, element type and shape, and how big each of its dims is for a given run: symbolic dims are matched
  * by name (batch, past, total, sequence) or fixed by --dim and by user-given inputs.
  */
-import { attrInts, Graph } from '../graph/graph';
-import { shapeElements } from '../detect/heads';
+import { Graph } from '../graph/graph';
+import { constantOf } from '../graph/poly';
+import { Shapes } from '../graph/shapes';
 import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
 import { InputError } from '../errors';
 
@@ -40,42 +41,29 @@ export function realInputs(graph: Graph): ValueInfoProto[] {
 }
 
 export function describeInputs(graph: Graph): InputSpec[] {
+  let shapes: Shapes | undefined;
   return realInputs(graph).map((v) => {
     const tensor = v.type?.tensorType;
     if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with --input ${v.name}=FILE)`);
     const dims = (tensor.shape?.dim ?? []).map(dimSpec);
     const role = roleOf(v.name, tensor.elemType);
-    const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name) : undefined;
+    const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name, shapes ??= new Shapes(graph)) : undefined;
     return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
   });
 }
 
 /**
  * A cached key or value is concatenated with the new one, which the graph builds by a Reshape to a constant
- * head count and head size and a Transpose: those give the past input's heads and head size.
+ * head count and head size (and a Transpose): the new one's static dims give the past input's heads and head size.
  */
-function pastDimsFromGraph(graph: Graph, input: string): (number | undefined)[] | undefined {
+function pastDimsFromGraph(graph: Graph, input: string, shapes: Shapes): (number | undefined)[] | undefined {
   for (const node of graph.consumersOf(input)) {
     if (node.opType !== 'Concat') continue;
     for (const other of node.input) {
-      const dims = other && other !== input ? knownDims(graph, other, 0) : undefined;
-      if (dims) return dims;
+      const dims = other && other !== input ? shapes.shape(other)?.map((d) => constantOf(d)).map((d) => (d !== undefined && d > 0 ? d : undefined)) : undefined;
+      if (dims?.some((d) => d !== undefined)) return dims;
     }
   }
-  return undefined;
-}
-
-function knownDims(graph: Graph, name: string, depth: number): (number | undefined)[] | undefined {
-  const node = graph.producer.get(name);
-  if (!node || depth > 8) return undefined;
-  if (node.opType === 'Transpose') {
-    const inner = knownDims(graph, node.input[0], depth + 1);
-    const perm = attrInts(node, 'perm');
-    return inner && perm ? perm.map((p) => inner[p]) : undefined;
-  }
-  if (node.opType === 'Reshape') return shapeElements(graph, node.input[1])?.map((d) => (d !== undefined && d > 0 ? d : undefined));
-  // Casts and rotary embeddings (k·cos + rotate(k)·sin) keep the shape of their first input.
-  if (['Cast', 'Identity', 'Add', 'Mul', 'Sub'].includes(node.opType)) return knownDims(graph, node.input[0], depth + 1);
   return undefined;
 }
 
