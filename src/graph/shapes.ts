@@ -13,6 +13,8 @@ import { num, Poly, sym } from './poly';
 import { OutSym, Sym } from './shape-rules';
 import { topoOrder } from './toposort';
 
+const INTEGERS = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64]);
+
 export class Shapes {
   private readonly syms = new Map<string, Sym>();
   private readonly types = new Map<string, number>();
@@ -61,11 +63,14 @@ export class Shapes {
     if (!this.graph.definesLocally(name) && this.outer) return this.outer.get(name);
     const producer = this.graph.producer.get(name);
     const init = this.graph.initializers.get(name) ?? (producer?.opType === 'Constant' ? attr(producer, 'value')?.t : undefined);
-    const c = init && init.dims.length > 1 ? undefined : this.graph.constValue(name);
+    // Values only of the small integer tensors shapes are built from: weights (maybe external data) stay unread.
+    const small = (t: { dims: unknown[]; dataType: number }): boolean => t.dims.length <= 1 && INTEGERS.has(t.dataType)
+      && t.dims.reduce((a: number, d) => a * toNumber(d as number), 1) <= 16;
+    const c = init && !small(init) ? undefined : this.graph.constValue(name);
     const dims = init ? init.dims.map(toNumber) : c?.dims;
     if (!dims) return {};
     const entry: Sym = { shape: dims.map(num) };
-    if (c && c.dims.length <= 1 && c.values.length <= 16) entry.value = c.values.map(num);
+    if (c && small(c)) entry.value = c.values.map(num);
     this.syms.set(name, entry);
     return entry;
   }

@@ -71,7 +71,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   let factor = factorOf(ctx, b, source, sTensor);
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
-  target.consumer.node.input[target.consumer.index] = scaled;
+  b.rewire(target.consumer.node, target.consumer.index, scaled);
   return { sName, factor, apply, factorType, target: target.where, nKey: source.key };
 }
 

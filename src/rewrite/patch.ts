@@ -18,6 +18,7 @@ import { selectLayers } from '../policy/layers';
 import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
 import { LayerScale, resolveScaleSpec, ScaleOptions, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
+import { Journal } from './journal';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
 import { insertScale, ScaleContext, Target } from './insert-scale';
 import { NSources } from './n-source';
@@ -142,11 +143,13 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const scales = scalesForSites(spec, sites, skipped);
   const irVersion = toNumber(out.irVersion);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
+  const journal = new Journal();
+  const builderFor = (scope: Scope, layer: number | 'shared'): Builder => newBuilder(journal, scope, layer, irVersion);
   const contexts = new Map<string, PatchContext>();
   const contextOf = (scope: Scope): PatchContext => {
     let ctx = contexts.get(scope.path);
     if (!ctx) {
-      ctx = newContext(scope, preset, irVersion, options.n ?? 'auto');
+      ctx = newContext(scope, preset, builderFor(scope, 'shared'), options.n ?? 'auto');
       contexts.set(scope.path, ctx);
     }
     return ctx;
@@ -154,25 +157,20 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const records: SiteRecord[] = [];
   const patched: PatchedSite[] = [];
   const bodies = new Map<object, PatchedBody>();
-  const builders: [Scope, Builder][] = [];
   for (const [i, a] of sites.entries()) {
     const scope = byPath.get(a.site.scope)!;
     const s = scales[i];
-    const b = builderFor(scope, a.site.layer, irVersion);
+    const b = builderFor(scope, a.site.layer);
     let result: { site: PatchedSite; record: SiteRecord };
     if (a.kind === 'softmax') result = patchSoftmax(contextOf(scope), b, a.site, s);
     else if (a.kind === 'fused') result = patchFused(b, scope, a.site, s, options.n ?? 'auto', preset);
-    else result = patchCall(b, a.site, s, contextOf, byPath, irVersion, bodies, options.n ?? 'auto', preset);
-    builders.push([scope, b]);
+    else result = patchCall(b, a.site, s, contextOf, byPath, builderFor, bodies, options.n ?? 'auto', preset);
     patched.push(result.site);
     records.push(result.record);
   }
-  // Shared computations of n first, so each graph's nodes read in pipeline order before the topological sort.
-  for (const ctx of contexts.values()) ctx.scope.graph.proto.node.push(...ctx.shared.added);
-  for (const [scope, b] of builders) scope.graph.proto.node.push(...b.added);
   for (const scope of scopes) scope.commit();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: preset.kind, scale: describeSpec(spec),
-    trainLen: options.trainLen, ...presetParams(preset), sites: records });
+    trainLen: options.trainLen, ...presetParams(preset), sites: records, journal: journal.record() });
   const nSources = [...contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size, 0);
   return {
     model: out,
@@ -188,8 +186,7 @@ interface PatchContext {
   option: NOption;
 }
 
-function newContext(scope: Scope, preset: Preset, irVersion: number, option: NOption): PatchContext {
-  const shared = builderFor(scope, 'shared', irVersion);
+function newContext(scope: Scope, preset: Preset, shared: Builder, option: NOption): PatchContext {
   const sources = new NSources(shared, scope.shapes, scope.opset);
   return { scope, shared, option, ctx: { graph: scope.graph, sources, preset, opset: scope.opset, shapes: scope.shapes } };
 }
@@ -223,11 +220,11 @@ function presetParams(p: Preset): Partial<PatchRecord> {
   return {};
 }
 
-function builderFor(scope: Scope, layer: number | 'shared', irVersion: number): Builder {
+function newBuilder(journal: Journal, scope: Scope, layer: number | 'shared', irVersion: number): Builder {
   // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
   const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && irVersion < 4);
   const prefix = layer === 'shared' ? `${PATCH_PREFIX}shared/` : `${PATCH_PREFIX}L${layer}/`;
-  return new Builder(scope.graph, prefix, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
+  return new Builder(journal.editor(scope.path, scope.graph), prefix, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
 }
 
 function patchSoftmax(pc: PatchContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): { site: PatchedSite; record: SiteRecord } {
@@ -270,28 +267,25 @@ function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, op
  * call passes its own s (its own layer), so one function used by N layers gets N independent s values.
  */
 function patchCall(b: Builder, call: CallSite, s: LayerScale, contextOf: (scope: Scope) => PatchContext, byPath: Map<string, Scope>,
-  irVersion: number, bodies: Map<object, PatchedBody>, option: NOption, preset: Preset): { site: PatchedSite; record: SiteRecord } {
+  builderFor: (scope: Scope, layer: number) => Builder, bodies: Map<object, PatchedBody>, option: NOption, preset: Preset): { site: PatchedSite; record: SiteRecord } {
   let body = bodies.get(call.inner);
   if (!body) {
     const fnScope = byPath.get(call.inner.scope)!;
     const input = fnScope.graph.uniqueName(`ssmax_s_${call.inner.layer}`);
-    fnScope.fn!.input.push(input);
-    fnScope.graph.proto.input.push({ name: input });
-    const bb = builderFor(fnScope, call.inner.layer, irVersion);
+    const bb = builderFor(fnScope, call.inner.layer);
+    bb.editor.addInput({ name: input });
     // Function inputs are untyped: a Reshape gives s its rank, so shapes downstream of the factor stay known.
     const sRanked = bb.op('Reshape', [input, bb.int64('s_shape', Array.isArray(s) ? [-1, 1, 1] : [])], {}, 's_ranked');
     const inner = 'softmax' in call.inner
       ? patchSoftmax(contextOf(fnScope), bb, call.inner, s, sRanked)
       : patchFused(bb, fnScope, call.inner, s, option, preset, sRanked);
-    fnScope.graph.proto.node.push(...bb.added);
     body = { input, ...inner };
     bodies.set(call.inner, body);
   }
-  const position = call.fn.input.indexOf(body.input);
+  const position = byPath.get(call.inner.scope)!.graph.proto.input.findIndex((v) => v.name === body!.input);
   const perHead = Array.isArray(s);
   const sName = b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
-  while (call.call.input.length < position) call.call.input.push('');
-  call.call.input[position] = sName;
+  b.rewire(call.call, position, sName);
   const node = `${nodeLabel(call.call)} → ${body.site.node}`;
   const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s, sInitializer: sName };
   return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s, sInitializer: sName } };

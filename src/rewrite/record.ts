@@ -1,6 +1,7 @@
 /** The record of a patch kept in metadata_props, and finding an earlier patch's s in the graph. */
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
+import { ScopeEdits } from './journal';
 
 export const RECORD_KEY = 'ssmax_patch';
 
@@ -34,6 +35,8 @@ export interface PatchRecord {
   floorScale?: number;
   attnScale?: number;
   sites: SiteRecord[];
+  /** Every edit the patch made, scope by scope (absent in records written before the journal). */
+  journal?: ScopeEdits[];
 }
 
 export function writeRecord(model: ModelProto, record: PatchRecord): void {
