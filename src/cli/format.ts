@@ -47,9 +47,11 @@ export function formatRevert(report: RevertReport): string[] {
   const lines = [`reverted ${report.sites.length} SSMax site(s):`];
   for (const s of report.sites) {
     const sv = s.s === null ? 's=?' : `s=${fmtS(s.s)}`;
-    lines.push(`  L${s.layer}  ${s.apply}${s.softmax ? ` → ${s.softmax}` : ''}  ${sv}  removed ${s.removedNodes} nodes, ${s.removedInitializers.length} initializers`);
+    const where = s.scope ? `  [${s.scope}]` : '';
+    lines.push(`  L${s.layer}  ${s.apply}${s.softmax ? ` → ${s.softmax}` : ''}${where}  ${sv}  removed ${s.removedNodes} nodes, ${s.removedInitializers.length} initializers`);
   }
   if (!report.hadRecord) lines.push('(the model had no ssmax_patch metadata record: found from the graph)');
+  else if (report.note) lines.push(`(the patch journal could not be replayed (${report.note}): found from the graph)`);
   return lines;
 }
 

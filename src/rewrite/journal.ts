@@ -21,11 +21,23 @@ export interface Rewire {
 export interface ScopeEdits {
   /** The scope path (`main`, `main/<node>.<attribute>`, `function <domain>:<name>`). */
   scope: string;
+  /** Whose edits these are: one site's (`L<layer>`, the layer in that scope) or the scope's shared n (`shared`). */
+  owner: string;
   nodes: string[];
   initializers: string[];
   /** Graph inputs added: function inputs through which s comes in, IR < 4 declarations of initializers. */
   inputs: string[];
   rewired: Rewire[];
+  /**
+   * The scope's original nodes in their original order (by first output), when the topological sort after the
+   * patch had to move one of them (a factor reading a mask computed after the query, say).
+   */
+  order?: string[];
+}
+
+/** How the journal names an existing node: its first output (tensor names are unique), or its name. */
+export function nodeKey(node: NodeProto): string {
+  return node.output.find(Boolean) ?? `#${node.name}`;
 }
 
 /** Edits of one scope's graph, each applied through the graph's edit API and written down. */
@@ -38,9 +50,7 @@ export class Editor {
   }
 
   setInput(node: NodeProto, index: number, name: string): void {
-    const key = node.output.find(Boolean);
-    if (!key) throw new Error(`cannot journal an edit of node '${node.name}', which has no output`);
-    this.edits.rewired.push({ node: key, input: index, from: node.input[index] ?? '', to: name, length: node.input.length });
+    this.edits.rewired.push({ node: nodeKey(node), input: index, from: node.input[index] ?? '', to: name, length: node.input.length });
     this.graph.setInput(node, index, name);
   }
 
@@ -55,21 +65,30 @@ export class Editor {
   }
 }
 
-/** One journal for the whole patch; scopes appear in the order they were first edited. */
+/** One journal for the whole patch; entries appear in the order they were first edited. */
 export class Journal {
   private readonly scopes = new Map<string, Editor>();
 
-  editor(scope: string, graph: Graph): Editor {
-    let e = this.scopes.get(scope);
+  editor(scope: string, graph: Graph, owner = 'shared'): Editor {
+    const key = `${owner}@${scope}`;
+    let e = this.scopes.get(key);
     if (!e) {
-      e = new Editor(graph, { scope, nodes: [], initializers: [], inputs: [], rewired: [] });
-      this.scopes.set(scope, e);
+      e = new Editor(graph, { scope, owner, nodes: [], initializers: [], inputs: [], rewired: [] });
+      this.scopes.set(key, e);
     }
     return e;
   }
 
+  /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */
+  keepOrder(scope: string, graph: Graph, before: readonly NodeProto[]): void {
+    const now = new Set(before);
+    const after = graph.nodes.filter((n) => now.has(n));
+    if (after.every((n, i) => n === before[i])) return;
+    this.editor(scope, graph, 'order').edits.order = before.map(nodeKey);
+  }
+
   record(): ScopeEdits[] {
     return [...this.scopes.values()].map((e) => e.edits)
-      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length > 0);
+      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length > 0 || e.order);
   }
 }

@@ -144,6 +144,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const irVersion = toNumber(out.irVersion);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const journal = new Journal();
+  const originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
   const builderFor = (scope: Scope, layer: number | 'shared'): Builder => newBuilder(journal, scope, layer, irVersion);
   const contexts = new Map<string, PatchContext>();
   const contextOf = (scope: Scope): PatchContext => {
@@ -168,7 +169,11 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
     patched.push(result.site);
     records.push(result.record);
   }
-  for (const scope of scopes) scope.commit();
+  for (const scope of scopes) {
+    const before = originals.get(scope)!;
+    scope.commit();
+    journal.keepOrder(scope.path, scope.graph, before);
+  }
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: preset.kind, scale: describeSpec(spec),
     trainLen: options.trainLen, ...presetParams(preset), sites: records, journal: journal.record() });
   const nSources = [...contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size, 0);
@@ -224,7 +229,7 @@ function newBuilder(journal: Journal, scope: Scope, layer: number | 'shared', ir
   // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
   const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && irVersion < 4);
   const prefix = layer === 'shared' ? `${PATCH_PREFIX}shared/` : `${PATCH_PREFIX}L${layer}/`;
-  return new Builder(journal.editor(scope.path, scope.graph), prefix, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
+  return new Builder(journal.editor(scope.path, scope.graph, layer === 'shared' ? layer : `L${layer}`), prefix, scope.kind === 'main' ? irVersion : Math.max(irVersion, 4), { constantNodes });
 }
 
 function patchSoftmax(pc: PatchContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): { site: PatchedSite; record: SiteRecord } {
