@@ -34,7 +34,7 @@ describe('verify over the corpus', { skip: files.length === 0 ? `${CORPUS} not p
         assert.ok(probe.status === 'PASSED' || /no plain-op attention site/.test(probe.summary), probe.summary);
       } catch (e) {
         assert.ok(e instanceof InputError, `crashed: ${(e as Error).stack}`);
-        assert.match(e.message, /--input|--dim|external data/i, 'the error says which option to use, or names the external data');
+        assert.match(e.cliMessage, /--input|--dim|external data/i, 'the error says which option to use, or names the external data');
         assert.doesNotMatch(e.message, /\n/);
       }
     });

@@ -161,7 +161,7 @@ export async function main(argv: string[]): Promise<number> {
       return err.code === 'commander.helpDisplayed' || err.code === 'commander.version' ? 0 : 2;
     }
     if (err instanceof SsmaxError) {
-      process.stderr.write(`ssmax-patch: ${err.message}\n`);
+      process.stderr.write(`ssmax-patch: ${err.cliMessage}\n`);
       return err.exitCode;
     }
     process.stderr.write(`ssmax-patch: internal error: ${(err as Error)?.message ?? err}\n`);

@@ -147,6 +147,17 @@ export class Graph {
     this.edited();
   }
 
+  /** Replaces an initializer in place (same position), e.g. new values for s. */
+  replaceInitializer(t: TensorProto): void {
+    const list = this.proto.initializer;
+    const i = list.findIndex((x) => x.name === t.name);
+    if (i < 0) throw new Error(`replaceInitializer: no initializer '${t.name}'`);
+    list[i] = t;
+    this.initializers.set(t.name, t);
+    this.constCache.delete(t.name);
+    this.edited();
+  }
+
   removeInitializer(name: string): void {
     this.proto.initializer = this.proto.initializer.filter((t) => t.name !== name);
     this.initializers.delete(name);

@@ -3,7 +3,7 @@
  * defined somewhere, nodes in topological order, no cycles, graph outputs produced. Each problem is one
  * InputError naming the node and tensor involved.
  */
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { GraphProto, NodeProto } from '../io/onnx';
 import { nodeLabel, subgraphsOf } from './graph';
 import { readsOf, topoSort } from './toposort';
@@ -39,7 +39,7 @@ function check(g: GraphProto, outer: Set<string>, where: string, options: Valida
   if (unsorted) {
     topoSort({ ...g, node: [...g.node] });
     if (!options.allowUnsorted) {
-      throw new InputError(`${where}: nodes are not in topological order (${unsorted}); ONNX requires it: pass --sort-nodes to sort them`);
+      throw new InputError(`${where}: nodes are not in topological order (${unsorted}); ONNX requires it: ${opt('sortNodes')} sorts them`);
     }
   }
 }

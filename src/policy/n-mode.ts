@@ -2,7 +2,7 @@
  * Which n each site uses. Shape-based forms (keys, causal) cost a few scalar ops per distinct shape; mask-based
  * forms count the keys each row may see from the mask actually applied to the logits.
  */
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { MaskUse } from '../detect/mask-uses';
 
 export type NOption = 'auto' | 'keys' | 'causal' | 'mask';
@@ -20,11 +20,11 @@ export interface NChoice {
 
 export function parseNOption(v: string): NOption {
   if (v === 'auto' || v === 'keys' || v === 'causal' || v === 'mask') return v;
-  throw new InputError(`--n must be auto, keys, causal or mask, got '${v}'`);
+  throw new InputError(`${opt('n')} must be auto, keys, causal or mask, got '${v}'`);
 }
 
 export function chooseN(option: NOption, uses: MaskUse[], causalReason: string): NChoice {
-  if (option !== 'auto') return { mode: option, reason: `--n ${option}` };
+  if (option !== 'auto') return { mode: option, reason: `n mode ${option} as asked` };
   const roles = new Set(uses.filter((u) => !(u.role === 'other' && u.rule === 'additive')).map((u) => u.role));
   if (roles.size === 0) {
     return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
@@ -48,7 +48,7 @@ function countable(uses: MaskUse[]): boolean {
 
 /** The per-row n the presets defined on positions need, whatever the mask. */
 export function positionN(option: NOption): NChoice {
-  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: --n ${option} does not apply`);
+  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: ${opt('n', option)} does not apply`);
   return { mode: 'causal', reason: 'preset: n is the 1-based position' };
 }
 

@@ -6,7 +6,7 @@
 import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
 import { toNumber } from '../io/onnx';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
 
@@ -76,7 +76,7 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
   switch (spec.role) {
     case 'lengths':
       // Per-item key counts or totals have model-specific meanings (total, total − 1, per-item padding).
-      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with --input ${spec.name}=FILE`);
+      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
     case 'ids': {
       const vocab = vocabSize(graph, spec.name);
       for (let i = 0; i < count; i++) values[i] = Math.floor(random() * vocab);

@@ -7,7 +7,7 @@ import { Graph } from '../graph/graph';
 import { constantOf } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 
 export type InputRole =
   | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
@@ -44,7 +44,7 @@ export function describeInputs(graph: Graph): InputSpec[] {
   let shapes: Shapes | undefined;
   return realInputs(graph).map((v) => {
     const tensor = v.type?.tensorType;
-    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with --input ${v.name}=FILE)`);
+    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`);
     const dims = (tensor.shape?.dim ?? []).map(dimSpec);
     const role = roleOf(v.name, tensor.elemType);
     const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name, shapes ??= new Shapes(graph)) : undefined;
@@ -101,11 +101,11 @@ export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixe
     const r = resolveParam(d.param, shape, fixed);
     if (r) return r;
     if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
-    throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with --dim ${d.param}=N or give the input with --input ${input.name}=FILE`);
+    throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with ${opt('dims', `${d.param}=N`)} or give the input with ${opt('inputFiles', `${input.name}=FILE`)}`);
   }
   const r = unnamedDim(input, axis, shape) ?? (fromGraph !== undefined ? { size: fromGraph, source: 'fixed' as const } : null);
   if (r) return r;
-  throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with --input ${input.name}=FILE.npy|.json|.pb`);
+  throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with ${opt('inputFiles', `${input.name}=FILE.npy|.json|.pb`)}`);
 }
 
 function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {
@@ -169,21 +169,21 @@ export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShap
 export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: number[] }>, fixed: Map<string, number>, origin: Map<string, string>): void {
   for (const [name, tensor] of Object.entries(given)) {
     const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`--input ${name}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
     const shape = `[${tensor.dims.join(', ')}]`;
     if (spec.dims.length && tensor.dims.length !== spec.dims.length) {
-      throw new InputError(`--input ${name}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
+      throw new InputError(`${opt('inputFiles', name)}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
     }
     spec.dims.forEach((d, axis) => {
       const size = tensor.dims[axis];
-      if ('value' in d && d.value !== size) throw new InputError(`--input ${name}: dim ${axis} is ${size}, the model declares ${d.value}`);
+      if ('value' in d && d.value !== size) throw new InputError(`${opt('inputFiles', name)}: dim ${axis} is ${size}, the model declares ${d.value}`);
       if (!('param' in d)) return;
       const known = fixed.get(d.param);
       if (known !== undefined && known !== size) {
-        throw new InputError(`--input ${name}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`);
+        throw new InputError(`${opt('inputFiles', name)}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`);
       }
       fixed.set(d.param, size);
-      origin.set(d.param, `--input ${name}`);
+      origin.set(d.param, opt('inputFiles', name));
     });
   }
 }
