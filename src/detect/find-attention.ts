@@ -139,15 +139,16 @@ function scanScope(model: ModelProto, scope: Scope, force: Set<string>, out: Det
   for (const node of topoOrder(scope.graph.proto)) {
     const result = runRules({ model, scope, forced: force.has(nodeLabel(node)) }, node);
     if (!result) continue;
-    const { trace, found, stop } = result;
+    const { trace, stop } = result;
     out.traces.push(trace);
-    if (found) entries.push({ ...found, rule: trace.rule });
-    else if (stop) {
-      const skip: SkippedSoftmax = { node: trace.node, reason: stop.reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
-        ...(stop.forcible ? { forcible: true } : {}), ...(stop.attention ? { attention: true } : {}), rule: trace.rule, stoppedAt: nodeLabel(stop.at) };
-      if (stop.attention) entries.push({ kind: 'refused', skip });
-      else out.skipped.push(skip);
+    if (!stop) {
+      entries.push({ ...result.found!, rule: trace.rule });
+      continue;
     }
+    const skip: SkippedSoftmax = { node: trace.node, reason: stop.reason, ...(scope.kind === 'main' ? {} : { scope: scope.path }),
+      ...(stop.forcible ? { forcible: true } : {}), ...(stop.attention ? { attention: true } : {}), rule: trace.rule, stoppedAt: nodeLabel(stop.at) };
+    if (stop.attention) entries.push({ kind: 'refused', skip });
+    else out.skipped.push(skip);
   }
   return entries;
 }
@@ -161,11 +162,8 @@ export function explainNode(model: ModelProto, name: string): Explanation[] {
   const d = findAttentionSoftmax(model);
   const pattern = new RegExp(`^${name.split('*').map((p) => p.replace(/[.+?^$()|[\]{}\\]/g, '\\$&')).join('.*')}$`, 's');
   const chosen = d.traces.filter((t) => pattern.test(t.node));
-  const names = d.traces.map((t) => t.node);
-  if (chosen.length === 0) {
-    throw new InputError(`no attention candidate named '${name}' (${names.length ? `candidates: ${names.slice(0, 5).join(', ')}`
-      + `${names.length > 5 ? `, … ${names.length} in all` : ''}` : 'the model has no Softmax or attention node'})`);
-  }
+  const some = d.traces.slice(0, 5).map((t) => t.node).join(', ') + (d.traces.length > 5 ? `, … ${d.traces.length} in all` : '');
+  if (chosen.length === 0) throw new InputError(`no attention candidate named '${name}' (${some ? `candidates: ${some}` : 'the model has none'})`);
   return chosen.map((t) => {
     const k = d.skipped.find((s) => s.node === t.node && (s.scope ?? 'main') === t.scope);
     return { ...t, verdict: k ? `${k.attention ? 'refused' : 'skipped'}: ${k.reason}` : `attention (rule ${t.rule})` };

@@ -1,11 +1,9 @@
 /**
- * Fused attention operators: the Softmax is inside the kernel, so the SSMax factor has to go on the query
- * (scaling query row i by c_i scales logits row i by c_i, also through RoPE, which is linear). For each operator
- * this module says where the query is, how n is read from the operator's inputs, and where the equivalence
- * breaks (a deviation: refused unless the user forces the site).
- *
- *   com.microsoft MultiHeadAttention, GroupQueryAttention, DecoderMaskedMultiHeadAttention, Attention;
- *   ONNX Attention (opset 23 and later).
+ * Fused attention operators (com.microsoft MultiHeadAttention, GroupQueryAttention, DecoderMaskedMultiHeadAttention,
+ * Attention; ONNX Attention from opset 23), one rule each: the Softmax is inside the kernel, so the SSMax factor
+ * goes on the query (scaling query row i by c_i scales logits row i by c_i, also through RoPE, which is linear).
+ * Each rule says where the query is, how n is read from the operator's inputs, and where the equivalence breaks
+ * (a deviation: refused unless the user forces the site).
  */
 import { attrFloat, attrInt, attrInts } from '../graph/graph';
 import { Scope } from '../graph/scopes';
@@ -98,22 +96,19 @@ const unsupported: Record<string, string> = {
 type Matcher = (ctx: Scope, node: NodeProto) => Omit<FusedMatch, 'queryType'> | { reason: string };
 
 /** A fused-operator rule: the operator's matcher, then its deviation from exact SSMax refused unless forced. */
-function fusedRule(name: string, applies: Rule['applies'], matcher: Matcher): Rule {
-  return {
-    name, applies,
-    match: (ctx, node) => {
-      const m = matcher(ctx.scope, node);
-      if ('reason' in m) return { at: node, reason: m.reason, steps: 0, attention: true };
-      if (m.deviation && !ctx.forced) {
-        return { at: node, reason: `${m.op.replace(`${MS}.`, '')}: ${m.deviation}`, steps: 1, attention: true, forcible: true };
-      }
-      const query = node.input[m.query.layout === 'weights' ? m.query.weights : m.query.input];
-      const patchedBy = ctx.scope.graph.query.first('ssmax-apply', query, (_t, p) => (!p?.name.startsWith(PATCH_PREFIX) ? null
-        : /\/apply(_\d+)?$/.test(p.name) ? p : undefined)); // an earlier run's factor on the query
-      return { kind: 'fused', site: { ...m, queryType: ctx.scope.shapes.type(query), forced: Boolean(m.deviation), patchedBy } };
-    },
-  };
-}
+const fusedRule = (name: string, applies: Rule['applies'], matcher: Matcher): Rule => ({
+  name, applies,
+  match: (ctx, node) => {
+    const m = matcher(ctx.scope, node);
+    if ('reason' in m) return { at: node, reason: m.reason, steps: 0, attention: true };
+    if (m.deviation && !ctx.forced) return { at: node, reason: `${m.op.replace(`${MS}.`, '')}: ${m.deviation}`, steps: 1, attention: true, forcible: true };
+    const query = node.input[m.query.layout === 'weights' ? m.query.weights : m.query.input];
+    // An earlier run's factor on the query: the first inserted `apply` node up its chain of inserted nodes.
+    const patchedBy = ctx.scope.graph.query.first('ssmax-apply', query, (_t, p) => (!p?.name.startsWith(PATCH_PREFIX) ? null
+      : /\/apply(_\d+)?$/.test(p.name) ? p : undefined));
+    return { kind: 'fused', site: { ...m, queryType: ctx.scope.shapes.type(query), forced: Boolean(m.deviation), patchedBy } };
+  },
+});
 
 const ms = (op: string) => (node: NodeProto): boolean => node.domain === MS && node.opType === op;
 
@@ -129,7 +124,6 @@ export const unsupportedFused = fusedRule('fused/unsupported',
   (_ctx, node) => ({ reason: `fused ${node.opType}: not patched (${unsupported[node.opType]})` }));
 
 const present = (node: NodeProto, i: number): boolean => Boolean(node.input[i]);
-
 const rankOf = (ctx: Scope, node: NodeProto, i: number): number | undefined => (present(node, i) ? ctx.shapes.rank(node.input[i]) : undefined);
 
 function headsFromAttr(node: NodeProto, name: string): HeadInfo {
@@ -137,10 +131,8 @@ function headsFromAttr(node: NodeProto, name: string): HeadInfo {
   return h && h > 0 ? { heads: h, axis: 1, reason: `${name}=${h} attribute` } : { axis: 1, reason: `no ${name} attribute` };
 }
 
-function masksOf(ctx: Scope, node: NodeProto, inputs: number[], why: string): MaskVerdict {
-  const names = inputs.filter((i) => present(node, i)).map((i) => node.input[i]);
-  return names.length === 0 ? { causal: false, reason: `no mask (${why})` } : classifyMasks(ctx.graph, names);
-}
+const masksOf = (ctx: Scope, node: NodeProto, inputs: number[], why: string): MaskVerdict =>
+  classifyMasks(ctx.graph, inputs.filter((i) => present(node, i)).map((i) => node.input[i]), `no mask (${why})`);
 
 /**
  * com.microsoft MultiHeadAttention: query [B,S,N·H] (bias added inside) or packed QKV [B,S,N,3,H]; keys from
@@ -158,14 +150,11 @@ function multiHead(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   else if (kRank === 3 || kRank === 5) kv = { input: 1, axis: 1 };
   else return { reason: 'MultiHeadAttention: rank of key unknown, cannot tell its sequence axis' };
   const tk: Term[] = [kv];
-  let deviation: string | undefined;
   if (present(node, 8)) tk.push({ input: 8, value: true });
   else if (present(node, 6)) tk.push({ input: 6, axis: 2 });
-  const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
-  const mask = unidirectional
-    ? { causal: true, reason: 'causal: unidirectional=1' }
-    : masksOf(ctx, node, [4, 5], 'no key_padding_mask or attention_bias');
-  if (kRank === 4 && present(node, 6)) deviation = 'past_key given with 4-D key: the key length is ambiguous';
+  const mask = (attrInt(node, 'unidirectional') ?? 0) === 1
+    ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [4, 5], 'no key_padding_mask or attention_bias');
+  const deviation = kRank === 4 && present(node, 6) ? 'past_key given with 4-D key: the key length is ambiguous' : undefined;
   return {
     node, op: 'com.microsoft.MultiHeadAttention', heads: headsFromAttr(node, 'num_heads'), mask,
     query: packed ? { layout: 'bsn3h', input: 0 } : { layout: 'bsd', input: 0, bias: present(node, 3) ? 3 : undefined },
@@ -186,16 +175,13 @@ function groupQuery(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const deviations: string[] = [];
   const softcap = attrFloat(node, 'softcap') ?? 0;
   if (softcap !== 0) deviations.push(`softcap=${softcap}: tanh capping after the factor is not SSMax`);
-  if ((attrInt(node, 'smooth_softmax') ?? 0) === 1 || present(node, 11)) {
-    deviations.push('attention sink (smooth_softmax / head_sink): the extra softmax term is not scaled with n');
-  }
-  if (present(node, 14) || present(node, 15)) {
-    deviations.push('q_norm_weight: the kernel RMS-normalises Q after the point where the factor goes, undoing it');
-  }
+  const sink = (attrInt(node, 'smooth_softmax') ?? 0) === 1 || present(node, 11);
+  if (sink) deviations.push('attention sink (smooth_softmax / head_sink): the extra softmax term is not scaled with n');
+  const qNorm = present(node, 14) || present(node, 15);
+  if (qNorm) deviations.push('q_norm_weight: the kernel RMS-normalises Q after the point where the factor goes, undoing it');
   const causal = (attrInt(node, 'causal') ?? 1) === 1;
   const window = attrInt(node, 'local_window_size') ?? -1;
-  const mask: MaskVerdict = causal
-    ? { causal: true, reason: `causal: GroupQueryAttention${window > 0 ? ` with local_window_size=${window}` : ''}` }
+  const mask: MaskVerdict = causal ? { causal: true, reason: `causal: GroupQueryAttention${window > 0 ? ` with local_window_size=${window}` : ''}` }
     : masksOf(ctx, node, [10], 'causal=0');
   return {
     node, op: 'com.microsoft.GroupQueryAttention', heads, mask,

@@ -35,8 +35,7 @@ export interface Rule {
 const biasSoftmax: Rule = {
   name: 'guard/bias-softmax',
   applies: (node) => node.opType === 'BiasSoftmax' && node.domain === 'com.microsoft',
-  match: (_ctx, node) => ({ at: node, steps: 0, attention: true,
-    reason: 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation' }),
+  match: (_ctx, node) => ({ at: node, steps: 0, attention: true, reason: 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation' }),
 };
 
 /** A call of a model-local function holding a Softmax or attention operator; the body is its own scope. */
@@ -47,11 +46,8 @@ const callFunction: Rule = {
 };
 
 /** Every rule, in the order they are tried on a node. */
-export const RULES: readonly Rule[] = [
-  matmulQk, einsumQk, opset11Reshape,
-  msMultiHead, msGqa, msDmmha, msAttention, onnxAttention, unsupportedFused,
-  biasSoftmax, callFunction,
-];
+export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, msMultiHead, msGqa, msDmmha, msAttention, onnxAttention,
+  unsupportedFused, biasSoftmax, callFunction];
 
 export interface RuleAttempt { rule: string; matched: boolean; steps?: number; stoppedAt?: string; reason?: string }
 
@@ -59,20 +55,18 @@ export interface RuleAttempt { rule: string; matched: boolean; steps?: number; s
 export interface CandidateTrace { node: string; op: string; scope: string; rule: string; matched: boolean; attempts: RuleAttempt[] }
 
 /** Tries the rules that apply to `node` in list order until one matches; null when none applies. */
-export function runRules(ctx: RuleContext, node: NodeProto, rules = RULES): { trace: CandidateTrace; found?: Found; stop?: Stop } | null {
-  const tried = rules.filter((r) => r.applies(node, ctx));
+export function runRules(ctx: RuleContext, node: NodeProto): { trace: CandidateTrace; found?: Found; stop?: Stop } | null {
+  const tried = RULES.filter((r) => r.applies(node, ctx));
   if (tried.length === 0) return null;
   const op = node.domain && node.domain !== 'ai.onnx' ? `${node.domain}.${node.opType}` : node.opType;
   const trace: CandidateTrace = { node: nodeLabel(node), op, scope: ctx.scope.path, rule: '', matched: false, attempts: [] };
   let stop: Stop | undefined;
-  for (const rule of tried) {
-    const r = rule.match(ctx, node);
-    if ('kind' in r) {
-      trace.attempts.push({ rule: rule.name, matched: true });
-      return { trace: { ...trace, rule: rule.name, matched: true }, found: r };
-    }
-    trace.attempts.push({ rule: rule.name, matched: false, steps: r.steps, stoppedAt: nodeLabel(r.at), reason: r.reason });
-    if (!stop || r.steps > stop.steps) [stop, trace.rule] = [r, rule.name]; // ties go to the rule listed first
+  for (const { name, match } of tried) {
+    const r = match(ctx, node);
+    const matched = 'kind' in r;
+    trace.attempts.push(matched ? { rule: name, matched } : { rule: name, matched, steps: r.steps, stoppedAt: nodeLabel(r.at), reason: r.reason });
+    if (matched) return { trace: { ...trace, rule: name, matched }, found: r };
+    if (!stop || r.steps > stop.steps) [stop, trace.rule] = [r, name]; // ties go to the rule listed first
   }
   return { trace, stop };
 }

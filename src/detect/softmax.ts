@@ -1,8 +1,8 @@
 /**
- * Plain-op attention rules: a Softmax over the key axis alone whose logits come from a product of two
- * activations (query · keyᵀ) and whose probabilities reach a product with values. The rules share the walks of
- * trace.ts and differ in the product they accept and in the Softmax form they apply to. Checks, in order: the
- * key axis (a failure there is a refusal --force-site can accept when the rest matches), the logits, the values.
+ * Plain-op attention: a Softmax over the key axis alone whose logits come from a product of two activations
+ * (query · keyᵀ) and whose probabilities reach a product with values. The rules share the walks of trace.ts and
+ * differ in the product they accept and the Softmax form they apply to. Their checks, in order: the key axis (when
+ * the rest matches, a failure there is a refusal --force-site accepts), the logits, the values.
  */
 import { attrInt, Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
@@ -11,24 +11,19 @@ import { classifyMasks, maskOperands } from './mask';
 import type { Found, Rule, RuleContext, Stop } from './rules';
 import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, PATCH_PREFIX, Step } from './trace';
 
-/** At opset < 13 a Softmax with an axis other than −1 flattens its input to 2-D around that axis. */
-const coerced = (node: NodeProto, opset: number): boolean => opset < 13 && (attrInt(node, 'axis') ?? 1) !== -1;
+/** `products`: the product ops the rule accepts (any when absent); `flat`: the opset < 13 form, whose axis ≠ −1. */
+const softmaxRule = (name: string, flat: boolean, products?: string[]): Rule => ({
+  name,
+  applies: (node, { scope }) => node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')
+    && (scope.opset < 13 && (attrInt(node, 'axis') ?? 1) !== -1) === flat,
+  match: (ctx, node) => matchSite(ctx, node, products),
+});
 
-/** `products`: the product ops the rule accepts (any when absent); `flattening`: the opset < 13 2-D form. */
-function softmaxRule(name: string, flattening: boolean, products?: string[]): Rule {
-  return {
-    name,
-    applies: (node, ctx) => node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')
-      && coerced(node, ctx.scope.opset) === flattening,
-    match: (ctx, node) => matchSite(ctx, node, products),
-  };
-}
-
-/** MatMul(q, kᵀ) or com.microsoft FusedMatMul → masks, biases, casts → Softmax(axis=-1) → MatMul(v). */
+/** MatMul(q, kᵀ) or com.microsoft FusedMatMul → masks, biases, casts → Softmax → MatMul(v). */
 export const matmulQk = softmaxRule('softmax/matmul-qk', false, ['MatMul', 'FusedMatMul']);
-/** Einsum whose rows come from one operand and keys from the other (either operand order) → Softmax → Einsum(v). */
+/** An Einsum whose rows come from one operand and keys from the other (either order) → Softmax → Einsum(v). */
 export const einsumQk = softmaxRule('softmax/einsum-qk', false, ['Einsum']);
-/** Opset < 13 Softmax(axis=k) over a 2-D view (e.g. a Reshape to [B·N·S, T]): per row only when k = rank − 1. */
+/** Opset < 13 Softmax(axis=k) flattens to 2-D around k: per row only when k = rank − 1 (a Reshape to [B·N·S, T]). */
 export const opset11Reshape = softmaxRule('softmax/opset11-reshape', true);
 
 function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | undefined): Found | Stop {
@@ -77,12 +72,9 @@ function headsOf({ scope }: RuleContext, product: NodeProto, logitsRank: number 
  */
 function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined): string | null {
   const axis = attrInt(softmax, 'axis') ?? (opset >= 13 ? -1 : 1);
-  if (axis === -1) {
-    return opset >= 13 || rank === undefined || rank >= 2 ? null : 'Softmax over a 1-D tensor';
-  }
+  if (axis === -1) return opset >= 13 || rank === undefined || rank >= 2 ? null : 'Softmax over a 1-D tensor';
   if (rank === undefined) return `Softmax axis ${axis} with logits of unknown rank: cannot tell it is the key axis`;
-  if (axis !== rank - 1) return `Softmax over axis ${axis} of a rank-${rank} tensor, not over the last (key) axis`;
-  return null;
+  return axis === rank - 1 ? null : `Softmax over axis ${axis} of a rank-${rank} tensor, not over the last (key) axis`;
 }
 
 /**
@@ -92,16 +84,11 @@ function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined):
  * factor after the cap is exactly SSMax.
  */
 function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits: string; consumer: Step; offset: number } {
-  let logits = matmul.output[0];
   let offset = 0;
-  while (offset < path.length - 1) {
+  for (; offset < path.length - 1; offset++) {
     const { node, index } = path[offset];
-    const linear = (node.opType === 'Div' && index === 0) || node.opType === 'Mul';
-    const scaling = linear && graph.query.isStatic(node.input[1 - index]);
-    if (!(scaling || node.opType === 'Cast' || node.opType === 'Identity' || node.opType === 'Tanh')) break;
-    if (node.name.startsWith(PATCH_PREFIX)) break;
-    logits = node.output[0];
-    offset++;
+    const scaling = ((node.opType === 'Div' && index === 0) || node.opType === 'Mul') && graph.query.isStatic(node.input[1 - index]);
+    if (!(scaling || ['Cast', 'Identity', 'Tanh'].includes(node.opType)) || node.name.startsWith(PATCH_PREFIX)) break;
   }
-  return { logits, consumer: path[offset], offset };
+  return { logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset };
 }

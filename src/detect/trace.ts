@@ -52,32 +52,22 @@ export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProt
   const stack: { name: string; path: Step[] }[] = [{ name: tensor, path: [{ node: softmax, index: 0 }] }];
   while (stack.length) {
     const { name, path } = stack.pop()!;
-    const node = graph.producer.get(name);
     if (seen.has(name)) continue;
     seen.add(name);
-    if (!node) end ??= path[0].node; // a graph input
-    else if (opInfo(node).product) {
-      const why = productProblem(graph, node);
-      if (!why) return { matmul: node, path };
-      stop = { at: node, reason: why };
-    } else {
-      const carried = (opInfo(node).logits ?? []).filter((i) => node.input[i] && !graph.query.isStatic(node.input[i]));
-      if (!opInfo(node).logits) end ??= node;
+    const node = graph.producer.get(name);
+    const info = node ? opInfo(node) : {};
+    if (node && info.product) {
+      if (graph.query.isStatic(node.input[0]) || graph.query.isStatic(node.input[1])) {
+        stop = { at: node, reason: 'logits come from a MatMul with a constant weight (a projection, not query·key)' };
+      } else if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
+        stop = { at: node, reason: 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)' };
+      } else return { matmul: node, path };
+    } else if (node && info.logits) {
+      const carried = info.logits.filter((i) => node.input[i] && !graph.query.isStatic(node.input[i]));
       for (const index of carried.reverse()) stack.push({ name: node.input[index], path: [{ node, index }, ...path] });
-    }
+    } else end ??= node ?? path[0].node; // an op that carries no logits, or a graph input
   }
   return stop ?? { at: end ?? softmax, reason: 'logits not produced by MatMul of two activations' };
-}
-
-/** Why a product is not query·keyᵀ, or null when it is. */
-function productProblem(graph: Graph, node: NodeProto): string | null {
-  if (graph.query.isStatic(node.input[0]) || graph.query.isStatic(node.input[1])) {
-    return 'logits come from a MatMul with a constant weight (a projection, not query·key)';
-  }
-  if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
-    return 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)';
-  }
-  return null;
 }
 
 /** True when `node` multiplies the probabilities `tensor` with values over the key axis. */
