@@ -27,9 +27,7 @@ export interface AttentionSite {
   scope: string;
   /** The detection rule that matched (rules.ts). */
   rule: string;
-  softmax: NodeProto;
-  qkMatMul: NodeProto;
-  valueMatMul: NodeProto;
+  softmax: NodeProto; qkMatMul: NodeProto; valueMatMul: NodeProto;
   /** The content logits the factor multiplies: after any 1/√d scaling and Cast, before any mask. */
   logits: string;
   /** The node on the path that reads `logits`, and at which input. */
@@ -39,23 +37,15 @@ export interface AttentionSite {
   logitsRank?: number;
   /** ONNX element type of the logits, when known. */
   logitsType?: number;
-  heads: HeadInfo;
-  mask: MaskVerdict;
+  heads: HeadInfo; mask: MaskVerdict;
   /** Set when the site already carries an SSMax factor from an earlier run. */
   patchedBy?: NodeProto;
   /** Why the site was refused before --force-site accepted it. */
   forced?: string;
 }
 
-/** A call of a model-local function whose body holds attention: the factor's s comes in through a new input. */
-export interface CallSite {
-  layer: number;
-  scope: string;
-  call: NodeProto;
-  fn: FunctionProto;
-  /** The attention inside the function body. */
-  inner: AttentionSite | FusedSite;
-}
+/** A call of a model-local function whose body holds attention (`inner`): the factor's s comes in through a new input. */
+export interface CallSite { layer: number; scope: string; call: NodeProto; fn: FunctionProto; inner: AttentionSite | FusedSite }
 
 export interface SkippedSoftmax {
   node: string;
@@ -69,32 +59,20 @@ export interface SkippedSoftmax {
   /** Refused attention keeps its layer number, so patched layers are numbered the same with or without it. */
   layer?: number;
   /** The closest detection rule (the one that got furthest) and the node where it stopped. */
-  rule?: string;
-  stoppedAt?: string;
+  rule?: string; stoppedAt?: string;
 }
 
-export interface Detection {
-  sites: AttentionSite[];
-  fused: FusedSite[];
-  calls: CallSite[];
-  skipped: SkippedSoftmax[];
-  /** Per candidate node: every rule tried, and where each stopped. */
-  traces: CandidateTrace[];
-}
+/** `traces`: per candidate node, every rule tried and where each stopped. */
+export interface Detection { sites: AttentionSite[]; fused: FusedSite[]; calls: CallSite[]; skipped: SkippedSoftmax[]; traces: CandidateTrace[] }
 
-export interface DetectOptions {
-  /** Node names whose refusal (a deviation from exact SSMax, an unprovable Softmax axis) the user accepts. */
-  force?: string[];
-}
+/** `force`: node names whose refusal (a deviation from exact SSMax, an unprovable Softmax axis) the user accepts. */
+export interface DetectOptions { force?: string[] }
 
-export function defaultOpset(model: ModelProto): number {
-  return defaultOpsetOf(model.opsetImport);
-}
+export const defaultOpset = (model: ModelProto): number => defaultOpsetOf(model.opsetImport);
 
 /** Detection over the whole model (the `graph` argument is accepted for compatibility and not needed). */
-export function findAttentionSoftmax(model: ModelProto, _graph?: Graph, options: DetectOptions = {}): Detection {
-  return detectAttention(model, modelScopes(model), options);
-}
+export const findAttentionSoftmax = (model: ModelProto, _graph?: Graph, options: DetectOptions = {}): Detection =>
+  detectAttention(model, modelScopes(model), options);
 
 type Entry = { kind: 'refused'; skip: SkippedSoftmax } | (Found & { rule: string });
 

@@ -46,8 +46,7 @@ export type NPlan =
    */
   | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number };
 
-export type FusedOp =
-  | 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
+export type FusedOp = 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
   | 'com.microsoft.DecoderMaskedMultiHeadAttention' | 'com.microsoft.Attention' | 'Attention';
 
 export interface FusedSite {
@@ -56,12 +55,7 @@ export interface FusedSite {
   scope: string;
   /** The detection rule that matched (rules.ts). */
   rule: string;
-  node: NodeProto;
-  op: FusedOp;
-  heads: HeadInfo;
-  mask: MaskVerdict;
-  query: QueryPlan;
-  n: NPlan;
+  node: NodeProto; op: FusedOp; heads: HeadInfo; mask: MaskVerdict; query: QueryPlan; n: NPlan;
   /** The query length S: a dimension of an input. */
   queryLength: { input: number; axis: number };
   /** Element type of the query (or weights), when known. */
@@ -199,13 +193,12 @@ function decoderMasked(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const cross = !packed && (kRank === 4 || (kRank === undefined && !present(node, 5)));
   const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
   let tk: Term[];
-  let deviation: string | undefined;
   if (cross) tk = [{ input: 1, axis: 2 }];
   else if (share && present(node, 7)) tk = [{ input: 7, value: true }, { input: 0, axis: 1 }];
-  else if (share) {
-    tk = [{ input: 5, axis: 2 }, { input: 0, axis: 1 }];
-    deviation = 'shared past/present buffer without past_sequence_length: its length is not the sequence length';
-  } else tk = [...(present(node, 5) ? [{ input: 5, axis: 2 }] : []), { input: 0, axis: 1 }];
+  else if (share) tk = [{ input: 5, axis: 2 }, { input: 0, axis: 1 }];
+  else tk = [...(present(node, 5) ? [{ input: 5, axis: 2 }] : []), { input: 0, axis: 1 }];
+  const deviation = !cross && share && !present(node, 7)
+    ? 'shared past/present buffer without past_sequence_length: its length is not the sequence length' : undefined;
   return {
     node, op: 'com.microsoft.DecoderMaskedMultiHeadAttention', heads: headsFromAttr(node, 'num_heads'),
     mask: masksOf(ctx, node, [3, 4], 'one query token attends to every cached key'),

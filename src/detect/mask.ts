@@ -6,10 +6,7 @@ import { Graph, nodeLabel } from '../graph/graph';
 import { ConstTensor } from '../graph/tensor';
 import { Step } from './trace';
 
-export interface MaskVerdict {
-  causal: boolean;
-  reason: string;
-}
+export interface MaskVerdict { causal: boolean; reason: string }
 
 const comparisons = new Set(['Less', 'Greater', 'LessOrEqual', 'GreaterOrEqual']);
 

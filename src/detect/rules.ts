@@ -1,9 +1,8 @@
 /**
- * Detection as named rules, after onnxscript's rewriter: each exporter pattern and fused operator is a rule with
- * a cheap `applies` test and a `match` that gives the site, or the node where it stopped and why. The rules tried
- * on a candidate make its trace; a candidate no rule matches is reported with its closest rule (the one that
- * passed most checks) and where that rule stopped. Adding a pattern means adding a rule to RULES, a row to the
- * README's rule table and a test (test/rules.test.ts checks the first two).
+ * Detection as named rules, after onnxscript's rewriter: each exporter pattern and fused operator is a rule whose
+ * `match` gives the site, or the node where it stopped and why. The rules tried on a candidate make its trace; a
+ * candidate no rule matches is reported with its closest rule (the one that passed most checks) and its stop.
+ * Adding a pattern means adding a rule to RULES, its row in the README's rule table, and a test.
  */
 import { nodeLabel } from '../graph/graph';
 import { calledFunction, Scope } from '../graph/scopes';
@@ -24,18 +23,15 @@ export type Found =
 /** `steps`: checks passed before the stop; `attention`: refused attention, not some other Softmax. */
 export interface Stop { at: NodeProto; reason: string; steps: number; attention?: boolean; forcible?: boolean }
 
-export interface Rule {
-  /** Stable name: a row of the README's rule table. */
-  name: string;
-  applies(node: NodeProto, ctx: RuleContext): boolean;
-  match(ctx: RuleContext, node: NodeProto): Found | Stop;
-}
+/** `name`: stable, a row of the README's rule table; `applies`: a cheap test on the node; `match`: the site or a stop. */
+export interface Rule { name: string; applies(node: NodeProto, ctx: RuleContext): boolean; match(ctx: RuleContext, node: NodeProto): Found | Stop }
 
 /** onnxruntime's fused Add + Softmax: the logits are inside the kernel with no query to scale. */
 const biasSoftmax: Rule = {
   name: 'guard/bias-softmax',
   applies: (node) => node.opType === 'BiasSoftmax' && node.domain === 'com.microsoft',
-  match: (_ctx, node) => ({ at: node, steps: 0, attention: true, reason: 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation' }),
+  match: (_ctx, node) => ({ at: node, steps: 0, attention: true,
+    reason: 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation' }),
 };
 
 /** A call of a model-local function holding a Softmax or attention operator; the body is its own scope. */

@@ -13,10 +13,9 @@ import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, PAT
 
 /** `products`: the product ops the rule accepts (any when absent); `flat`: the opset < 13 form, whose axis ≠ −1. */
 const softmaxRule = (name: string, flat: boolean, products?: string[]): Rule => ({
-  name,
+  name, match: (ctx, node) => matchSite(ctx, node, products),
   applies: (node, { scope }) => node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')
     && (scope.opset < 13 && (attrInt(node, 'axis') ?? 1) !== -1) === flat,
-  match: (ctx, node) => matchSite(ctx, node, products),
 });
 
 /** MatMul(q, kᵀ) or com.microsoft FusedMatMul → masks, biases, casts → Softmax → MatMul(v). */
@@ -60,15 +59,13 @@ function headsOf({ scope }: RuleContext, product: NodeProto, logitsRank: number 
   if (product.opType !== 'Einsum') return inferHeads(scope.graph, product.input[0], logitsRank, scope.shapes, { logits });
   const q = einsumQueryOperand(product);
   const t = einsumTerms(product)!;
-  const letters = q === 0 ? t.a : t.b;
-  const axis = logitsRank === 4 ? letters.indexOf(t.out[1]) : -1;
+  const axis = logitsRank === 4 ? (q === 0 ? t.a : t.b).indexOf(t.out[1]) : -1;
   return inferHeads(scope.graph, product.input[q], logitsRank, scope.shapes, { logits, ...(axis >= 0 ? { queryAxis: axis } : {}) });
 }
 
 /**
- * Softmax must normalise over the key axis alone. At opset < 13 Softmax flattens the input to 2-D around
- * `axis` (default 1), which equals a last-axis Softmax only when axis = rank − 1, e.g. a rank-2 view made by
- * a Reshape right before it.
+ * Softmax must normalise over the key axis alone. At opset < 13 it flattens the input to 2-D around `axis`
+ * (default 1), which equals a last-axis Softmax only when axis = rank − 1 (e.g. a rank-2 view made by a Reshape).
  */
 function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined): string | null {
   const axis = attrInt(softmax, 'axis') ?? (opset >= 13 ? -1 : 1);
@@ -78,10 +75,9 @@ function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined):
 }
 
 /**
- * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final
- * content logits in the Softmax's precision, but stops before any mask or reshape. A softcap
- * (Div → Tanh → Mul, Gemma 2) is passed too: the capped logits are what the Softmax normalises, so the
- * factor after the cap is exactly SSMax.
+ * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final content
+ * logits in the Softmax's precision, but stops before any mask or reshape. A softcap (Div → Tanh → Mul, Gemma 2) is
+ * passed too: the capped logits are what the Softmax normalises, so the factor after the cap is exactly SSMax.
  */
 function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits: string; consumer: Step; offset: number } {
   let offset = 0;

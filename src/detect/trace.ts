@@ -28,8 +28,7 @@ export function einsumTerms(node: NodeProto): { a: string; b: string; out: strin
 export function einsumQueryOperand(node: NodeProto): number {
   const t = einsumTerms(node);
   if (!t || node.input.length !== 2 || t.out.length < 2) return -1;
-  const key = t.out[t.out.length - 1];
-  const row = t.out[t.out.length - 2];
+  const [row, key] = t.out.slice(-2);
   const contracted = [...t.a].some((c) => t.b.includes(c) && !t.out.includes(c));
   if (!contracted) return -1;
   if (t.b.includes(key) && !t.a.includes(key) && t.a.includes(row) && !t.b.includes(row)) return 0;
