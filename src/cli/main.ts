@@ -9,6 +9,7 @@ import { patchModel, PatchReport } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
 import type { VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
+import { explainCommand } from './explain';
 import { formatPatch, formatRevert, formatVerify, formatWrite } from './format';
 import { addVerifyOptions, checkVerifyOutputs, oneLineErrors, verifyCommand, VerifyCliOptions, verifyOptionsFrom, writeVerifyOutputs } from './verify-command';
 
@@ -32,6 +33,7 @@ interface CliOptions extends VerifyCliOptions {
   externalData?: string;
   quiet?: boolean;
   sortNodes?: boolean;
+  explain?: string;
 }
 
 const collect = (v: string, all: string[]): string[] => [...all, v];
@@ -60,6 +62,7 @@ function program(): Command {
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
     .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
     .option('--quiet', 'no progress line on stderr')
+    .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing')
     .addHelpText('after', '\nTo remove a patch: ssmax-patch revert <patched.onnx> [-o out.onnx] (see ssmax-patch revert --help)');
   return oneLineErrors(addVerifyOptions(cmd));
 }
@@ -77,6 +80,7 @@ function defaultOutput(input: string): string {
 }
 
 async function patchCommand(input: string, o: CliOptions): Promise<number> {
+  if (o.explain !== undefined) return explainCommand(input, o.explain);
   const n = parseNOption(o.n);
   const trainLen = number(o.trainLen, '--train-len', true);
   const verifyOptions = verifyOptionsFrom(o, trainLen);

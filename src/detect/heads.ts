@@ -5,13 +5,10 @@
 import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { opInfo } from '../graph/ops';
 import { Shapes } from '../graph/shapes';
+import { toNumber } from '../io/onnx';
 
-export interface HeadInfo {
-  heads?: number;
-  /** Axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], where it is merged with batch). */
-  axis?: number;
-  reason: string;
-}
+/** `axis`: the axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], merged with batch). */
+export interface HeadInfo { heads?: number; axis?: number; reason: string }
 
 /** Known elements of a 1-D shape tensor (undefined where computed at run time). */
 export function shapeElements(graph: Graph, name: string): (number | undefined)[] | undefined {
@@ -35,10 +32,8 @@ export function shapeElements(graph: Graph, name: string): (number | undefined)[
  * (an Einsum may take the heads from any axis); `logits`: the logits tensor, whose declared shape is the
  * last resort.
  */
-export function inferHeads(
-  graph: Graph, query: string, logitsRank: number | undefined, shapes: Shapes,
-  extra: { queryAxis?: number; logits?: string } = {},
-): HeadInfo {
+export function inferHeads(graph: Graph, query: string, logitsRank: number | undefined, shapes: Shapes,
+  extra: { queryAxis?: number; logits?: string } = {}): HeadInfo {
   if (logitsRank !== 3 && logitsRank !== 4) return { reason: 'rank of the logits unknown' };
   const axis = logitsRank === 4 ? 1 : 0;
   // In [B·H, Tq, Tk] logits the heads are the inner part of axis 0; we look for them at axis 1 of the 4-D source.
@@ -55,8 +50,7 @@ export function inferHeads(
 /** A positive static dimension from a declared shape, if the graph has one. */
 export function declaredDim(graph: Graph, name: string, axis: number): number | undefined {
   const dims = graph.valueInfo.get(name)?.type?.tensorType?.shape?.dim;
-  const d = dims?.[axis < 0 ? dims.length + axis : axis];
-  const v = d?.dimValue !== undefined ? Number(typeof d.dimValue === 'number' ? d.dimValue : d.dimValue.toNumber()) : 0;
+  const v = toNumber(dims?.[axis < 0 ? dims.length + axis : axis]?.dimValue);
   return v > 0 ? v : undefined;
 }
 

@@ -14,13 +14,8 @@ export const HIDDEN_BELOW = -9000;
 export type MaskRule = 'additive' | 'subtractive' | 'keep-where' | 'drop-where';
 export type MaskRole = 'causal' | 'padding' | 'combined' | 'other';
 
-export interface MaskUse {
-  tensor: string;
-  rule: MaskRule;
-  role: MaskRole;
-  /** Rank of the view of the logits the mask is applied to. */
-  viewRank?: number;
-}
+/** `viewRank`: the rank of the view of the logits the mask is applied to. */
+export interface MaskUse { tensor: string; rule: MaskRule; role: MaskRole; viewRank?: number }
 
 export function maskUses(graph: Graph, steps: Step[], shapes: Shapes): MaskUse[] {
   const uses: MaskUse[] = [];

@@ -6,10 +6,7 @@ import { Graph, nodeLabel } from '../graph/graph';
 import { ConstTensor } from '../graph/tensor';
 import { Step } from './trace';
 
-export interface MaskVerdict {
-  causal: boolean;
-  reason: string;
-}
+export interface MaskVerdict { causal: boolean; reason: string }
 
 const comparisons = new Set(['Less', 'Greater', 'LessOrEqual', 'GreaterOrEqual']);
 
@@ -23,8 +20,9 @@ export function maskOperands(path: Step[]): string[] {
   return masks.filter(Boolean);
 }
 
-export function classifyMasks(graph: Graph, masks: string[]): MaskVerdict {
-  if (masks.length === 0) return { causal: false, reason: 'no mask on the logits' };
+/** `none`: the reason when there is no mask. */
+export function classifyMasks(graph: Graph, masks: string[], none = 'no mask on the logits'): MaskVerdict {
+  if (masks.length === 0) return { causal: false, reason: none };
   for (const m of masks) {
     const why = causalEvidence(graph, m);
     if (why) return { causal: true, reason: why };

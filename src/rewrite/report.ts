@@ -28,6 +28,8 @@ export interface PatchedSite {
   target: Target;
   /** Sites with the same key share one computation of n. */
   nShared: string;
+  /** The detection rule that matched the site. */
+  rule?: string;
 }
 
 export interface PatchReport {

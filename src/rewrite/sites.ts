@@ -110,7 +110,7 @@ export class SitePatcher {
         node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
         logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
-        target: 'query', nShared: `site:${nodeLabel(site.node)}`,
+        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
       },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
         apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
@@ -126,7 +126,8 @@ export class SitePatcher {
     const sName = b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
     b.rewire(call.call, position, sName);
     const node = `${nodeLabel(call.call)} → ${body.site.node}`;
-    const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s, sInitializer: sName };
+    const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s, sInitializer: sName,
+      rule: `call/function → ${body.site.rule}` };
     return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s, sInitializer: sName } };
   }
 
@@ -149,7 +150,7 @@ function describeSoftmax(site: AttentionSite, n: NMode, nReason: string, s: Laye
   return {
     node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
     headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
-    logits: site.logits, s, sInitializer, ...(site.forced ? { deviation: site.forced } : {}),
+    logits: site.logits, s, sInitializer, ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
   };
 }
 
