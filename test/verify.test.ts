@@ -54,8 +54,11 @@ describe('verifyPatch', () => {
     const g = new Graph(broken.graph!);
     const div = g.nodes.find((n) => n.opType === 'Div' && g.constValue(n.input[1])?.values[0] !== undefined)!;
     const scale = g.constValue(div.input[1])!;
-    broken.graph!.initializer.push(makeTensor('wrong_scale', DataType.FLOAT, scale.dims, scale.values.map((v) => v * 1.1)));
-    div.input[1] = 'wrong_scale';
+    // The scale changed in place (same initializer, same shape): a pair of models, wired differently.
+    const wrong = makeTensor(div.input[1], DataType.FLOAT, scale.dims, scale.values.map((v) => v * 1.1));
+    const at = broken.graph!.initializer.findIndex((t) => t.name === div.input[1]);
+    if (at >= 0) broken.graph!.initializer[at] = wrong;
+    else g.producer.get(div.input[1])!.attribute[0] = { ...g.producer.get(div.input[1])!.attribute[0], t: { ...wrong, name: '' } };
     const r = await verifyPatch(original, broken, { lengths: [8] });
     assert.equal(status(r, /wiring/), 'FAILED');
   });

@@ -11,7 +11,7 @@ import type { VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
 import { explainCommand } from './explain';
 import { formatPatch, formatRevert, formatVerify, formatWrite } from './format';
-import { addVerifyOptions, checkVerifyOutputs, oneLineErrors, verifyCommand, VerifyCliOptions, verifyOptionsFrom, writeVerifyOutputs } from './verify-command';
+import { addVerifyOptions, checkVerifyOutputs, oneLineErrors, verifyCommand, VerifyCliOptions, verifyOptionsFrom, verifyProgress, writeVerifyOutputs } from './verify-command';
 
 interface CliOptions extends VerifyCliOptions {
   output?: string;
@@ -98,7 +98,14 @@ async function patchCommand(input: string, o: CliOptions): Promise<number> {
   if (o.verify) {
     // Loaded only when asked for: onnxruntime costs start-up time and memory a plain patch does not need.
     const { verifyPatch } = await import('../verify/verify');
-    verification = await verifyPatch(original, model, verifyOptions);
+    // An update replaces s of an existing patch: what it must be compared with is the input without that patch.
+    const baseline = o.updateS ? revertModel(original).model : original;
+    const progress = verifyProgress(o.quiet);
+    try {
+      verification = await verifyPatch(baseline, model, { ...verifyOptions, progress });
+    } finally {
+      progress();
+    }
   }
   const written = !o.dryRun && (!verification || verification.passed) ? writeModel(output, model, write) : null;
   const files = verification ? writeVerifyOutputs(verification, o, [input, output], `Attention sharpness: ${path.basename(input)}`) : [];

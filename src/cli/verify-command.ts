@@ -24,6 +24,7 @@ export interface VerifyCliOptions {
   input?: string[];
   report?: string;
   plot?: string;
+  strict?: boolean;
 }
 
 const collect = (v: string, list: string[] = []): string[] => [...list, v];
@@ -40,7 +41,8 @@ export function addVerifyOptions(cmd: Command): Command {
     .option('--dim <name=size>', 'size of a named input dim, e.g. seq=128 or height=224 (repeatable)', collect)
     .option('--input <name=file>', 'an input tensor from a .npy, .json or ONNX TensorProto .pb file (repeatable)', collect)
     .option('--report <file>', 'write the full verification report as JSON')
-    .option('--plot <file>', 'write the attention-sharpness curve as SVG');
+    .option('--plot <file>', 'write the attention-sharpness curve as SVG')
+    .option('--strict', 'fail when anything is left unverified: a skipped check, a site not probed, attention the patch refused');
 }
 
 function integer(v: string | undefined, flag: string, min: number): number | undefined {
@@ -77,6 +79,30 @@ export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): Verif
   return {
     trainLen, lengths, maxLen: integer(o.maxLen, '--max-len', 2), batch: integer(o.batch, '--batch', 1),
     checks: checks as CheckId[] | undefined, atol: tolerance(o.atol, '--atol'), rtol: tolerance(o.rtol, '--rtol'), dims, inputFiles,
+    strict: Boolean(o.strict), audience: 'cli',
+  };
+}
+
+/** Show progress only once a verification has taken this long: short ones finish before a line is worth reading. */
+const PROGRESS_AFTER_MS = 2000;
+
+/**
+ * Progress lines for a terminal (stderr, rewritten in place), shown once the verification has run for a few
+ * seconds; nothing when stderr is not a terminal or with quiet. Call the result with no line to finish.
+ */
+export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s: string): boolean } = process.stderr): (line?: string) => void {
+  if (quiet || !stream.isTTY) return () => undefined;
+  const started = Date.now();
+  let shown = false;
+  return (line?: string) => {
+    if (line === undefined) {
+      if (shown) stream.write('\r\x1b[K');
+      shown = false;
+      return;
+    }
+    if (Date.now() - started < PROGRESS_AFTER_MS) return;
+    stream.write(`\r\x1b[K${line.slice(0, 160)}`);
+    shown = true;
   };
 }
 
@@ -136,7 +162,13 @@ export async function verifyCommand(argv: string[]): Promise<number> {
   const options = verifyOptionsFrom(o, integer(o.trainLen, '--train-len', 2));
   const protect = [originalFile, patchedFile];
   checkVerifyOutputs(o, protect);
-  const report = await verifyPatch(readModel(originalFile), readModel(patchedFile), options);
+  const progress = verifyProgress();
+  let report: VerifyReport;
+  try {
+    report = await verifyPatch(readModel(originalFile), readModel(patchedFile), { ...options, progress });
+  } finally {
+    progress();
+  }
   const written = writeVerifyOutputs(report, o, protect, `Attention sharpness: ${path.basename(patchedFile)}`);
   if (o.json) process.stdout.write(JSON.stringify({ tool: 'ssmax-patch', version: VERSION, ...report }, null, 2) + '\n');
   else process.stdout.write([...formatVerify(report), ...written].join('\n') + '\n');

@@ -40,6 +40,7 @@ export interface Plan {
 }
 
 export const SHORT_SEQ = 12;
+const SECOND_SEQ = 7;
 
 /**
  * Longest run by default. One 4096-token run of a 100 M-parameter model takes about 10 s on two cores and the
@@ -69,6 +70,8 @@ export function makePlan(p: PlanInput): Plan {
   const short = seqOf(Math.max(2, Math.min(SHORT_SEQ, cap)));
   add('short', batch, short, pastOf(0));
   if (p.canPad && batch >= 2 && short >= 2) add('short', batch, short, pastOf(0), true);
+  // A second length, so a site whose n is the key count sees two values of n (a cache gives them otherwise).
+  if (p.seqFree && !p.pastFree && cap > SECOND_SEQ) add('short', batch, SECOND_SEQ, pastOf(0));
   if (p.pastFree && cap >= 5) {
     // Prefill after a cache (Tq = 3 < Tk) and one-token decoding, within the cap.
     add('short', batch, seqOf(3), Math.min(7, cap - seqOf(3)));
@@ -97,25 +100,20 @@ export interface RetrofitInput {
 }
 
 /**
- * The runs where every row has n = L, added to the plan when missing: keys mode at Tk = L (the full sequence,
- * and new tokens after L − seq cached ones); causal mode only with a KV cache, one token after L − 1.
- * Returns the run ids, or why no run can reach n = L.
+ * The runs where rows can have a factor of 1 (n in [from, upTo]), added to the plan when missing: the whole
+ * sequence at length upTo (capped), and one new token after upTo − 1 cached ones. Which of their rows do have
+ * that n is seen at run time, per site. Returns the run ids, or why no run can get there.
  */
-export function retrofitRuns(plan: Plan, mode: 'keys' | 'causal', L: number, o: RetrofitInput): string[] | string {
+export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number }, o: RetrofitInput): string[] | string {
   const ids: string[] = [];
   const want = (seq: number, past: number): void => {
     const id = `batch=${o.batch} seq=${seq}${past ? ` past=${past}` : ''}`;
     if (!plan.runs.some((r) => r.id === id)) plan.runs.push({ id, kind: 'retrofit', batch: o.batch, seq, past, padded: false });
     ids.push(id);
   };
-  if (mode === 'causal') {
-    if (!o.pastFree) return 'causal n without a KV cache: no length puts every row at n = L (patch with n mode keys to check)';
-    if ((o.pinned.seq ?? 1) !== 1) return `causal n needs one new token after L − 1 cached ones; the sequence length is fixed at ${o.pinned.seq}`;
-    want(1, L - 1);
-    return ids;
-  }
-  if (o.seqFree || o.pinned.seq === L) want(L, 0);
-  const seq = o.pinned.seq ?? 4;
-  if (o.pastFree && seq < L) want(seq, L - seq);
-  return ids.length ? ids : `no run reaches Tk = L = ${L}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
+  const top = Math.min(identity.upTo, plan.cap);
+  if (top < identity.from) return `n = ${identity.from} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`;
+  if (o.seqFree || o.pinned.seq === top) want(top, 0);
+  if (o.pastFree && (o.pinned.seq ?? 1) === 1 && top >= 2) want(1, top - 1);
+  return ids.length ? ids : `no run reaches n = ${top}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }

@@ -5,7 +5,7 @@
  * falling the way the original's does.
  */
 import { OutputTensor } from './run';
-import { ROW_SAMPLE } from './runtime-model';
+import { ROW_SAMPLE } from './row-max';
 
 export interface SharpnessPoint {
   length: number;

@@ -1,0 +1,63 @@
+/**
+ * Liveness: beyond where the factor is 1, the patched model's outputs differ from the original's by more than
+ * the float noise of the factor-1 model, and no output is NaN or Inf where the original's is finite, in any run.
+ */
+import { opt } from '../../errors';
+import { CheckId, RunSpec } from '../plan';
+import { CheckResult, RunResult } from '../report';
+import { Outputs } from '../run';
+import { SessionKey } from '../sessions';
+import { layerMeans } from '../sharpness';
+import { aliveRuns, LivenessData, livenessCheck, skippedCheck } from './common';
+import { CheckUnit, compareRun, Outcome, UnitContext } from './unit';
+
+export class LivenessCheck implements CheckUnit {
+  readonly id: CheckId = 'liveness';
+  private readonly data: LivenessData;
+
+  constructor(private readonly ctx: UnitContext) {
+    const { setup } = ctx;
+    const p = setup.preset;
+    const beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : `L = ${setup.liveFrom}`;
+    this.data = { longRuns: [], saturated: new Set(), finiteRuns: 0, nonFinite: [], errors: [], beyond };
+  }
+
+  private readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';
+
+  sessions(run: RunSpec): SessionKey[] {
+    if (!this.ctx.setup.checks.has('liveness')) return [];
+    if (run.kind === 'short') return this.ctx.setup.checks.has('probe') ? ['original', 'probe'] : [];
+    return ['original', 'patched'];
+  }
+
+  observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void {
+    if ((key !== 'patched' && key !== 'probe') || !original) return;
+    if ('error' in outcome) {
+      if (key === 'patched') this.data.errors.push(`${run.id}: the patched model fails where the original runs: ${outcome.error}`);
+      return;
+    }
+    const r = compareRun(this.ctx.setup, run, outcome.outputs, original);
+    this.data.finiteRuns++;
+    for (const o of r.outputs.filter((x) => x.newNonFinite > 0)) {
+      this.data.nonFinite.push(`${run.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
+    }
+    if (key === 'patched' && run.seq + run.past > this.ctx.setup.liveFrom) {
+      this.data.longRuns.push(r);
+      if (this.saturated(run, original)) this.data.saturated.add(run.id);
+    }
+  }
+
+  /** The original's mean largest attention probability ≥ 0.99: no factor can change its outputs. */
+  private saturated(run: RunSpec, original: Outputs): boolean {
+    const rowMax = this.ctx.factory.rowMax.original?.outputs;
+    if (!rowMax?.size) return false;
+    const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq);
+    return means.length > 0 && means.reduce((a, b) => a + b, 0) / means.length >= 0.99;
+  }
+
+  judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult {
+    if (!this.ctx.setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
+    const noise: RunResult[] = [...(done.get('wiring')?.runs ?? []), ...(done.get('retrofit')?.runs ?? [])];
+    return livenessCheck(this.criterion, { ...this.data, longRuns: aliveRuns(this.data.longRuns, noise) });
+  }
+}

@@ -1,0 +1,131 @@
+/**
+ * The probe copy of the patched model: for every site, what the factor multiplied and what the model computes
+ * with instead, brought out as graph outputs from whichever graph holds the site (expose.ts):
+ *   - a factor on the logits: the logits before it (the journal's rewired input) and what the rewired node reads;
+ *   - a factor on the query of a plain MatMul: the QK product (its output) and the same product recomputed from
+ *     the unscaled query, so the probe compares logits either way;
+ *   - a fused operator: its query input before and after (and its bias, where the patch folded the query part of
+ *     it into the query), plus the shapes and values of the inputs its n is read from;
+ *   - sites whose n is counted from masks: the logits their Softmax reads.
+ * `rows: 'last'` brings out only the last row of logits, for runs too long to read whole attention matrices.
+ */
+import { NPlan, Term } from '../detect/fused';
+import { nodeLabel } from '../graph/graph';
+import { Scope } from '../graph/scopes';
+import { ModelProto, NodeProto } from '../io/onnx';
+import { nodeKey } from '../rewrite/journal';
+import { countsMasks } from '../policy/n-mode';
+import { Exposer, Unexposable } from './expose';
+import { lastRow, node, PREFIX } from './nodes';
+import { VerifySite } from './sites';
+
+export interface ProbeOutputs {
+  before: string;
+  after: string;
+  masked?: string;
+  bias?: { before: string; after: string };
+  /** Fused operators: graph outputs holding the shapes and values of the inputs n is read from. */
+  shapes?: Map<number, string>;
+  values?: Map<number, string>;
+  /** Element type of what the probe reads after the factor, for its rounding tolerance. */
+  type?: number;
+}
+
+/** Per site: its outputs, why the site cannot be seen (`unprobed`), or what is wrong with it (`problem`). */
+export type ProbeWiring = ProbeOutputs | { unprobed: string } | { problem: string };
+
+export function addProbeOutputs(model: ModelProto, sites: VerifySite[], rows: 'all' | 'last'): ProbeWiring[] {
+  const x = new Exposer(model);
+  const wirings = sites.map((site) => wire(x, site, rows));
+  x.finish();
+  return wirings;
+}
+
+class Problem extends Error {}
+
+function wire(x: Exposer, site: VerifySite, rows: 'all' | 'last'): ProbeWiring {
+  const t = site.tensors;
+  if (!t) return { problem: site.problem ?? `${site.label}: not found` };
+  const scope = x.scope(t.scope);
+  const consumer = scope?.graph.nodes.find((n) => nodeKey(n) === t.consumer);
+  if (!scope || !consumer) return { problem: `${site.label}: the node the patch rewired is not in the model` };
+  const tag = `L${site.record.layer}${site.call ? `_${site.call.label}` : ''}`;
+  const out = (tensor: string, name: string): string => {
+    const r = x.expose(t.scope, tensor, `${tag}/${name}`, site.call);
+    if (r instanceof Unexposable) throw r;
+    return r;
+  };
+  try {
+    if (site.fused) return fusedOutputs(x, site, consumer, scope, out);
+    return logitsOutputs(x, site, scope, consumer, rows, out);
+  } catch (e) {
+    if (e instanceof Unexposable) return { unprobed: `${site.label}: ${e.reason}` };
+    if (e instanceof Problem) return { problem: `${site.label}: ${e.message}` };
+    throw e;
+  }
+}
+
+type Out = (tensor: string, name: string) => string;
+
+function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: NodeProto, rows: 'all' | 'last', out: Out): ProbeOutputs {
+  const t = site.tensors!;
+  const g = scope.graph;
+  const actual = consumer.input[t.input];
+  let before = t.before, after = actual;
+  if (site.record.target === 'query') {
+    // The rewired node is the QK product: compare its output with the product of the unscaled query.
+    const query = rows === 'last' ? slice(x, scope, t.before) : t.before;
+    before = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/unscaled`);
+    x.add(scope, { ...consumer, name: g.uniqueNodeName(before), input: [query, ...consumer.input.slice(1)], output: [before] });
+    after = consumer.output[0];
+  } else if (rows === 'last') {
+    before = slice(x, scope, before);
+  }
+  if (rows === 'last') after = slice(x, scope, after);
+  const softmax = t.softmax ? g.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
+  if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
+  const wantMasked = countsMasks(site.record.n) && softmax;
+  return {
+    type: scope.shapes.type(site.record.target === 'query' ? consumer.output[0] : actual),
+    before: out(before, 'before'), after: out(after, 'after'),
+    ...(wantMasked ? { masked: out(rows === 'last' ? slice(x, scope, softmax.input[0]) : softmax.input[0], 'masked') } : {}),
+  };
+}
+
+function slice(x: Exposer, scope: Scope, tensor: string): string {
+  const r = lastRow(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor));
+  if (!r) throw new Problem(`the last row of '${tensor}' cannot be sliced (opset ${scope.opset}, rank unknown)`);
+  for (const n of r.nodes) x.add(scope, n);
+  return r.out;
+}
+
+function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: Scope, out: Out): ProbeOutputs {
+  const t = site.tensors!, f = site.fused!;
+  const g = scope.graph;
+  const terms: Term[] = [...termsOf(f.n), { input: f.queryLength.input, axis: f.queryLength.axis }];
+  const shapes = new Map<number, string>(), values = new Map<number, string>();
+  for (const term of terms) {
+    const input = consumer.input[term.input];
+    if (!input) throw new Problem(`input ${term.input} of the operator, which n is read from, is empty`);
+    if ('value' in term) {
+      if (!values.has(term.input)) values.set(term.input, out(input, `value${term.input}`));
+    } else if (!shapes.has(term.input)) {
+      const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/shape${term.input}`);
+      x.add(scope, node('Shape', [input], shape));
+      shapes.set(term.input, out(shape, `shape${term.input}`));
+    }
+  }
+  const bias = t.bias ? { before: out(t.bias.from, 'bias_before'), after: out(consumer.input[t.bias.input], 'bias_after') } : undefined;
+  return {
+    type: scope.shapes.type(consumer.input[t.input]),
+    before: out(t.before, 'before'), after: out(consumer.input[t.input], 'after'), shapes, values, ...(bias ? { bias } : {}),
+  };
+}
+
+function termsOf(plan: NPlan): Term[] {
+  switch (plan.kind) {
+    case 'keys': case 'causal': return plan.tk;
+    case 'causal-offset': return [...plan.tk, ...plan.offset];
+    case 'lengths': return [{ input: plan.lengths, value: true }, ...(plan.promptTotal !== undefined ? [{ input: plan.promptTotal, value: true as const }] : [])];
+  }
+}

@@ -1,0 +1,171 @@
+/**
+ * The patched sites as the patch record and its journal name them, found again in the patched model: for each
+ * site, the graph its tensors are in (a call's function body), what the factor multiplied (the rewired input's
+ * value before the patch), the node the patch rewired and which input (what that node reads now is the scaled
+ * value), the factor's Mul, and s as the model's initializer holds it. Fused sites also get their operator's
+ * query layout and n plan from detection on the original model. Nothing here matches node names against
+ * patterns: a journal entry that names something the model no longer has is a problem of that site.
+ */
+import { Detection } from '../detect/find-attention';
+import { FusedSite } from '../detect/fused';
+import { Graph, nodeLabel } from '../graph/graph';
+import { calledFunction, functionKey, Scope } from '../graph/scopes';
+import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
+import { nodeKey, ScopeEdits } from '../rewrite/journal';
+import { PatchRecord, SiteRecord } from '../rewrite/record';
+
+/** Where the probe reads a site: all names are tensors or node keys (first outputs) of `scope`. */
+export interface SiteTensors {
+  /** Scope path of the graph holding them: the site's own, or the function body of a call. */
+  scope: string;
+  /** What the factor multiplies, unscaled: what the rewired input read before the patch. */
+  before: string;
+  /** Key of the node whose input the patch rewired, and the input: what it reads now is the scaled value. */
+  consumer: string;
+  input: number;
+  /** The factor's Mul (by node name). */
+  apply: string;
+  /** A fused operator's bias whose query part the patch folded into the scaled query: input and original tensor. */
+  bias?: { input: number; from: string };
+  /** The Softmax of a plain-op site (its input: the masked logits), by label. */
+  softmax?: string;
+}
+
+export interface VerifySite {
+  record: SiteRecord;
+  /** How messages name the site: `layer 3`, `layer 0 of main/If.then_branch`, `layer 2 (call 'f')`. */
+  label: string;
+  /** s per head (one value for every head), from the initializer the record names, as the model holds it. */
+  s: number[];
+  tensors: SiteTensors | null;
+  /** Why the site's tensors were not found: the model is not what its journal says (the site fails). */
+  problem?: string;
+  /** For a call of a function: the call node (by key) and the scope holding it. */
+  call?: { scope: string; node: string; label: string };
+  /** Detection's view of a fused operator site (query layout, n plan, heads), on the original model. */
+  fused?: FusedSite;
+}
+
+/** Every site of the record, found in the patched model through the journal. */
+export function findSites(model: ModelProto, scopes: Scope[], record: PatchRecord, detection: Detection | null): VerifySite[] {
+  const byPath = new Map(scopes.map((s) => [s.path, s]));
+  return record.sites.map((r) => {
+    const site: VerifySite = { record: r, label: siteLabel(r), s: [], tensors: null };
+    try {
+      const scope = byPath.get(r.scope ?? 'main') ?? fail(`its graph ${r.scope} is not in the model`);
+      site.s = scaleValues(scope.graph, r);
+      locate(model, byPath, record, r, site);
+      if (detection) site.fused = fusedSite(detection, r, site);
+    } catch (e) {
+      if (!(e instanceof SiteProblem)) throw e;
+      site.problem = `${site.label}: ${e.message}`;
+    }
+    return site;
+  });
+}
+
+class SiteProblem extends Error {}
+
+function fail(why: string): never {
+  throw new SiteProblem(why);
+}
+
+function siteLabel(r: SiteRecord, call?: string): string {
+  const where = r.scope && r.scope !== 'main' ? ` of ${r.scope}` : '';
+  const what = call ? ` (call '${call}')` : r.kind ? ` (${r.kind.replace('com.microsoft.', '')} '${r.softmax}')` : '';
+  return `layer ${r.layer}${where}${what}`;
+}
+
+/** s as the model holds it (an initializer, or a Constant in a graph without initializers). */
+function scaleValues(graph: Graph, r: SiteRecord): number[] {
+  const value = graph.constValue(r.sInitializer);
+  if (!value || value.values.length === 0) fail(`its s '${r.sInitializer}' is not a constant of the model`);
+  return value.values;
+}
+
+function entriesOf(record: PatchRecord, scope: string, owner?: string): ScopeEdits[] {
+  return (record.journal ?? []).filter((e) => e.scope === scope && (owner === undefined || e.owner === owner));
+}
+
+function nodeIn(graph: Graph, key: string): NodeProto | undefined {
+  return graph.nodes.find((n) => nodeKey(n) === key);
+}
+
+function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchRecord, r: SiteRecord, site: VerifySite): void {
+  const scope = r.scope ?? 'main';
+  const own = byPath.get(scope)!;
+  if (!record.journal) {
+    site.tensors = legacyTensors(own.graph, r);
+    return;
+  }
+  let body = scope;
+  const call = callOf(model, own, entriesOf(record, scope, `L${r.layer}`), r);
+  if (call) {
+    body = `function ${functionKey(call.fn.domain, call.fn.name)}`;
+    site.call = { scope, node: nodeKey(call.node), label: nodeLabel(call.node) };
+    site.label = siteLabel(r, site.call.label);
+  }
+  const graph = byPath.get(body)?.graph ?? fail(`its graph ${body} is not in the model`);
+  const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply));
+  if (entries.length === 0) fail(`the journal lists no edit that inserted its factor '${r.apply}'`);
+  const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
+  const rewires = entries.flatMap((e) => e.rewired);
+  const scaled = rewires.filter((w) => w.to && graph.query.dependsOn(w.to, apply.output[0]));
+  if (scaled.length === 0) fail(`no input the journal rewired reads its factor '${r.apply}'`);
+  const main = scaled[0];
+  const consumer = nodeIn(graph, main.node) ?? fail(`the node producing '${main.node}' that the patch rewired is not in the graph`);
+  const bias = rewires.find((w) => w !== main && w.node === main.node && !graph.query.dependsOn(w.to, apply.output[0]));
+  site.tensors = {
+    scope: body, before: main.from, consumer: nodeKey(consumer), input: main.input, apply: r.apply,
+    ...(bias ? { bias: { input: bias.input, from: bias.from } } : {}),
+    ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }),
+  };
+}
+
+/**
+ * A call site: the journal rewired an input of a call of a model-local function to pass s, and the factor
+ * itself is in the function body (not among this scope's inserted nodes).
+ */
+function callOf(model: ModelProto, scope: Scope, own: ScopeEdits[], r: SiteRecord): { node: NodeProto; fn: FunctionProto } | null {
+  if (own.some((e) => e.nodes.includes(r.apply))) return null;
+  for (const w of own.flatMap((e) => e.rewired)) {
+    const node = nodeIn(scope.graph, w.node);
+    const fn = node && calledFunction(model, node);
+    if (!node || !fn) continue;
+    if (node.input[w.input] !== w.to) fail(`the call '${nodeLabel(node)}' no longer passes s '${w.to}'`);
+    return { node, fn };
+  }
+  return null;
+}
+
+/** The Softmax of a plain-op site, by label (for a call the record names `<call> → <Softmax>`). */
+function softmaxOf(graph: Graph, r: SiteRecord, call: boolean): string {
+  const label = call ? r.softmax.split(' → ').slice(1).join(' → ') : r.softmax;
+  if (!graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === label)) fail(`its Softmax '${label}' is not in the graph`);
+  return label;
+}
+
+/** Records written before the journal: the factor's Mul by its recorded name, in the main graph only. */
+function legacyTensors(graph: Graph, r: SiteRecord): SiteTensors {
+  const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
+  const readers = graph.consumersOf(apply.output[0]);
+  const narrow = readers.length === 1 && readers[0].opType === 'Cast' ? readers[0] : null;
+  const product = narrow ? narrow.output[0] : apply.output[0];
+  const consumer = graph.consumersOf(product)[0] ?? fail(`nothing reads its factor's product '${product}'`);
+  const widen = graph.producer.get(apply.input[0]);
+  const before = widen?.opType === 'Cast' && widen.name.startsWith(r.apply) ? widen.input[0] : apply.input[0];
+  return { scope: 'main', before, consumer: nodeKey(consumer), input: consumer.input.indexOf(product), apply: r.apply, ...(r.kind ? {} : { softmax: r.softmax }) };
+}
+
+/** Detection's fused site for a fused record (or a call whose body holds a fused operator). */
+function fusedSite(d: Detection, r: SiteRecord, site: VerifySite): FusedSite | undefined {
+  if (!r.kind) return undefined;
+  const scope = r.scope ?? 'main';
+  if (site.call) {
+    const call = d.calls.find((c) => c.scope === scope && c.layer === r.layer);
+    return call && !('softmax' in call.inner) ? call.inner : undefined;
+  }
+  const found = d.fused.find((f) => f.scope === scope && nodeLabel(f.node) === r.softmax);
+  if (!found) fail(`detection on the original model finds no ${r.kind} '${r.softmax}' in ${scope}`);
+  return found;
+}
