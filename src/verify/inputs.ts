@@ -5,7 +5,7 @@
  */
 import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
-import { NodeProto, toNumber } from '../io/onnx';
+import { DataType, NodeProto, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
 import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
@@ -135,7 +135,10 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       values.fill(shape.past > 0 ? 1 : 0);
       break;
     default:
-      for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
+      // Other bool inputs (an If's condition, say) alternate with the run: true at even lengths, false at odd
+      // ones, so the short runs (12 and 7 tokens) take both branches.
+      if (spec.elemType === DataType.BOOL) values.fill(shape.seq % 2 === 0 ? 1 : 0);
+      else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
   return makeHost(type, dims, values);
 }

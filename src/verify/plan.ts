@@ -28,6 +28,10 @@ export interface PlanInput {
   pinned: Partial<RunShape>;
   /** A synthesised attention mask exists, so a padded batch can be made. */
   canPad: boolean;
+  /** The model's own token count when its inputs fix it (a one-token decoder over a cache). */
+  fixedSeq?: number;
+  /** The fewest cached tokens a run may have (1 where a kernel cannot take an empty cache). */
+  minPast?: number;
 }
 
 export interface Plan {
@@ -60,8 +64,9 @@ export function makePlan(p: PlanInput): Plan {
   const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason
     : p.maxLen === undefined ? `the default longest length ${DEFAULT_MAX_LEN}; raise it to run longer` : `the longest length ${maxLen} asked for`;
   const batch = p.pinned.batch ?? p.batch;
-  const seqOf = (want: number): number => p.pinned.seq ?? want;
-  const pastOf = (want: number): number => p.pinned.past ?? want;
+  const seqOf = (want: number): number => p.pinned.seq ?? p.fixedSeq ?? want;
+  const minPast = p.pastFree ? p.minPast ?? 0 : 0;
+  const pastOf = (want: number): number => p.pinned.past ?? Math.max(want, minPast);
   const runs: RunSpec[] = [];
   const add = (kind: RunSpec['kind'], b: number, seq: number, past: number, padded = false): void => {
     const id = `batch=${b} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
@@ -77,19 +82,28 @@ export function makePlan(p: PlanInput): Plan {
     add('short', batch, seqOf(3), Math.min(7, cap - seqOf(3)));
     add('short', batch, seqOf(1), Math.min(8, cap - seqOf(1)));
   }
-  let sweep: number[] = [];
-  if (!p.seqFree) {
+  const sweep = sweepOf(p, cap, capReason, notes);
+  // Without a free sequence axis, a cache still sweeps the context: the fixed tokens after a longer past.
+  const fixed = !p.seqFree ? seqOf(1) : 0;
+  for (const t of sweep) add('sweep', p.pinned.batch ?? 1, p.seqFree ? t : fixed, p.seqFree ? pastOf(0) : t - fixed);
+  return { runs, sweep, notes, cap, capReason };
+}
+
+/** The context lengths of the sweep: of the sequence, or of the cache when only it can grow. */
+function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]): number[] {
+  if (!p.seqFree && !p.pastFree) {
     notes.push(p.pinned.seq !== undefined
       ? `sequence length fixed at ${p.pinned.seq} (by a given dim or input): no length sweep`
       : "the model's inputs have no dynamic sequence axis: no length sweep");
-  } else {
-    const wanted = p.lengths ?? defaultSweep(p.trainLen);
-    sweep = wanted.filter((t) => t <= cap);
-    const dropped = wanted.filter((t) => t > cap);
-    if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
-    for (const t of sweep) add('sweep', p.pinned.batch ?? 1, t, pastOf(0));
+    return [];
   }
-  return { runs, sweep, notes, cap, capReason };
+  const fixed = p.seqFree ? 0 : p.pinned.seq ?? p.fixedSeq ?? 1;
+  if (!p.seqFree) notes.push(`the sequence length is fixed at ${fixed}: the sweep grows the cache instead`);
+  const wanted = p.lengths ?? defaultSweep(p.trainLen);
+  const sweep = wanted.filter((t) => t <= cap && t > fixed + (p.minPast ?? 0) - 1);
+  const dropped = wanted.filter((t) => t > cap);
+  if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
+  return sweep;
 }
 
 export interface RetrofitInput {
@@ -104,7 +118,7 @@ export interface RetrofitInput {
  * sequence at length upTo (capped), and one new token after upTo − 1 cached ones. Which of their rows do have
  * that n is seen at run time, per site. Returns the run ids, or why no run can get there.
  */
-export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number }, o: RetrofitInput): string[] | string {
+export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number }, o: RetrofitInput & { minPast?: number }): string[] | string {
   const ids: string[] = [];
   const want = (seq: number, past: number): void => {
     const id = `batch=${o.batch} seq=${seq}${past ? ` past=${past}` : ''}`;
@@ -113,7 +127,8 @@ export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number 
   };
   const top = Math.min(identity.upTo, plan.cap);
   if (top < identity.from) return `n = ${identity.from} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`;
-  if (o.seqFree || o.pinned.seq === top) want(top, 0);
-  if (o.pastFree && (o.pinned.seq ?? 1) === 1 && top >= 2) want(1, top - 1);
+  if ((o.seqFree || o.pinned.seq === top) && !o.minPast) want(top, 0);
+  const seq = o.pinned.seq ?? 1;
+  if (o.pastFree && seq < top) want(seq, top - seq);
   return ids.length ? ids : `no run reaches n = ${top}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }

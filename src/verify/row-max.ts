@@ -6,7 +6,8 @@
  * `qk_matmul_output_mode`). Reducing only a slice keeps the extra work and memory small at long lengths.
  */
 import { findValueMatMul } from '../detect/trace';
-import { attr, attrInt, Graph, nodeLabel } from '../graph/graph';
+import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import { makeTensor } from '../graph/tensor';
 import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
@@ -115,6 +116,8 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
       out = scope.graph.uniqueName(`${PREFIX}L${layer}/qk`);
       op.output[3] = out;
       scope.graph.producer.set(out, op);
+      // The kernel's schema cannot infer this output's type: it is the query's.
+      scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: scope.shapes.type(op.input[0]) ?? DataType.FLOAT } } });
     }
     const probs = kind === 'probs' ? out : add(x, scope, node('Softmax', [out], scope.graph.uniqueName(`${PREFIX}L${layer}/qk_probs`), { axis: -1 }));
     return { tensor: reduceRows(x, scope, probs, layer) };
@@ -133,7 +136,59 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
     setInt(op, 'qk_matmul_output_mode', 3);
     return qk('probs');
   }
+  if (ms && op.opType === 'DecoderMaskedMultiHeadAttention') {
+    if (op.output[3]) return (attrInt(op, 'output_qk') ?? 0) === 1 ? qk('logits') : { reason: 'its qk output is not enabled' };
+    setInt(op, 'output_qk', 1);
+    return qk('logits');
+  }
+  if (ms && op.opType === 'Attention') return attentionLogits(x, scope, op, layer);
   return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
+}
+
+/**
+ * com.microsoft Attention computes Q and K inside and gives neither out: its probabilities are recomputed here
+ * from the same inputs (input · weights + bias, heads split, the cache's keys first, the scale, the causal mask
+ * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
+ */
+function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
+  const unsupported = [3, 5, 6].filter((i) => op.input[i]);
+  if (unsupported.length || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
+    return { reason: 'com.microsoft Attention with a mask, attention bias, rotary or shared cache gives no probabilities to recompute' };
+  }
+  const heads = attrInt(op, 'num_heads');
+  const sizes = attrInts(op, 'qkv_hidden_sizes');
+  if (!heads) return { reason: 'com.microsoft Attention without num_heads' };
+  const g = scope.graph;
+  const name = (base: string): string => g.uniqueName(`${PREFIX}L${layer}/${base}`);
+  const k64 = (base: string, v: number[]): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [v.length], v));
+  const n = (opType: string, inputs: string[], base: string, attrs: Record<string, number | number[]> = {}): string => add(x, scope, node(opType, inputs, name(base), attrs));
+  let qkv = n('MatMul', [op.input[0], op.input[1]], 'qkv');
+  if (op.input[2]) qkv = n('Add', [qkv, op.input[2]], 'qkv_biased');
+  // Widths of Q and K: qkv_hidden_sizes, else a third each of the weight's columns.
+  const width = n('Slice', [n('Shape', [op.input[1]], 'w_shape'), k64('last', [-1]), k64('end', [2 ** 62])], 'w_width');
+  const third = n('Div', [width, k64('three', [3])], 'third');
+  const qW = sizes ? k64('q_width', [sizes[0]]) : third;
+  const kEnd = sizes ? k64('k_end', [sizes[0] + sizes[1]]) : n('Mul', [third, k64('two', [2])], 'k_end');
+  const split = (from: string, to: string, base: string, perm: number[]): string => n('Transpose', [
+    n('Reshape', [n('Slice', [qkv, from, to, k64(`${base}_axis`, [2])], `${base}_cols`), k64(`${base}_heads`, [0, 0, heads, -1])], `${base}_4d`)], base, { perm });
+  const q = split(k64('zero', [0]), qW, 'q', [0, 2, 1, 3]);
+  let k = split(qW, kEnd, 'k', [0, 2, 1, 3]);
+  if (op.input[4]) k = n('Concat', [n('Squeeze', [n('Gather', [op.input[4], k64('past_k', [0])], 'past_k', { axis: 0 }), k64('axis0', [0])], 'past_k_4d'), k], 'k_all', { axis: 2 });
+  const kT = n('Transpose', [k], 'k_t', { perm: [0, 1, 3, 2] });
+  const hd = n('Cast', [n('Slice', [n('Shape', [q], 'q_shape'), k64('hd_at', [3]), k64('hd_end', [4])], 'head_size')], 'head_size_f', { to: DataType.FLOAT });
+  const scale = attrFloat(op, 'scale');
+  const factor = scale ? add(x, scope, constant(g, `L${layer}/scale`, DataType.FLOAT, [], [scale])) : n('Reciprocal', [n('Sqrt', [hd], 'sqrt_hd')], 'scale');
+  let logits = n('Mul', [n('MatMul', [q, kT], 'qk_raw'), factor], 'qk_scaled');
+  if ((attrInt(op, 'unidirectional') ?? 0) === 1) {
+    // Row i of S sees keys j ≤ Tk − S + i: −inf above that diagonal.
+    const qs = n('Shape', [q], 'q_rows_shape'), ks = n('Shape', [kT], 'k_cols_shape');
+    const S = n('Slice', [qs, k64('s_at', [2]), k64('s_end', [3])], 'rows'), T = n('Slice', [ks, k64('t_at', [3]), k64('t_end', [4])], 'cols');
+    const full = add(x, scope, node('ConstantOfShape', [n('Concat', [S, T], 'square', { axis: 0 })], name('neg_inf'),
+      { value: makeTensor('', DataType.FLOAT, [1], [-Infinity]) }));
+    const diag = n('Reshape', [n('Add', [n('Sub', [T, S], 'offset'), k64('one', [1])], 'diag_1'), k64('scalar', [])], 'diag');
+    logits = n('Add', [logits, n('Trilu', [full, diag], 'causal', { upper: 1 })], 'qk_masked');
+  }
+  return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
 }
 
 function setInt(op: NodeProto, name: string, value: number): void {

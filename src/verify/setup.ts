@@ -50,6 +50,9 @@ export interface Setup {
   seqFree: boolean;
   pastFree: boolean;
   pinned: Partial<RunShape>;
+  /** The token count the inputs fix, without a free sequence axis; the fewest cached tokens a run may have. */
+  fixedSeq?: number;
+  minPast: number;
   checks: Set<CheckId>;
   strict: boolean;
   tolerance: Tolerance;
@@ -71,21 +74,24 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   bindGivenDims(specs, given, fixed, origin);
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
-  const seqFree = pinned.seq === undefined && (sources.has('seq') || sources.has('total'));
   const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));
+  // A total length (past + sequence) lets the sequence vary only where no cache takes up the difference.
+  const seqFree = pinned.seq === undefined && (sources.has('seq') || (sources.has('total') && !pastFree));
+  const fixedSeq = seqFree ? undefined : fixedTokens(specs);
+  const minPast = emptyCacheFails(original) ? 1 : 0;
   const preset = recordedPreset(record);
   const { sites, refused } = siteSetup(original, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known);
   const plan = makePlan({
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
-    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]),
+    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast,
   });
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
     record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source,
-    identity, liveFrom: identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, checks, strict: Boolean(options.strict),
+    identity, liveFrom: identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
   };
@@ -95,6 +101,21 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   noteScaleDrift(setup);
   validateSynthesis(setup);
   return setup;
+}
+
+/** The token count the model's inputs fix (axis 1 of its ids, or of a float input [B, S, D]), if any. */
+function fixedTokens(specs: InputSpec[]): number | undefined {
+  const tokens = specs.find((s) => ['ids', 'positions', 'token-types', 'values'].includes(s.role) && s.dims.length >= 2 && 'value' in s.dims[1]);
+  const d = tokens?.dims[1];
+  return d && 'value' in d ? d.value : undefined;
+}
+
+/**
+ * onnxruntime 1.30's CPU DecoderMaskedMultiHeadAttention corrupts memory (the process aborts) on an empty cache
+ * (past_sequence_length 0): models that have one get at least one cached token in every run.
+ */
+function emptyCacheFails(model: ModelProto): boolean {
+  return modelScopes(model).some((s) => s.graph.nodes.some((n) => n.domain === 'com.microsoft' && n.opType === 'DecoderMaskedMultiHeadAttention'));
 }
 
 function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[] } {

@@ -55,8 +55,9 @@ export function meanOf(t: OutputTensor, tq: number): number {
   return count ? sum / count : NaN;
 }
 
-export function layerMeans(rowMax: Map<number, OutputTensor>, tq: number): number[] {
-  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).map(([, t]) => meanOf(t, tq));
+/** Per site, in site order; sites whose graph did not run in this run (an If branch not taken) are left out. */
+export function layerMeans(rowMax: Map<number, OutputTensor | undefined>, tq: number): number[] {
+  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).filter(([, t]) => t && t.data.length > 0).map(([, t]) => meanOf(t!, tq));
 }
 
 const average = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;

@@ -136,6 +136,8 @@ function roleOf(name: string, elemType: number): InputRole {
   const isFloat = FLOAT_TYPES.includes(elemType);
   if (elemType === DataType.BOOL && /use_cache|cache_branch/.test(n)) return 'cache-flag';
   if (/mask/.test(n)) return 'mask';
+  // past_sequence_length and the like are lengths, not cached keys or values.
+  if (isInt && /past|cache/.test(n) && /len/.test(n)) return 'lengths';
   if (/past|cache/.test(n)) return 'past';
   if (isInt && /position|pos_ids/.test(n)) return 'positions';
   if (isInt && /token_type|segment/.test(n)) return 'token-types';

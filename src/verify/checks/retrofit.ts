@@ -58,7 +58,8 @@ export class RetrofitCheck implements CheckUnit {
     if (!setup.checks.has('retrofit')) return { why: `not selected (${opt('checks')})`, kind: 'not selected' };
     if (!setup.identity) return { why: noIdentity(setup), kind: 'not applicable' };
     const runs = retrofitRuns(setup.plan, setup.identity, {
-      seqFree: setup.seqFree, pastFree: setup.pastFree, pinned: setup.pinned, batch: setup.pinned.batch ?? 1,
+      seqFree: setup.seqFree, pastFree: setup.pastFree, pinned: { ...setup.pinned, seq: setup.pinned.seq ?? setup.fixedSeq }, batch: setup.pinned.batch ?? 1,
+      minPast: setup.minPast,
     });
     if (typeof runs === 'string') return { why: runs, kind: 'not checked' };
     for (const id of runs) this.ids.add(id);

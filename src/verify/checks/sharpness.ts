@@ -31,7 +31,7 @@ export class SharpnessCheck implements CheckUnit {
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
     const pick = (out: Outputs, names: Map<number, string>): Map<number, OutputTensor> => new Map(seen.map((i) => [i, out[names.get(i)!]]));
     const means = (out: Outputs, names: Map<number, string>): number[] => layerMeans(pick(out, names), run.seq);
-    this.points.push(sharpnessPoint(run.seq, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
+    this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
   }
 
   judge(): CheckResult {
