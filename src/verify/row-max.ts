@@ -161,7 +161,8 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   const g = scope.graph;
   const name = (base: string): string => g.uniqueName(`${PREFIX}L${layer}/${base}`);
   const k64 = (base: string, v: number[]): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [v.length], v));
-  const n = (opType: string, inputs: string[], base: string, attrs: Record<string, number | number[]> = {}): string => add(x, scope, node(opType, inputs, name(base), attrs));
+  const n = (opType: string, inputs: string[], base: string, attrs: Record<string, number | number[]> = {}): string =>
+    add(x, scope, node(opType, inputs, name(base), attrs));
   let qkv = n('MatMul', [op.input[0], op.input[1]], 'qkv');
   if (op.input[2]) qkv = n('Add', [qkv, op.input[2]], 'qkv_biased');
   // Widths of Q and K: qkv_hidden_sizes, else a third each of the weight's columns.
