@@ -35,6 +35,16 @@ export interface SharpnessCurve {
  */
 export const MIN_KEPT = Math.log(1.01);
 
+/**
+ * Attention whose mean largest probability over the sampled rows (the last quarter, whose rows see 3/4 to all of
+ * the n keys) is at most this many times 1/n is uniform: its logits are near 0 and no factor changes it.
+ */
+const UNIFORM = 1.25;
+
+export function isUniform(meanMax: number, n: number): boolean {
+  return meanMax * n <= UNIFORM;
+}
+
 /** An original that keeps at least this share of its sharpness does not fade: nothing for SSMax to restore. */
 export const NO_FADE = 0.95;
 

@@ -104,6 +104,7 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
     body = `function ${functionKey(call.fn.domain, call.fn.name)}`;
     site.call = { scope, node: nodeKey(call.node), label: nodeLabel(call.node) };
     site.label = siteLabel(r, site.call.label);
+    if (call.node.input[call.input] !== call.s) fail(`the call no longer passes s '${call.s}'`);
   }
   const graph = byPath.get(body)?.graph ?? fail(`its graph ${body} is not in the model`);
   const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply));
@@ -126,14 +127,12 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
  * A call site: the journal rewired an input of a call of a model-local function to pass s, and the factor
  * itself is in the function body (not among this scope's inserted nodes).
  */
-function callOf(model: ModelProto, scope: Scope, own: ScopeEdits[], r: SiteRecord): { node: NodeProto; fn: FunctionProto } | null {
+function callOf(model: ModelProto, scope: Scope, own: ScopeEdits[], r: SiteRecord): { node: NodeProto; fn: FunctionProto; input: number; s: string } | null {
   if (own.some((e) => e.nodes.includes(r.apply))) return null;
   for (const w of own.flatMap((e) => e.rewired)) {
     const node = nodeIn(scope.graph, w.node);
     const fn = node && calledFunction(model, node);
-    if (!node || !fn) continue;
-    if (node.input[w.input] !== w.to) fail(`the call '${nodeLabel(node)}' no longer passes s '${w.to}'`);
-    return { node, fn };
+    if (node && fn) return { node, fn, input: w.input, s: w.to };
   }
   return null;
 }

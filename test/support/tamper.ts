@@ -105,13 +105,13 @@ export function moveFactorToLogits(m: ModelProto): void {
 }
 
 /** Puts `make` between every inserted Log in scope `path` and what it reads (n as the Log sees it). */
-export function editN(m: ModelProto, make: (n: string, add: (x: NodeProto) => void) => string, path = 'main'): number {
+export function editN(m: ModelProto, make: (n: string, type: number, add: (x: NodeProto) => void) => string, path = 'main'): number {
   const scope = scopeOf(m, path);
   const inserted = new Set(recordOf(m).journal!.filter((e) => e.scope === path).flatMap((e) => e.nodes));
   const logs = scope.graph.nodes.filter((n) => n.opType === 'Log' && inserted.has(n.name));
   for (const log of logs) {
     const n = log.input[0];
-    const out = make(n, (x) => scope.graph.insertNode(x));
+    const out = make(n, scope.shapes.type(n) ?? DataType.FLOAT, (x) => scope.graph.insertNode(x));
     scope.graph.setInput(log, 0, out);
   }
   scope.commit();
@@ -120,20 +120,18 @@ export function editN(m: ModelProto, make: (n: string, add: (x: NodeProto) => vo
 
 /** n doubled before every ln n (the issue's tampering: s·ln(2n)). */
 export function doubleN(m: ModelProto, path = 'main'): number {
-  return editN(m, (n, add) => {
-    add(constant(`t/${n}/two`, DataType.FLOAT, [], [2]));
-    add(node('CastLike', [`t/${n}/two`, n], `t/${n}/two_typed`));
-    add(node('Mul', [n, `t/${n}/two_typed`], `t/${n}/doubled`));
+  return editN(m, (n, type, add) => {
+    add(constant(`t/${n}/two`, type, [], [2]));
+    add(node('Mul', [n, `t/${n}/two`], `t/${n}/doubled`));
     return `t/${n}/doubled`;
   }, path);
 }
 
 /** n + 1 before every ln n. */
 export function nPlusOne(m: ModelProto, path = 'main'): number {
-  return editN(m, (n, add) => {
-    add(constant(`t/${n}/one`, DataType.FLOAT, [], [1]));
-    add(node('CastLike', [`t/${n}/one`, n], `t/${n}/one_typed`));
-    add(node('Add', [n, `t/${n}/one_typed`], `t/${n}/plus_one`));
+  return editN(m, (n, type, add) => {
+    add(constant(`t/${n}/one`, type, [], [1]));
+    add(node('Add', [n, `t/${n}/one`], `t/${n}/plus_one`));
     return `t/${n}/plus_one`;
   }, path);
 }

@@ -2,7 +2,7 @@
 import { OutputStats, Tolerance } from '../compare';
 import { CheckId } from '../plan';
 import { CheckResult, RunResult, SkipKind, Status } from '../report';
-import { MIN_KEPT, NO_FADE, SharpnessCurve } from '../sharpness';
+import { isUniform, MIN_KEPT, NO_FADE, SharpnessCurve } from '../sharpness';
 
 export const CHECK_NAMES: Record<CheckId, string> = {
   wiring: 'wiring parity', probe: 'semantic probe', retrofit: 'retrofit parity', liveness: 'liveness', sharpness: 'attention sharpness',
@@ -94,7 +94,7 @@ export function livenessCheck(criterion: string, d: LivenessData): CheckResult {
   if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond ${d.beyond}`, criterion, d.longRuns);
   const alive = d.longRuns.filter((r) => r.passed);
   if (alive.length === 0) {
-    return skippedCheck('liveness', criterion, `the original's attention is saturated at every length beyond ${d.beyond} (mean largest probability ≥ 0.99): no factor can change the outputs (${finite})`, 'not applicable', d.longRuns);
+    return skippedCheck('liveness', criterion, `the original's attention is saturated or uniform at every length beyond ${d.beyond} (mean largest probability ≥ 0.99, or about 1/n): no factor can change the outputs (${finite})`, 'not applicable', d.longRuns);
   }
   const longest = alive[alive.length - 1];
   const o = longest.outputs.reduce((a, b) => (b.maxAbsFinite > a.maxAbsFinite ? b : a));
@@ -107,6 +107,9 @@ export function sharpnessCheck(criterion: string, curve: SharpnessCurve | undefi
   const p = (x: number): string => x.toPrecision(3);
   const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
   const text = `mean max attention probability ${first.length} → ${last.length}: original ${p(first.original)} → ${p(last.original)} (${keeps(curve.originalFall)}), patched ${p(first.patched)} → ${p(last.patched)} (${keeps(curve.patchedFall)})`;
+  if (curve.points.every((x) => isUniform(x.original, x.length))) {
+    return skippedCheck('sharpness', criterion, `${text}: the original's attention is uniform at every length (largest probability about 1/n: logits near 0), so no factor can sharpen it`, 'not applicable');
+  }
   if (-curve.originalFall >= Math.log(NO_FADE)) {
     return skippedCheck('sharpness', criterion, `${text}: the original does not fade over these lengths, so there is nothing for SSMax to keep`, 'not applicable');
   }

@@ -7,7 +7,7 @@ import { CheckId, RunSpec } from '../plan';
 import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
-import { layerMeans } from '../sharpness';
+import { isUniform, layerMeans } from '../sharpness';
 import { aliveRuns, LivenessData, livenessCheck, skippedCheck } from './common';
 import { CheckUnit, compareRun, Outcome, UnitContext } from './unit';
 
@@ -47,17 +47,22 @@ export class LivenessCheck implements CheckUnit {
     }
   }
 
-  /** The original's mean largest attention probability ≥ 0.99: no factor can change its outputs. */
+  /**
+   * The original's attention is saturated (mean largest probability ≥ 0.99) or uniform (≤ 1.25/n: logits near
+   * 0, as in small random models): no factor can change its outputs.
+   */
   private saturated(run: RunSpec, original: Outputs): boolean {
     const rowMax = this.ctx.factory.rowMax.original?.outputs;
     if (!rowMax?.size) return false;
     const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq);
-    return means.length > 0 && means.reduce((a, b) => a + b, 0) / means.length >= 0.99;
+    const mean = means.reduce((a, b) => a + b, 0) / means.length;
+    return means.length > 0 && (mean >= 0.99 || isUniform(mean, run.seq + run.past));
   }
 
   judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult {
     if (!this.ctx.setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
-    const noise: RunResult[] = [...(done.get('wiring')?.runs ?? []), ...(done.get('retrofit')?.runs ?? [])];
+    // The float noise of a patch that must equal the original: runs that did (a failed run is no noise).
+    const noise: RunResult[] = [...(done.get('wiring')?.runs ?? []), ...(done.get('retrofit')?.runs ?? [])].filter((r) => r.passed);
     return livenessCheck(this.criterion, { ...this.data, longRuns: aliveRuns(this.data.longRuns, noise) });
   }
 }
