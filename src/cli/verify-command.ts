@@ -90,7 +90,8 @@ const PROGRESS_AFTER_MS = 2000;
  * Progress lines for a terminal (stderr, rewritten in place), shown once the verification has run for a few
  * seconds; nothing when stderr is not a terminal or with quiet. Call the result with no line to finish.
  */
-export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s: string): boolean } = process.stderr): (line?: string) => void {
+export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s: string): boolean } = process.stderr,
+  after = PROGRESS_AFTER_MS): (line?: string) => void {
   if (quiet || !stream.isTTY) return () => undefined;
   const started = Date.now();
   let shown = false;
@@ -100,7 +101,7 @@ export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s
       shown = false;
       return;
     }
-    if (Date.now() - started < PROGRESS_AFTER_MS) return;
+    if (Date.now() - started < after) return;
     stream.write(`\r\x1b[K${line.slice(0, 160)}`);
     shown = true;
   };

@@ -42,13 +42,12 @@ export async function execute(setup: Setup, factory: SessionFactory, units: Chec
           if (dropped.has(run.id)) continue;
           const checks = [...new Set(readers(run, key).map((u) => u.id))].join(', ');
           progress(`verify: ${SESSION_LABELS[key]} model, run ${k + 1} of ${todo.length} (${run.id}) for ${checks}`);
-          await step(setup, runner, key, run, { reports, store, dropped, readers: readers(run, key) });
-          // This run's outputs are dropped (the original's large ones are on disk): free them before the next run.
-          await collectGarbage();
+          const bytes = await step(setup, runner, key, run, { reports, store, dropped, readers: readers(run, key) });
+          // This run's outputs are dropped (the original's large ones are on disk): free large ones before the next run.
+          if (bytes >= SPILL_BYTES) await collectGarbage();
         }
       } finally {
         await factory.release(runner);
-        await collectGarbage();
       }
     }
   } finally {
@@ -59,15 +58,17 @@ export async function execute(setup: Setup, factory: SessionFactory, units: Chec
 
 interface StepState { reports: Map<string, RunReport>; store: OriginalOutputs; dropped: Set<string>; readers: CheckUnit[] }
 
-/** One run of one session, its outputs handed on; nothing of them outlives the call. */
-async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<void> {
+/** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
+async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
   const outcome = await runOnce(setup, runner, run, st.reports);
+  const bytes = 'outputs' in outcome ? Object.values(outcome.outputs).reduce((n, t) => n + t.data.byteLength, 0) : 0;
   if (key === 'original') {
     original(setup, run, outcome, st.store, st.dropped);
-    return;
+    return bytes;
   }
   const expected = st.store.get(run.id);
   for (const u of st.readers) u.observe(run, key, outcome, expected);
+  return bytes;
 }
 
 async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {
