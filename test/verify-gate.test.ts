@@ -15,7 +15,11 @@ import { verifyProgress } from '../src/cli/verify-command';
 import { aliveRuns } from '../src/verify/checks/common';
 import { compareOutputs } from '../src/verify/compare';
 import { verifyPatch } from '../src/verify/verify';
-import { TORCH } from './support/ref';
+import { CORPUS, TORCH } from './support/ref';
+import { doubleN } from './support/tamper';
+import { detectAttention } from '../src/detect/find-attention';
+import { modelScopes } from '../src/graph/scopes';
+import { ModelProto } from '../src/io/onnx';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 
 after(removeScratch);
@@ -143,5 +147,25 @@ describe('progress', () => {
     verifyProgress(false, { isTTY: false, write: tty.write }, 0)('x');
     verifyProgress(true, tty, 0)('x');
     assert.deepEqual(written, [], 'not a terminal, or quiet: nothing');
+  });
+});
+
+const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
+describe('graphs an operator holds (GreedySearch decoders)', { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+  const forced = (m: ModelProto): string[] => detectAttention(m, modelScopes(m)).skipped.filter((k) => k.forcible).map((k) => k.node);
+
+  it('are lifted into models of their own and probed; a wrong factor in one is caught and named', async () => {
+    const original = readModel(greedy);
+    const patched = patchModel(original, { trainLen: 16, force: forced(original) }).model;
+    const r = await verifyPatch(original, patched, { checks: ['wiring', 'probe'] });
+    const probe = r.checks.find((c) => c.id === 'probe')!;
+    assert.equal(probe.status, 'PASSED', probe.summary);
+    assert.equal(probe.sites!.length, 10, 'five layers in each of the two decoder graphs');
+    assert.ok(probe.sites!.every((s) => /of main\/GreedySearch_gpt2\.(init_)?decoder/.test(s.site)), probe.sites!.map((s) => s.site).join('\n'));
+    doubleN(patched, 'main/GreedySearch_gpt2.decoder');
+    const wrong = await verifyPatch(original, patched, { checks: ['wiring', 'probe'] });
+    const failed = wrong.checks.find((c) => c.id === 'probe')!;
+    assert.equal(failed.status, 'FAILED');
+    assert.match(failed.summary, /^layer \d of main\/GreedySearch_gpt2\.decoder \(Attention '.*'\) .*matches n doubled \(2n\) \(lifted out of the decoder graph of GreedySearch/);
   });
 });

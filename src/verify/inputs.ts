@@ -47,7 +47,9 @@ export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, op
       continue;
     }
     const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
-    feeds[spec.name] = spec.role === 'lengths' ? lengths(graph, spec, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
+    const slot = slotValue(graph, spec, shape);
+    feeds[spec.name] = slot !== undefined ? makeHost(hostTypeOf(spec.elemType, spec.name), dims, new Array<number>(elementCount(dims)).fill(slot))
+      : spec.role === 'lengths' ? lengths(graph, spec, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
   }
   return feeds;
 }
@@ -76,6 +78,24 @@ function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape,
     }
   }
   throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
+}
+
+/**
+ * Scalars of the com.microsoft generation operators, by input slot: GreedySearch and BeamSearch generate four
+ * tokens (max_length = sequence + 4, min_length 1), BeamSearch with 2 beams returning 1 sequence, penalties 1
+ * (no effect). Undefined for any other input.
+ */
+function slotValue(graph: Graph, spec: InputSpec, shape: RunShape): number | undefined {
+  const slots: Record<string, Record<number, number>> = {
+    GreedySearch: { 1: shape.seq + 4, 2: 1, 3: 1 },
+    BeamSearch: { 1: shape.seq + 4, 2: 1, 3: 2, 4: 1, 5: 1, 6: 1 },
+  };
+  for (const node of readersThroughCasts(graph, spec.name)) {
+    const table = node.domain === 'com.microsoft' ? slots[node.opType] : undefined;
+    const value = table?.[node.input.indexOf(spec.name)];
+    if (value !== undefined) return value;
+  }
+  return undefined;
 }
 
 /** The nodes reading a tensor directly or through Casts, each with `input` set to the name it reads. */

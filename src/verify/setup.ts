@@ -20,6 +20,8 @@ import { Feeds } from './tensors';
 import { Tolerance } from './compare';
 import type { VerifyOptions } from './verify';
 
+const INTEGER_TYPES = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.BOOL]);
+
 /** Where the preset promises a factor of exactly 1: rows whose n lies in [from, upTo]. */
 export interface Identity {
   from: number;
@@ -59,6 +61,8 @@ export interface Setup {
   toleranceGiven: boolean;
   lowPrecisionOutputs: Set<string>;
   modelOutputs: string[];
+  /** Every output holds integers (generated token ids): outputs that do not change prove nothing. */
+  integerOutputs: boolean;
 }
 
 export function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptions): Setup {
@@ -94,6 +98,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
     identity, liveFrom: identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
+    integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);

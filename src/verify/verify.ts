@@ -18,6 +18,7 @@ import { prepare, Setup } from './setup';
 import { ruledDims } from './signature';
 import { elemTypeName } from './tensors';
 import { execute } from './execute';
+import { liftedProbes } from './lift';
 import { LivenessCheck } from './checks/liveness';
 import { ProbeCheck } from './checks/probe';
 import { RetrofitCheck } from './checks/retrofit';
@@ -60,7 +61,9 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   const setup = prepare(original, patched, options);
   const progress = options.progress ?? ((): void => undefined);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
-  const ctx: UnitContext = { setup, factory };
+  const labels = setup.sites.map((s) => s.label);
+  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, verifyPatch, labels) : undefined;
+  const ctx: UnitContext = { setup, factory, lifted };
   const sharpness = new SharpnessCheck(ctx);
   // Retrofit first: it adds its runs to the plan before the others look at the runs.
   const units: CheckUnit[] = [new RetrofitCheck(ctx), new WiringCheck(ctx), new ProbeCheck(ctx), new LivenessCheck(ctx), sharpness];

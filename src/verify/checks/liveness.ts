@@ -60,7 +60,11 @@ export class LivenessCheck implements CheckUnit {
   }
 
   judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult {
-    if (!this.ctx.setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
+    const { setup } = this.ctx;
+    if (!setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
+    if (setup.integerOutputs) {
+      return skippedCheck('liveness', this.criterion, 'every output is an integer (token ids, say): a factor that works may change none of them, so equal outputs prove nothing', 'not applicable');
+    }
     // The float noise of a patch that must equal the original: runs that did (a failed run is no noise).
     const noise: RunResult[] = [...(done.get('wiring')?.runs ?? []), ...(done.get('retrofit')?.runs ?? [])].filter((r) => r.passed);
     return livenessCheck(this.criterion, { ...this.data, longRuns: aliveRuns(this.data.longRuns, noise) });

@@ -91,7 +91,9 @@ export class Prober {
       const problem = this.problems.get(i);
       if (problem) p.fail(problem.replace(/^[^:]*: /, ''));
       const why = this.unprobed.get(i);
-      if (why && !problem) { unprobed.push(why); return; }
+      const lifted = why ? this.ctx.lifted?.get(i) : undefined;
+      if (lifted && typeof lifted !== 'string' && !problem) { results.push(lifted); return; }
+      if (why && !problem) { unprobed.push(typeof lifted === 'string' ? `${p.label}: ${lifted}` : why); return; }
       const r = p.result();
       if (r.runs === 0 && !problem) { unprobed.push(`${p.label}: ${this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run'}`); return; }
       results.push(r);

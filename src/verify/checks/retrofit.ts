@@ -101,7 +101,7 @@ export class RetrofitCheck implements CheckUnit {
     setup.sites.forEach((site, i) => {
       const w = wirings[i];
       if (!w || 'problem' in w || 'unprobed' in w) {
-        const why = !w ? 'not wired' : 'problem' in w ? w.problem : w.unprobed;
+        const why = !w ? `${site.label}: not wired` : 'problem' in w ? w.problem : w.unprobed;
         this.unseen.set(i, why);
         blocked ??= `${site.label} cannot be seen`;
         return;
@@ -157,7 +157,7 @@ export class RetrofitCheck implements CheckUnit {
     const siteFailure = this.seen.find((s) => s.failure)?.failure;
     const parity = this.runs.find((r) => !r.passed);
     const failure = this.scaleFailures[0] ?? siteFailure ?? (parity ? parityText(parity, setup) : undefined);
-    const unchecked = [...this.unseen.entries()].map(([i, why]) => `${setup.sites[i].label}: ${why}`);
+    const unchecked = [...this.unseen.values()];
     const notAt = setup.sites.flatMap((site, i) => {
       if (this.unseen.has(i) || this.seen[i].rows > 0) return [];
       const spans = [...this.seen[i].spans.values()];

@@ -9,6 +9,7 @@ import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionFactory, SessionKey } from '../sessions';
 import { Setup } from '../setup';
+import { Lifted } from '../lift';
 
 /** One session's outcome on one run: its outputs, or why it failed. */
 export type Outcome = { outputs: Outputs } | { error: string };
@@ -27,6 +28,8 @@ export interface CheckUnit {
 export interface UnitContext {
   setup: Setup;
   factory: SessionFactory;
+  /** Probe results of sites in graphs lifted out of an operator (lift.ts), by site index. */
+  lifted?: Lifted;
 }
 
 /** Every model output of a run against the original's, each with its own tolerance (wider for fp16/bf16). */
