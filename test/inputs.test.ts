@@ -198,10 +198,12 @@ describe('synthesised signatures verify end to end', () => {
     // Issue 9: no exit 2 asking for --dim; the sizes chosen are reported per input.
     const chosen = await verifyPatch(original, patched);
     assert.deepEqual(chosen.inputs[0].sized, ["dim 2 'height': an image side: 32", "dim 3 'width': an image side: 32"]);
-    assert.equal(chosen.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 64 * 64, '32×32 pixels in 4×4 patches: 64 tokens');
+    // 32×32 pixels in 4×4 patches: 64 tokens; the probe reads the query (2 items × 2 heads × 64 rows × head size 4).
+    assert.equal(chosen.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 64 * 4);
     const r = await verifyPatch(original, patched, { dims: { height: 16, width: 12 } });
     assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'SKIPPED', liveness: 'SKIPPED', sharpness: 'SKIPPED' });
-    // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12×12 logits per head.
-    assert.equal(r.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 12 * 12);
+    // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12 query rows of head size 4 per head (issue 9: the
+    // factor on the query is read there, not as 12×12 logits).
+    assert.equal(r.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 12 * 4);
   });
 });

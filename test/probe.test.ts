@@ -48,10 +48,11 @@ describe('semantic probe', () => {
     assert.equal(c.status, 'PASSED', c.summary);
     assert.match(c.summary, /padded/);
     assert.equal(c.sites!.length, 2);
-    // A plain and a padded batch at 12 tokens, and a batch at 7 so each site sees two key counts.
-    assert.ok(c.sites!.every((s) => s.entries === 2 * 4 * 12 * 12 * 2 + 2 * 4 * 7 * 7), JSON.stringify(c.sites!.map((s) => s.entries)));
-    // The factor sits on the query: after and before are two separately rounded QK products.
-    assert.ok(c.sites!.every((s) => s.maxRelError < 1e-4), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
+    // The factor sits on the query, which the probe reads (issue 9: its rows scale the logits' rows exactly, with no
+    // rounding of two dot products to allow for): 4 heads × head size 8 per row, for a plain and a padded batch at
+    // 12 tokens and a batch at 7, so each site sees two key counts.
+    assert.ok(c.sites!.every((s) => s.entries === 2 * 4 * (12 * 2 + 7) * 8), JSON.stringify(c.sites!.map((s) => s.entries)));
+    assert.ok(c.sites!.every((s) => s.maxRelError < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
   });
 
   it('passes on per-head s tiled over 3-D [B·H, Tq, Tk] logits (encoder_3d)', async () => {

@@ -23,6 +23,8 @@ export interface ProbeOutputs {
   before: string;
   after: string;
   masked?: string;
+  /** A factor on the query: the shape of the QK product, whose last axis is the key count. */
+  keys?: string;
   bias?: { before: string; after: string };
   /** Fused operators: graph outputs holding the shapes and values of the inputs n is read from. */
   shapes?: Map<number, string>;
@@ -67,27 +69,30 @@ function wire(x: Exposer, site: VerifySite, rows: 'all' | 'last'): ProbeWiring {
 
 type Out = (tensor: string, name: string) => string;
 
+/**
+ * A plain-op site: the logits before and after the factor, or, for a factor on the query of the QK product, the
+ * query before and after it (the product is linear in the query, so scaling its rows scales the logits' rows
+ * exactly, and comparing queries has no rounding of two dot products to allow for) with the key count read off
+ * the product's shape.
+ */
 function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: NodeProto, rows: 'all' | 'last', out: Out): ProbeOutputs {
   const t = site.tensors!;
   const g = scope.graph;
   const actual = consumer.input[t.input];
-  let before = t.before, after = actual;
-  if (site.record.target === 'query') {
-    // The rewired node is the QK product: compare its output with the product of the unscaled query.
-    const query = rows === 'last' ? slice(x, scope, t.before) : t.before;
-    before = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/unscaled`);
-    x.add(scope, { ...consumer, name: g.uniqueNodeName(before), input: [query, ...consumer.input.slice(1)], output: [before] });
-    after = consumer.output[0];
-  } else if (rows === 'last') {
-    before = slice(x, scope, before);
+  const query = site.record.target === 'query';
+  const before = rows === 'last' ? slice(x, scope, t.before) : t.before;
+  const after = rows === 'last' ? slice(x, scope, actual) : actual;
+  let keys: string | undefined;
+  if (query) {
+    const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/qk_shape`);
+    x.add(scope, node('Shape', [consumer.output[0]], shape));
+    keys = out(shape, 'qk_shape');
   }
-  if (rows === 'last') after = slice(x, scope, after);
   const softmax = t.softmax ? g.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
   if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
   const wantMasked = countsMasks(site.record.n) && softmax;
   return {
-    type: scope.shapes.type(site.record.target === 'query' ? consumer.output[0] : actual),
-    before: out(before, 'before'), after: out(after, 'after'),
+    type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}),
     ...(wantMasked ? { masked: out(rows === 'last' ? slice(x, scope, softmax.input[0]) : softmax.input[0], 'masked') } : {}),
   };
 }

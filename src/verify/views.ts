@@ -29,8 +29,10 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
       bias: w.bias ? { before: out[w.bias.before], after: out[w.bias.after] } : undefined,
     });
   }
+  const shape = w.keys ? out[w.keys] : undefined;
   const v = logitsView({
     run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+    ...(shape ? { keys: shape.data[shape.data.length - 1] } : {}),
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
 }
@@ -49,6 +51,8 @@ export interface LogitsInput {
   heads: number;
   /** The tensors hold only the last row of logits with `seq` rows. */
   lastRow?: { seq: number };
+  /** The tensors are the query rows of a QK product with this many keys (not logits). */
+  keys?: number;
 }
 
 /** The logits view of a plain-op site, or a one-line problem. */
@@ -56,15 +60,16 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   const { before, after } = x;
   if (before.dims.join() !== after.dims.join()) return `logits before the factor are [${before.dims.join(', ')}], after it [${after.dims.join(', ')}] (${x.run})`;
   const r = before.dims.length;
-  const tk = r >= 1 ? before.dims[r - 1] : 1;
+  const cols = r >= 1 ? before.dims[r - 1] : 1;
+  const tk = x.keys ?? cols;
   const rows = r >= 2 ? before.dims[r - 2] : 1;
-  const blocks = tk * rows === 0 ? 0 : before.data.length / (tk * rows);
+  const blocks = cols * rows === 0 ? 0 : before.data.length / (cols * rows);
   const heads = r >= 4 ? before.dims[r - 3] : Math.max(1, x.heads);
   const tq = x.lastRow ? x.lastRow.seq : rows;
   const row = (i: number): number => (x.lastRow ? tq - 1 : i);
   let counts: Int32Array | null = null;
   if (x.masked) {
-    if (x.masked.data.length !== before.data.length) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed logits (${x.run})`;
+    if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
     counts = visibleCounts(x.masked.data, tk);
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
@@ -81,7 +86,7 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   }
   const perHead = r >= 4 || x.heads > 1;
   return {
-    run: x.run, blocks, rows, cols: tk, before: before.data, after: after.data, colsAreKeys: true, row, n: declared, alternatives,
+    run: x.run, blocks, rows, cols, before: before.data, after: after.data, colsAreKeys: x.keys === undefined, row, n: declared, alternatives,
     batch: (g) => Math.floor(g / heads), head: (g) => g % heads,
     where: (g, i) => (perHead ? `head ${g % heads} row ${row(i)} (${x.run}, batch item ${Math.floor(g / heads)})` : `row ${row(i)} (${x.run}, block ${g})`),
   };

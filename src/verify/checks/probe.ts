@@ -25,14 +25,14 @@ export function formulaText(p: Preset): string {
 }
 
 /**
- * Rounding of one value of the observed type, and of a dot product at its row's scale: a factor on the query
- * makes the logits after it a separately rounded product, whose terms may cancel (float32: 1e-5 of the row's
- * largest value covers products of a few thousand terms).
+ * Rounding of one value of the observed type: the probe reads what the factor's Mul wrote against what it read
+ * (logits, or a query), one rounding apart (float32 1e-5 of the value, with 1e-6 of the row's largest value for
+ * entries near 0; float16 1e-3; bfloat16 8e-3).
  */
 function tolerances(type: number | undefined): { rtol: number; rowEps: number } {
-  if (type === DataType.FLOAT16) return { rtol: 1e-3, rowEps: 2e-3 };
-  if (type === DataType.BFLOAT16) return { rtol: 8e-3, rowEps: 1.6e-2 };
-  return { rtol: 1e-5, rowEps: 1e-5 };
+  if (type === DataType.FLOAT16) return { rtol: 1e-3, rowEps: 1e-3 };
+  if (type === DataType.BFLOAT16) return { rtol: 8e-3, rowEps: 8e-3 };
+  return { rtol: 1e-5, rowEps: 1e-6 };
 }
 
 /** A probe over one set of runs, reading one probe copy's outputs. */

@@ -139,7 +139,7 @@ export class RetrofitCheck implements CheckUnit {
       for (let j = 0; j < v.cols; j++) {
         const x = v.before[at + j], y = v.after[at + j];
         if (!Number.isFinite(x)) continue;
-        if (!(Math.abs(y - x) <= 1e-5 * Math.abs(x) + 1e-6 * top + 1e-30)) {
+        if (!(Math.abs(y - x) <= 1e-5 * Math.abs(x) + 1e-7 * top + 1e-30)) {
           seen.failure ??= `${site.label} ${v.where(g, r)}: ratio ${fmt(y / x)} where the factor must be 1 (n = ${n}, ${id.text})`;
           break;
         }
