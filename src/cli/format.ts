@@ -9,7 +9,8 @@ const fmtS = (s: LayerScale): string => (Array.isArray(s) ? `[${s.map((v) => v.t
 
 export function formatPatch(report: PatchReport): string[] {
   const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;
-  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s)${shared}:`];
+  const lines = report.notes.map((n) => `note: ${n}`);
+  lines.push(`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s)${shared}:`);
   for (const s of report.sites) {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
     const where = s.scope === 'main' ? '' : `  [${s.scope}]`;

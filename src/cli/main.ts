@@ -60,7 +60,7 @@ function program(): Command {
     .option('--verify', 'run original and patched on onnxruntime and check the patch (see also: ssmax-patch verify --help)')
     .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, [])
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
-    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
+    .option('--sort-nodes', 'no effect (kept for compatibility): nodes out of topological order are always accepted and written sorted')
     .option('--quiet', 'no progress line on stderr')
     .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing')
     .addHelpText('after', '\nTo remove a patch: ssmax-patch revert <patched.onnx> [-o out.onnx] (see ssmax-patch revert --help)');
@@ -136,7 +136,7 @@ function revertProgram(): Command {
     .option('--force', 'overwrite an existing output file')
     .option('--json', 'print the report as JSON on stdout')
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
-    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
+    .option('--sort-nodes', 'no effect (kept for compatibility): nodes out of topological order are always accepted and written sorted')
     .option('--quiet', 'no progress line on stderr');
   return oneLineErrors(cmd);
 }

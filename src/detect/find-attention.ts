@@ -136,7 +136,7 @@ export interface Explanation extends CandidateTrace { verdict: string }
 
 /** The traces of the candidates whose name or label is `name` (`*` matches any text); none is an InputError. */
 export function explainNode(model: ModelProto, name: string): Explanation[] {
-  validateGraph(model.graph!, { allowUnsorted: true });
+  validateGraph(model.graph!);
   const d = findAttentionSoftmax(model);
   const pattern = new RegExp(`^${name.split('*').map((p) => p.replace(/[.+?^$()|[\]{}\\]/g, '\\$&')).join('.*')}$`, 's');
   const chosen = d.traces.filter((t) => pattern.test(t.node));

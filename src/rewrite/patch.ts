@@ -6,7 +6,6 @@ import { defaultOpset, Detection, detectAttention, PATCH_PREFIX, SkippedSoftmax 
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
-import { topoSort } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
 import { cloneModel as cloneTracked, GraphProto, ModelProto, toNumber } from '../io/onnx';
 import { Preset } from '../policy/factor';
@@ -27,10 +26,15 @@ export function cloneModel(model: ModelProto): ModelProto {
   return cloneTracked(model);
 }
 
-/** Checks the graph before anything walks it; sorts it when asked to accept unsorted nodes. */
-export function prepareGraph(graph: GraphProto, sortNodes = false): void {
-  validateGraph(graph, { allowUnsorted: sortNodes });
-  if (sortNodes) topoSort(graph);
+/**
+ * Checks the graph before anything walks it. What onnxruntime accepts is accepted and said in notes: nodes out of
+ * topological order (the patched model is written sorted, as ONNX requires, and revert restores their order) and
+ * names defined by several constants (kept as they are; every reader sees the value onnxruntime uses).
+ */
+export function prepareGraph(graph: GraphProto): string[] {
+  const { unsorted, duplicates } = validateGraph(graph);
+  return [...unsorted.map((u) => `nodes out of topological order in ${u}: written sorted, as onnxruntime sorts them on load; revert restores their order`),
+    ...duplicates];
 }
 
 /** Patches a copy of `model`; the argument is left unchanged. */
@@ -39,7 +43,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   // An update keeps the preset the model was patched with unless another one is named.
   const plan = resolvePlan(options.updateS && options.preset === undefined && record ? { ...options, preset: record.preset } : options);
   const out = cloneModel(model);
-  prepareGraph(out.graph!, plan.sortNodes);
+  const notes = prepareGraph(out.graph!);
   const scopes = modelScopes(out);
   const detection = detectAttention(out, scopes, { force: plan.force });
   checkForced(plan.force, detection);
@@ -48,10 +52,10 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const existing = existingPatch(scopes, all, record);
   if (existing) {
     if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`);
-    return { model: out, report: update(out, scopes, detection, all, plan, existing.record) };
+    return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes } };
   }
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`);
-  return { model: out, report: insertFactors(out, scopes, detection, all, plan) };
+  return { model: out, report: { ...insertFactors(out, scopes, detection, all, plan), notes } };
 }
 
 /**
@@ -81,7 +85,7 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   return updateRenamed(model, scopes[0].graph, renamed, plan.spec, detection.skipped);
 }
 
-function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): PatchResult['report'] {
+function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): Omit<PatchResult['report'], 'notes'> {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
   const scales = scalesForSites(plan.spec, sites, skipped);
   const irVersion = toNumber(out.irVersion);

@@ -41,6 +41,8 @@ export interface PatchReport {
   preset: PresetName;
   /** Distinct computations of n in the patched model. */
   nSources: number;
+  /** What was accepted as onnxruntime accepts it (nodes out of order, names defined twice), and how. */
+  notes: string[];
 }
 
 export interface PatchResult {

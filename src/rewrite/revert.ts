@@ -38,14 +38,15 @@ export interface RevertReport {
   note?: string;
 }
 
+/** `sortNodes` is accepted for compatibility: nodes out of order are always accepted now. */
 export interface RevertOptions {
   sortNodes?: boolean;
 }
 
 /** Reverts a copy of `model`; the argument is left unchanged. */
-export function revertModel(model: ModelProto, options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
+export function revertModel(model: ModelProto, _options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
   const out = cloneModel(model);
-  prepareGraph(out.graph!, options.sortNodes);
+  prepareGraph(out.graph!);
   const record = readRecord(out);
   if (!record?.journal?.length) return revertByStructure(out);
   try {
@@ -55,7 +56,7 @@ export function revertModel(model: ModelProto, options: RevertOptions = {}): { m
   } catch (e) {
     if (!(e instanceof StaleJournal)) throw e;
     const fallback = cloneModel(model);
-    prepareGraph(fallback.graph!, options.sortNodes);
+    prepareGraph(fallback.graph!);
     try {
       const result = revertByStructure(fallback);
       return { ...result, report: { ...result.report, note: e.message } };
@@ -135,7 +136,7 @@ function restoreOrder(graph: Graph, order: string[]): void {
 /** Every name a node reads is still defined: nothing the model kept depended on what the patch added. */
 function checkReads(model: ModelProto): void {
   try {
-    validateGraph(model.graph!, { allowUnsorted: true });
+    validateGraph(model.graph!);
   } catch (e) {
     stale(`after undoing the journal, ${(e as Error).message}`);
   }

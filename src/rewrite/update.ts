@@ -80,7 +80,7 @@ export function describeSpec(spec: ScaleSpec): string {
 }
 
 function report(model: ModelProto, sites: PatchedSite[], skipped: SkippedSoftmax[], preset: PatchReport['preset']): PatchReport {
-  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0 };
+  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0, notes: [] };
 }
 
 function updatedSite(a: AnySite, s: LayerScale, sInitializer: string, n: string, target: PatchedSite['target'] = 'logits'): PatchedSite {
