@@ -17,6 +17,7 @@ export function formatPatch(report: PatchReport): string[] {
     const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
     lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}${s.rule ? `  rule ${s.rule}` : ''}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
+    if (s.expanded) lines.push(`      ${s.expanded}`);
   }
   const stop = (k: PatchReport['skipped'][number]): string => (k.stoppedAt ? ` (rule ${k.rule} stopped at '${k.stoppedAt}')` : '');
   const refused = report.skipped.filter((k) => k.attention);

@@ -24,10 +24,11 @@ export type QueryPlan =
   /** Packed QKV [B, S, W]: the query is the first qParts/parts of W (GQA: N of N + 2·Nkv; DMMHA: 1 of 3). */
   | { layout: 'packed'; input: number; qParts: number; parts: number; bias?: number }
   /**
-   * com.microsoft Attention computes Q = input·W[:, :hidden] + bias[:hidden] inside: only the query columns of
-   * `weights` (and `bias`) can be scaled, so the factor is one per head, the same for every row.
+   * com.microsoft Attention computes Q = input·W[:, :hidden] + bias[:hidden] inside: scaling the query columns of
+   * `weights` (and `bias`) gives one factor per head, the same for every row (exact for n = Tk). Any other n takes
+   * the node expanded (rewrite/ms-attention.ts), unless `expandable` is false (Q is rotated inside the kernel).
    */
-  | { layout: 'weights'; weights: number; bias?: number; qWidth?: number };
+  | { layout: 'weights'; weights: number; bias?: number; qWidth?: number; expandable: boolean };
 
 /** One term of a sequence length: a dimension of an input, or the value of a scalar integer input. */
 export type Term = { input: number; axis: number } | { input: number; value: true };
@@ -44,7 +45,13 @@ export type NPlan =
    * causal: n_{b,i} = past_b + i + 1 with past_b = T_b − S, or 0 while GQA processes the first prompt;
    * window: at most `window` keys (GQA local_window_size). Otherwise n_b = T_b.
    */
-  | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number };
+  | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number }
+  /**
+   * com.microsoft Attention: n_{b,i} = the keys row i of item b may see under `mask` (mask_index, any format the
+   * operator accepts) and, when `causal`, at or before its position P + i (`unidirectional`: the kernel itself
+   * masks them). Counted outside the kernel, so the node is expanded. `tk`: the key count, for n = Tk instead.
+   */
+  | { kind: 'mask-index'; causal: boolean; unidirectional: boolean; mask?: number; maskRank?: number; tk: Term[] };
 
 export type FusedOp = 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
   | 'com.microsoft.DecoderMaskedMultiHeadAttention' | 'com.microsoft.Attention' | 'Attention';
@@ -211,9 +218,9 @@ function decoderMasked(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
 }
 
 /**
- * com.microsoft Attention: Q = input·weights[:, :hidden] + bias[:hidden] is computed inside, so the factor can
- * only scale the query columns of weights and bias: one factor per head for all rows. With n = Tk (keys) that
- * is exact; causal attention needs a different n per row, which this operator cannot take.
+ * com.microsoft Attention: Q = input·weights[:, :hidden] + bias[:hidden] is computed inside. Without a mask and
+ * without causal masking every row sees n = Tk keys: scaling the query columns of weights and bias is exact. A
+ * causal or masked node needs n per row and per item: it is expanded into its projection and MultiHeadAttention.
  */
 function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
@@ -228,16 +235,26 @@ function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
     if (share) deviations.push('shared past/present buffer without past_sequence_length: its length is not the sequence length');
   }
   const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
-  if (unidirectional) {
-    deviations.push('causal (unidirectional=1) but Q is computed inside from weights: only one factor per head is '
-      + 'possible, so every row gets n = Tk instead of its position + 1');
+  const mask = present(node, 3) ? 3 : undefined;
+  const maskRank = mask === undefined ? undefined : rankOf(ctx, node, mask);
+  if (mask !== undefined && (maskRank === undefined || maskRank < 1 || maskRank > 4)) {
+    return { reason: 'com.microsoft Attention: mask_index of unknown rank, so its format (lengths, raw 2-D, 3-D, 4-D) cannot be told' };
+  }
+  if (maskRank === 4 && unidirectional) return { reason: 'com.microsoft Attention: a 4-D (Megatron) mask_index with unidirectional=1 is invalid for this operator' };
+  const rotary = (attrInt(node, 'do_rotary') ?? 0) === 1;
+  const perRow = unidirectional || mask !== undefined;
+  if (perRow && rotary) {
+    deviations.push(`do_rotary=1 with ${unidirectional ? 'causal masking' : 'a mask_index'}: the kernel rotates Q after projecting it, so Q cannot `
+      + 'leave the node and n per row is impossible; forced, every row gets n = Tk (fuse to MultiHeadAttention + RotaryEmbedding instead)');
   }
   const sizes = attrInts(node, 'qkv_hidden_sizes');
+  const n: NPlan = perRow && !rotary ? { kind: 'mask-index', causal: unidirectional, unidirectional, mask, maskRank, tk } : { kind: 'keys', tk };
+  const why = unidirectional ? `causal: unidirectional=1${mask !== undefined ? ` and a mask_index of rank ${maskRank}` : ''}`
+    : mask !== undefined ? `mask_index of rank ${maskRank}: n counts the keys it leaves visible` : 'no mask_index';
   return {
-    node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'),
-    mask: unidirectional ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [3, 5], 'no mask_index'),
-    query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0] },
-    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 },
+    node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'), mask: { causal: unidirectional, reason: why },
+    query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0], expandable: !rotary },
+    n, queryLength: { input: 0, axis: 1 },
     deviation: deviations.length ? deviations.join('; ') : undefined,
   };
 }

@@ -7,7 +7,8 @@ import { makeTensor } from '../graph/tensor';
 import { AttributeProto, AttributeType, DataType, NodeProto, TensorProto } from '../io/onnx';
 import { Editor } from './journal';
 
-export type AttrValue = number | number[] | string | TensorProto;
+/** Integers as numbers; a float attribute as `{ float: x }`. */
+export type AttrValue = number | number[] | string | TensorProto | { float: number };
 
 export interface BuilderOptions {
   /** Function bodies have no initializers: constants become Constant nodes. */
@@ -33,6 +34,14 @@ export class Builder {
       attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
     });
     return output;
+  }
+
+  /** Adds a node that writes the given output names (those of a node it replaces); `domain` for contrib ops. */
+  node(opType: string, inputs: string[], outputs: string[], attrs: Record<string, AttrValue> = {}, domain = ''): void {
+    this.insert({
+      opType, domain, input: inputs, output: outputs, name: this.graph.uniqueNodeName(`${this.prefix}${opType}`),
+      attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
+    });
   }
 
   constant(name: string, dataType: number, dims: number[], values: number[]): string {
@@ -73,6 +82,7 @@ export class Builder {
 function makeAttribute(name: string, v: AttrValue): AttributeProto {
   const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
   if (typeof v === 'string') return { ...base, type: AttributeType.STRING, s: Buffer.from(v) };
+  if (typeof v === 'object' && 'float' in v) return { ...base, type: AttributeType.FLOAT, f: v.float };
   if (typeof v === 'object' && !Array.isArray(v)) return { ...base, type: AttributeType.TENSOR, t: v };
   if (Array.isArray(v)) return { ...base, type: AttributeType.INTS, ints: v };
   return { ...base, type: AttributeType.INT, i: v };

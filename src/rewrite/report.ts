@@ -30,6 +30,8 @@ export interface PatchedSite {
   nShared: string;
   /** The detection rule that matched the site. */
   rule?: string;
+  /** Set when the fused operator was replaced by the ops it is defined by: what replaced it and what that costs. */
+  expanded?: string;
 }
 
 export interface PatchReport {

@@ -11,7 +11,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import { GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
-import { nodeKey, ScopeEdits } from './journal';
+import { nodeKey, removedNode, ScopeEdits } from './journal';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
 
@@ -121,7 +121,11 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
     graph.removeInitializer(name);
   }
   for (const name of edits.inputs) graph.removeInput(name);
-  const gone = new Set([...produced, ...edits.initializers, ...edits.inputs]);
+  // Nodes the patch replaced come back (in place, once restoreOrder runs), and their outputs keep their value_info.
+  const back = [...(edits.removed ?? [])].reverse().map(removedNode);
+  for (const node of back) graph.insertNode(node);
+  const kept = new Set(back.flatMap((n) => n.output));
+  const gone = new Set([...[...produced].filter((o) => !kept.has(o)), ...edits.initializers, ...edits.inputs]);
   graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !gone.has(v.name));
 }
 

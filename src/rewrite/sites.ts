@@ -16,6 +16,7 @@ import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
 import { insertScale, ScaleContext } from './insert-scale';
+import { EXPANSION_COST, ExpansionShared, expandMsAttention } from './ms-attention';
 import { Journal, ScopeEdits } from './journal';
 import { NSources } from './n-source';
 import { SiteRecord } from './record';
@@ -27,7 +28,7 @@ interface SiteResult { site: PatchedSite; record: SiteRecord }
 interface PatchedBody extends SiteResult { input: string }
 
 /** Per graph: the shared builder for n and the context every Softmax site of the graph shares. */
-interface PatchContext { scope: Scope; ctx: ScaleContext }
+interface PatchContext { scope: Scope; ctx: ScaleContext; expansion: ExpansionShared }
 
 /** Patches sites one by one into the scopes of one model, and keeps the journal of every edit. */
 export class SitePatcher {
@@ -58,7 +59,7 @@ export class SitePatcher {
       scope.commit();
       this.journal.keepOrder(scope.path, scope.graph, before);
     }
-    const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size, 0);
+    const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size + c.expansion.cache.size, 0);
     return { journal: this.journal.record(), nSources };
   }
 
@@ -73,8 +74,10 @@ export class SitePatcher {
   private context(scope: Scope): PatchContext {
     let pc = this.contexts.get(scope.path);
     if (!pc) {
-      const sources = new NSources(this.builder(scope, 'shared'), scope.shapes, scope.opset);
-      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes } };
+      const shared = this.builder(scope, 'shared');
+      const sources = new NSources(shared, scope.shapes, scope.opset);
+      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
+        expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
       this.contexts.set(scope.path, pc);
     }
     return pc;
@@ -98,11 +101,15 @@ export class SitePatcher {
     if (preset.kind !== 'ssmax' || preset.b !== undefined) {
       throw new InputError(`${where}: ${opt('preset', preset.kind)}${preset.kind === 'ssmax' ? ` with ${opt('b')}` : ''} is not supported on fused attention operators yet`);
     }
-    if (option === 'mask') throw new InputError(`${where}: ${opt('n', 'mask')} needs the mask outside the kernel; use ${opt('n', 'auto')}`);
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
+    if (option === 'mask' && plan.kind !== 'mask-index') {
+      throw new InputError(`${where}: ${opt('n', 'mask')} needs the mask outside the kernel; use ${opt('n', 'auto')}`);
+    }
     const mode = modeOf(plan);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
-    const inserted = insertFused(b, site, s, plan, scope.opset, sInput);
+    const inserted = plan.kind === 'mask-index'
+      ? expandMsAttention(b, this.context(scope).expansion, site, s, plan, sInput)
+      : insertFused(b, site, s, plan, scope.opset, sInput);
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
     const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
     return {
@@ -110,7 +117,7 @@ export class SitePatcher {
         node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
         logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
-        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(plan.kind === 'mask-index' ? { expanded: EXPANSION_COST } : {}),
       },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
         apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
