@@ -79,7 +79,7 @@ describe('com.microsoft Attention expanded, against the numpy reference of the o
         }
         const { model, report } = patchModel(original, scaleOf(c.patch.s as number | number[]));
         assert.equal(report.sites[0].kind, 'com.microsoft.Attention');
-        assert.match(report.sites[0].expanded ?? '', /MultiHeadAttention/);
+        assert.match(report.sites[0].expanded ?? '', /expanded into its definition/);
         const e = error(await outputsOf(model, c), c);
         assert.ok(e < tol, `${label}: patched output is ${e} from the SSMax reference (n ${report.sites[0].n}: ${report.sites[0].nReason})`);
         errors.push(`${label}: ${e.toExponential(1)}`);

@@ -121,6 +121,11 @@ export class Graph {
     return node?.opType === 'Constant' ? constantNodeTensor(node) : this.initializers.get(name);
   }
 
+  /** An index over a graph held in one of this graph's node attributes (names stay unique model-wide). */
+  child(proto: GraphProto): Graph {
+    return new Graph(proto, { parent: this, registry: { tensors: this.names, nodes: this.nodeNames } });
+  }
+
   consumersOf(name: string): NodeProto[] {
     return this.consumers.get(name) ?? [];
   }

@@ -7,7 +7,10 @@
  *   q'  = c ⊙ q, c_{b,i} = s·ln n_{b,i} per row (per head with per-head s)
  *   present = Concat(past, stack(k, v)) on the sequence axis  [2, B, N, P + S, H], as the operator writes it
  *             (a shared buffer: the new keys written at past_sequence_length, the rest of the buffer kept)
- *   output  = com.microsoft MultiHeadAttention(q', K, V, attention_bias = user bias + mask), K, V = present[0], [1]
+ *   output  = Softmax(scale · q'·Kᵀ + attention_bias + mask)·V: for several query rows (a prompt) on
+ *             com.microsoft MultiHeadAttention with K and V taken out of present; for one row (decoding) in plain
+ *             ops on present itself, where reading the half a product does not need costs less than copying K and V
+ *             out (an If picks at run time)
  *
  * The mask the kernel would build (PrepareMask in onnxruntime's attention_helper.h) is built here as an additive
  * bias with the same values: mask_filter_value where mask_index hides a key, the type's lowest value where causal
@@ -18,7 +21,7 @@
  */
 import { FusedSite, NPlan } from '../detect/fused';
 import { attrFloat, attrInts } from '../graph/graph';
-import { show } from '../graph/poly';
+import { constantOf, show } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
@@ -49,8 +52,9 @@ const INT64_MAX = Number.MAX_SAFE_INTEGER;
 const LOWEST: Record<number, number> = { [DataType.FLOAT]: -3.4028234663852886e38, [DataType.FLOAT16]: -65504, [DataType.BFLOAT16]: -3.3895313892515355e38 };
 
 /** What the expansion costs at run time, for the report. */
-export const EXPANSION_COST = 'node expanded: QKV projection as MatMul + Add, attention on com.microsoft MultiHeadAttention; '
-  + 'costs one extra copy of the KV cache per step (K and V taken out of the stacked present)';
+export const EXPANSION_COST = 'node expanded into its definition: QKV projection as MatMul + Add; several query rows (a prompt) on '
+  + 'MultiHeadAttention with K and V copied out of the stacked cache; one row (decoding) in plain ops over the stacked cache, '
+  + 'reading the half each product does not need once more instead of copying';
 
 export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, s: LayerScale, plan: MaskIndexPlan,
   sInput?: string): InsertedFused {
@@ -68,14 +72,83 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   const applied = scaleRows(b, q, c, perHead, heads, dtype, opset);
   const userBias = input(5);
   const bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
-  const scale = attrFloat(node, 'scale');
-  const attrs = { num_heads: heads, ...(scale ? { scale: { float: scale } } : {}) };
-  const [K, V] = cache(b, node, k, v, heads, opset);
-  const mhaInputs = [applied.output, K, V, '', '', bias ?? ''];
-  while (!mhaInputs[mhaInputs.length - 1]) mhaInputs.pop();
-  b.node('MultiHeadAttention', mhaInputs, [node.output[0]], attrs, MS);
+  const kv = cache(b, node, k, v, heads);
+  attend(b, applied.output, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
   return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType };
 }
+
+/** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */
+function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number): Scale {
+  const node = site.node;
+  const given = attrFloat(node, 'scale');
+  if (given) return { given, value: given, dtype };
+  const heads = site.heads.heads!;
+  const width = attrInts(node, 'qkv_hidden_sizes')?.[0] ?? (shared.shapes.dim(node.input[1], 1) ? constantOf(shared.shapes.dim(node.input[1], 1)!) : undefined);
+  const qWidth = attrInts(node, 'qkv_hidden_sizes') ? width : width !== undefined ? width / 3 : undefined;
+  return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / heads) : undefined, dtype };
+}
+
+/**
+ * Softmax(scale · q·Kᵀ + bias)·V into `output` [B, S, N·H_v]. On a stacked cache an If picks by the query length:
+ * one row (decoding) multiplies the stacked cache as it is, reading the half it does not need once more instead of
+ * copying K and V out of it; more rows (a prompt) take K and V out (a copy, small against the products) for
+ * com.microsoft MultiHeadAttention, whose softmax is the kernel's own.
+ */
+function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string, opset: number): void {
+  if (!('stacked' in kv)) {
+    rows(b, q, kv.k, kv.v, bias, heads, scale, output);
+    return;
+  }
+  const stacked = kv.stacked;
+  const seq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('axis1', [1], true)], {}, 'q_rows');
+  const oneRow = b.op('Equal', [seq, b.int64('one', [1], true)], {}, 'one_row');
+  const decode = b.branch('one_row', (sb) => singleRow(sb, q, stacked, bias, heads, scale, opset));
+  const prompt = b.branch('rows', (sb) => {
+    const half = (i: number): string => sb.op('Gather', [stacked, sb.int64(`index${i}`, [i], true)], { axis: 0 }, i ? 'value_all' : 'key_all');
+    return rows(sb, q, half(0), half(1), bias, heads, scale);
+  });
+  b.node('If', [oneRow], [output], { then_branch: { graph: decode }, else_branch: { graph: prompt } });
+}
+
+/**
+ * MultiHeadAttention of q [B, S, N·H] over K, V ([B, N, T, H] from a cache, or [B, T, N·H] new ones); the mask
+ * and any attention_bias as its attention_bias. Returns its output ([B, S, N·H_v]), written to `output` if given.
+ */
+function rows(b: Builder, q: string, K: string, V: string, bias: string | undefined, heads: number, scale: Scale, output?: string): string {
+  const attrs = { num_heads: heads, ...(scale.given !== undefined ? { scale: { float: scale.given } } : {}) };
+  const inputs = bias ? [q, K, V, '', '', bias] : [q, K, V];
+  const out = output ?? b.graph.uniqueName(`${b.prefix}attention`);
+  b.node('MultiHeadAttention', inputs, [out], attrs, MS);
+  return out;
+}
+
+/**
+ * One query row over the stacked cache [2, B, N, T, H] without copying it: present·qᵀ gives k·q and v·q for every
+ * cached position ([2, B, N, T, 1], the first kept), probabilities·present gives p·K and p·V (the second kept).
+ */
+function singleRow(b: Builder, q: string, stacked: string, bias: string | undefined, heads: number, scale: Scale, opset: number): string {
+  let qT = unsqueeze(b, b.op('Reshape', [q, b.int64('q_column', [0, heads, -1, 1])], {}, 'q_col'), [0], opset, 'q_col_5d');
+  if (scale.value !== undefined) qT = b.op('Mul', [qT, b.constant('scale', scale.dtype, [], [scale.value])], {}, 'q_scaled');
+  else qT = b.op('Div', [qT, sqrtHeadSize(b, b.op('Reshape', [q, b.int64('q_heads_view', [0, 0, heads, -1])], {}, 'q_heads_4d'), scale.dtype)], {}, 'q_scaled');
+  const both = b.op('MatMul', [stacked, qT], {}, 'kq_both');
+  let logits = b.op('Reshape', [b.op('Gather', [both, b.int64('index0', [0], true)], { axis: 0 }, 'kq'), b.int64('row_view', [0, 0, 1, -1])], {}, 'qk');
+  if (bias) logits = b.op('Add', [logits, bias], {}, 'qk_masked');
+  const probs = unsqueeze(b, b.op('Softmax', [logits], { axis: 3 }, 'probs'), [0], opset, 'probs_5d');
+  const context = b.op('Gather', [b.op('MatMul', [probs, stacked], {}, 'pv_both'), b.int64('index1', [1], true)], { axis: 0 }, 'pv');
+  return b.op('Reshape', [context, b.int64('merge_row', [0, 1, -1])], {}, 'attention');
+}
+
+/** √H in the attention's type, H the last axis of `qh`: the default scale when the head size is only known at run time. */
+function sqrtHeadSize(b: Builder, qh: string, dtype: number): string {
+  const size = b.op('Cast', [b.op('Gather', [b.op('Shape', [qh]), b.int64('axis_last', [-1], true)], {}, 'head_size')], { to: DataType.FLOAT }, 'head_size_f');
+  return b.op('Cast', [b.op('Sqrt', [size], {}, 'sqrt_head_size')], { to: dtype }, 'sqrt_head_size_t');
+}
+
+/**
+ * The logits' scale: `given` by the operator, `value` when known at all (else 1/√H at run time); `dtype`: the
+ * attention's type.
+ */
+interface Scale { given?: number; value?: number; dtype: number }
 
 /** q, k, v of the operator's projection: input·weights (+ bias), split at qkv_hidden_sizes or in thirds. */
 function projection(b: Builder, x: string, weights: string, bias: string | undefined, sizes: number[] | undefined): string[] {
@@ -92,35 +165,37 @@ function projection(b: Builder, x: string, weights: string, bias: string | undef
   return ['q', 'k', 'v'].map((name, i) => b.op('Slice', [qkv, bounds[i], bounds[i + 1], axis], {}, name));
 }
 
+/** Keys and values: the stacked cache [2, B, N, T, H], or without a cache the new ones [B, S, N·H]. */
+type Cache = { stacked: string } | { k: string; v: string };
+
 /**
- * Keys and values over the whole cache, [B, N, T, H] each, and the operator's `present` output (same name and
- * layout). Without `past`, MultiHeadAttention reads the new k and v directly.
+ * The operator's `present` output (same name and layout), which is also what attention reads: past followed by
+ * the new keys and values. Without past and present, the new k and v alone.
  */
-function cache(b: Builder, node: FusedSite['node'], k: string, v: string, heads: number, opset: number): [string, string] {
+function cache(b: Builder, node: FusedSite['node'], k: string, v: string, heads: number): Cache {
   const past = node.input[4];
   const present = node.output[1];
-  if (!past && !present) return [k, v];
-  const stacked = b.op('Transpose', [b.op('Reshape', [b.op('Concat', [k, v], { axis: 2 }, 'kv'), b.int64('kv_shape', [0, 0, 2, heads, -1])], {}, 'kv5')],
-    { perm: [2, 0, 3, 1, 4] }, 'kv_new');
-  if (!past) {
-    b.node('Identity', [stacked], [present]);
-    return [k, v];
-  }
+  if (!past && !present) return { k, v };
+  const kv5 = b.op('Reshape', [b.op('Concat', [k, v], { axis: 2 }, 'kv'), b.int64('kv_shape', [0, 0, 2, heads, -1])], {}, 'kv5');
   const presentName = present || b.graph.uniqueName(`${b.prefix}present`);
-  let all = presentName;
-  if (node.input[6]) {
-    // Shared buffer: the new keys go to positions P … P + S − 1 of the max-length buffer, the rest stays.
-    const P = unsqueeze(b, b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len'), [0], opset, 'past_len_1');
-    const end = b.op('Add', [P, b.op('Gather', [b.op('Shape', [k]), b.int64('axis1', [1], true)], {}, 'seq')], {}, 'valid_end');
-    const axis3 = b.int64('axis3', [3]);
-    const zero = b.int64('zero1', [0]);
-    const head = b.op('Slice', [past, zero, P, axis3], {}, 'past_valid');
-    const tail = b.op('Slice', [past, end, b.int64('end', [INT64_MAX]), axis3], {}, 'past_rest');
-    b.node('Concat', [head, stacked, tail], [presentName], { axis: 3 });
-    all = b.op('Slice', [presentName, zero, end, axis3], {}, 'present_valid');
-  } else b.node('Concat', [past, stacked], [presentName], { axis: 3 });
-  const half = (i: number): string => b.op('Gather', [all, b.int64(`index${i}`, [i], true)], { axis: 0 }, i === 0 ? 'key_all' : 'value_all');
-  return [half(0), half(1)];
+  if (!past) {
+    b.node('Transpose', [kv5], [presentName], { perm: [2, 0, 3, 1, 4] });
+    return { stacked: presentName };
+  }
+  const stacked = b.op('Transpose', [kv5], { perm: [2, 0, 3, 1, 4] }, 'kv_new');
+  if (!node.input[6]) {
+    b.node('Concat', [past, stacked], [presentName], { axis: 3 });
+    return { stacked: presentName };
+  }
+  // Shared buffer: the new keys go to positions P … P + S − 1 of the max-length buffer, the rest stays.
+  const P = b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('one_dim', [1])], {}, 'past_len');
+  const end = b.op('Add', [P, b.op('Slice', [b.op('Shape', [k]), b.int64('one1', [1]), b.int64('two1', [2])], {}, 'seq')], {}, 'valid_end');
+  const axis3 = b.int64('axis3', [3]);
+  const zero = b.int64('zero1', [0]);
+  const head = b.op('Slice', [past, zero, P, axis3], {}, 'past_valid');
+  const tail = b.op('Slice', [past, end, b.int64('end', [INT64_MAX]), axis3], {}, 'past_rest');
+  b.node('Concat', [head, stacked, tail], [presentName], { axis: 3 });
+  return { stacked: b.op('Slice', [presentName, zero, end, axis3], {}, 'present_valid') };
 }
 
 // ---- the mask and n, once per graph ---------------------------------------------------------------------
