@@ -85,7 +85,7 @@ export function modeOf(plan: NPlan): NMode {
 
 /** `sInput`: s already in the graph (a function input), else a new constant `ssmax/L<k>/s`. */
 export function insertFused(b: Builder, site: FusedSite, s: LayerScale, plan: NPlan, opset: number, sInput?: string): InsertedFused {
-  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention needs opset ≥ 11 for the inserted ops`);
+  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention at opset ${opset}`); // opset.ts raises it first
   const perHead = Array.isArray(s);
   const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   const lnN = lnRows(b, site, plan);

@@ -34,6 +34,8 @@ export interface ScopeEdits {
    * one-node model holding the node's own bytes, so revert puts back exactly what was there.
    */
   removed?: string[];
+  /** For the model-wide entry (scope `model`): the default-domain opset import raised from `from` to `to`. */
+  opset?: { from: number; to: number };
   /**
    * The scope's original nodes in their original order (by first output), when the topological sort after the
    * patch had to move one of them (a factor reading a mask computed after the query, say).
@@ -80,6 +82,7 @@ export class Editor {
 /** One journal for the whole patch; entries appear in the order they were first edited. */
 export class Journal {
   private readonly scopes = new Map<string, Editor>();
+  private opset?: ScopeEdits;
 
   editor(scope: string, graph: Graph, owner = 'shared'): Editor {
     const key = `${owner}@${scope}`;
@@ -91,6 +94,11 @@ export class Journal {
     return e;
   }
 
+  /** Notes that the model's default-domain opset import was raised, so revert can lower it again. */
+  raiseOpset(from: number, to: number): void {
+    this.opset = { scope: 'model', owner: 'opset', nodes: [], initializers: [], inputs: [], rewired: [], opset: { from, to } };
+  }
+
   /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */
   keepOrder(scope: string, graph: Graph, before: readonly NodeProto[]): void {
     const now = new Set(before);
@@ -100,8 +108,10 @@ export class Journal {
   }
 
   record(): ScopeEdits[] {
-    return [...this.scopes.values()].map((e) => e.edits)
+    const edits = [...this.scopes.values()].map((e) => e.edits)
       .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length + (e.removed?.length ?? 0) > 0 || e.order);
+    // The opset goes first: revert replays in reverse, so it is lowered last.
+    return this.opset ? [this.opset, ...edits] : edits;
   }
 }
 

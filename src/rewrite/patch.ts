@@ -55,7 +55,8 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
     return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes } };
   }
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`);
-  return { model: out, report: { ...insertFactors(out, scopes, detection, all, plan), notes } };
+  const report = insertFactors(out, scopes, detection, all, plan);
+  return { model: out, report: { ...report, notes: [...notes, ...report.notes] } };
 }
 
 /**
@@ -85,17 +86,17 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   return updateRenamed(model, scopes[0].graph, renamed, plan.spec, detection.skipped);
 }
 
-function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): Omit<PatchResult['report'], 'notes'> {
+function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): PatchResult['report'] {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
   const scales = scalesForSites(plan.spec, sites, skipped);
   const irVersion = toNumber(out.irVersion);
-  const patcher = new SitePatcher(scopes, plan.preset, plan.n, irVersion);
+  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion);
   const results = sites.map((a, i) => patcher.patch(a, scales[i]));
-  const { journal, nSources } = patcher.finish();
+  const { journal, nSources, notes } = patcher.finish();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: describeSpec(plan.spec),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const patched: PatchedSite[] = results.map((r) => r.site);
-  return { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources };
+  return { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources, notes };
 }
 
 /** The sites in the chosen layers; the others are reported as skipped. */

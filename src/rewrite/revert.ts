@@ -12,6 +12,7 @@ import { validateGraph } from '../graph/validate';
 import { GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
 import { nodeKey, removedNode, ScopeEdits } from './journal';
+import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
 
@@ -83,6 +84,10 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
   });
   const touched = new Set<Scope>();
   for (const edits of [...journal].reverse()) {
+    if (edits.opset) {
+      lowerOpset(model, edits.opset.from);
+      continue;
+    }
     const scope = scopeOf(edits.scope);
     undoEdits(scope.graph, edits);
     touched.add(scope);

@@ -9,7 +9,7 @@ import { maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
-import { DataType, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
 import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
@@ -19,6 +19,7 @@ import { insertScale, ScaleContext } from './insert-scale';
 import { EXPANSION_COST, ExpansionShared, expandMsAttention } from './ms-attention';
 import { Journal, ScopeEdits } from './journal';
 import { NSources } from './n-source';
+import { OpsetGuard } from './opset';
 import { SiteRecord } from './record';
 import { PatchedSite } from './report';
 
@@ -38,8 +39,11 @@ export class SitePatcher {
   private readonly byPath: Map<string, Scope>;
   private readonly originals: Map<Scope, NodeProto[]>;
 
-  constructor(private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
+  private readonly opset: OpsetGuard;
+
+  constructor(model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
     private readonly irVersion: number) {
+    this.opset = new OpsetGuard(model, scopes, this.journal);
     this.byPath = new Map(scopes.map((s) => [s.path, s]));
     this.originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
   }
@@ -53,14 +57,14 @@ export class SitePatcher {
   }
 
   /** Sorts every scope and returns the journal; the original order is noted where the sort had to move a node. */
-  finish(): { journal: ScopeEdits[]; nSources: number } {
+  finish(): { journal: ScopeEdits[]; nSources: number; notes: string[] } {
     for (const scope of this.scopes) {
       const before = this.originals.get(scope)!;
       scope.commit();
       this.journal.keepOrder(scope.path, scope.graph, before);
     }
     const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size + c.expansion.cache.size, 0);
-    return { journal: this.journal.record(), nSources };
+    return { journal: this.journal.record(), nSources, notes: this.opset.notes };
   }
 
   private builder(scope: Scope, layer: number | 'shared'): Builder {
@@ -80,12 +84,15 @@ export class SitePatcher {
         expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
       this.contexts.set(scope.path, pc);
     }
+    // The opset may have been raised since (opset.ts).
+    pc.ctx.opset = pc.expansion.opset = scope.opset;
     return pc;
   }
 
   private softmax(scope: Scope, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): SiteResult {
     const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
     const n = presetNeedsPositions(this.preset) ? positionN(this.option) : chooseN(this.option, uses, site.mask.reason);
+    if (n.mode === 'causal' || n.mode === 'causal-padding') this.opset.ensure(scope, `layer ${site.layer}: per-row n (Range, CumSum)`);
     const inserted = insertScale(this.context(scope).ctx, b, site, s, n, uses, sInput);
     return {
       site: { ...describeSoftmax(site, n.mode, n.reason, s, inserted.sName), target: inserted.target, nShared: inserted.nKey },
@@ -106,6 +113,7 @@ export class SitePatcher {
       throw new InputError(`${where}: ${opt('n', 'mask')} needs the mask outside the kernel; use ${opt('n', 'auto')}`);
     }
     const mode = modeOf(plan);
+    this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
     const inserted = plan.kind === 'mask-index'
       ? expandMsAttention(b, this.context(scope).expansion, site, s, plan, sInput)
