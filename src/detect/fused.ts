@@ -73,6 +73,11 @@ export interface FusedSite {
   forced?: boolean;
   /** The inserted node that applies an earlier run's factor, when the site is already patched. */
   patchedBy?: NodeProto;
+  /**
+   * Why the factor cannot go on the operator's inputs, so the node is expanded into its definition and the factor
+   * put on the logits there (ONNX Attention: softcap, a qk_matmul_output that shows the logits before the factor).
+   */
+  expand?: string;
 }
 
 export type FusedMatch = Omit<FusedSite, 'layer' | 'scope' | 'rule'>;
@@ -266,7 +271,10 @@ function onnxAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   if (qRank !== 3 && qRank !== 4) return { reason: 'ONNX Attention: rank of Q unknown (3-D or 4-D layout cannot be told)' };
   if (kRank !== 3 && kRank !== 4) return { reason: 'ONNX Attention: rank of K unknown' };
   const softcap = attrFloat(node, 'softcap') ?? 0;
-  const deviation = softcap !== 0 ? `softcap=${softcap}: tanh capping after the factor is not SSMax` : undefined;
+  const mode = attrInt(node, 'qk_matmul_output_mode') ?? 0;
+  // onnxruntime 1.30's qk_matmul_output: 0 the scaled Q·Kᵀ, 1 after softcap, 2 after the mask, 3 the probabilities.
+  const expand = softcap !== 0 ? `softcap=${softcap}: the cap comes after a factor on Q, so the factor goes after it in the expanded node`
+    : node.output[3] && mode <= 1 ? `qk_matmul_output_mode=${mode} outputs the logits before the mask, which a factor on Q would change` : undefined;
   const h = declaredDim(ctx.graph, node.input[0], 1);
   const heads: HeadInfo = qRank === 3 ? headsFromAttr(node, 'q_num_heads')
     : h ? { heads: h, axis: 1, reason: `declared shape of Q has ${h} heads at axis 1` } : { axis: 1, reason: 'heads are axis 1 of Q; its size is not declared' };
@@ -279,7 +287,7 @@ function onnxAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   else if (isCausal) n = { kind: 'causal-offset', tk, offset: present(node, 4) ? [{ input: 4, axis: 2 }] : [] };
   else n = mask.causal ? { kind: 'causal', tk } : { kind: 'keys', tk };
   return {
-    node, op: 'Attention', heads, mask, n, deviation,
+    node, op: 'Attention', heads, mask, n, expand,
     query: qRank === 3 ? { layout: 'bsd', input: 0 } : { layout: 'bnsd', input: 0 },
     queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 },
   };

@@ -17,6 +17,7 @@ import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
 import { insertScale, ScaleContext } from './insert-scale';
 import { EXPANSION_COST, ExpansionShared, expandMsAttention } from './ms-attention';
+import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
@@ -108,6 +109,7 @@ export class SitePatcher {
     if (preset.kind !== 'ssmax' || preset.b !== undefined) {
       throw new InputError(`${where}: ${opt('preset', preset.kind)}${preset.kind === 'ssmax' ? ` with ${opt('b')}` : ''} is not supported on fused attention operators yet`);
     }
+    if (site.expand) return this.expandedOnnx(scope, b, site, s, sInput);
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
     if (option === 'mask' && plan.kind !== 'mask-index') {
       throw new InputError(`${where}: ${opt('n', 'mask')} needs the mask outside the kernel; use ${opt('n', 'auto')}`);
@@ -128,6 +130,24 @@ export class SitePatcher {
         target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(plan.kind === 'mask-index' ? { expanded: EXPANSION_COST } : {}),
       },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
+        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+    };
+  }
+
+  /** ONNX Attention whose factor cannot go on Q: expanded, the factor on the logits after the cap. */
+  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, s: LayerScale, sInput?: string): SiteResult {
+    this.opset.ensure(scope, `${nodeLabel(site.node)} (${site.op})`);
+    const inserted = expandOnnxAttention(b, scope.shapes, site, s, scope.opset, sInput, this.option === 'keys');
+    const nReason = this.option === 'keys' ? 'n mode keys as asked; n = Tk' : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: `
+      + 'n = keys each row may see under the attention\'s mask, causal mask and nonpad lengths (bias entries above −9000)';
+    return {
+      site: {
+        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: inserted.mode, nReason,
+        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: 4, logits: inserted.factor,
+        s, sInitializer: inserted.sName, target: 'logits', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        expanded: `${ONNX_EXPANSION_COST} (${site.expand})`,
+      },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: inserted.mode, s, sInitializer: inserted.sName,
         apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
     };
   }

@@ -18,7 +18,7 @@ export function onnxFiles(dir: string): string[] {
   });
 }
 
-interface RefTensor { dtype: 'int64' | 'float32' | 'int32' | 'float16'; dims: number[]; data: string }
+interface RefTensor { dtype: 'int64' | 'float32' | 'int32' | 'float16' | 'bool'; dims: number[]; data: string }
 export interface RefCase {
   name: string;
   patch: null | { n?: 'keys' | 'causal'; s: number | number[] | number[][] };
@@ -38,6 +38,7 @@ export function decode(t: RefTensor): HostTensor {
     case 'int64': return { type: 'int64', dims: t.dims, data: new BigInt64Array(buf) };
     case 'int32': return { type: 'int32', dims: t.dims, data: new Int32Array(buf) };
     case 'float16': return { type: 'float16', dims: t.dims, data: new Uint16Array(buf) };
+    case 'bool': return { type: 'bool', dims: t.dims, data: new Uint8Array(buf) };
     case 'float32': return { type: 'float32', dims: t.dims, data: new Float32Array(buf) };
   }
 }
