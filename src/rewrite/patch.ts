@@ -12,6 +12,7 @@ import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchOptions, PatchPlan, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
+import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchedSite, PatchResult } from './report';
 import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode } from './sites';
@@ -56,6 +57,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   }
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`);
   const report = insertFactors(out, scopes, detection, all, plan);
+  checkInsertedTypes(out);
   return { model: out, report: { ...report, notes: [...notes, ...report.notes] } };
 }
 
