@@ -42,6 +42,11 @@ export interface AttentionSite {
   patchedBy?: NodeProto;
   /** Why the site was refused before --force-site accepted it. */
   forced?: string;
+  /**
+   * Opset < 13 Softmax on logits of unknown rank: it normalises the axes from this one on, flattened together, so n
+   * is the size of that group, read at run time (Tk for [Tq, Tk] logits).
+   */
+  groupAxis?: number;
 }
 
 /** A call of a model-local function whose body holds attention (`inner`): the factor's s comes in through a new input. */

@@ -11,11 +11,11 @@ import { nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
-import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
+import { chooseN, NChoice, NMode, NOption, positionN } from '../policy/n-mode';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
-import { insertScale, ScaleContext } from './insert-scale';
+import { insertGroupScale, insertScale, ScaleContext } from './insert-scale';
 import { EXPANSION_COST, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
@@ -92,9 +92,11 @@ export class SitePatcher {
 
   private softmax(scope: Scope, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): SiteResult {
     const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
-    const n = presetNeedsPositions(this.preset) ? positionN(this.option) : chooseN(this.option, uses, site.mask.reason);
+    const n = site.groupAxis !== undefined ? groupN(site.groupAxis)
+      : presetNeedsPositions(this.preset) ? positionN(this.option) : chooseN(this.option, uses, site.mask.reason);
     if (n.mode === 'causal' || n.mode === 'causal-padding') this.opset.ensure(scope, `layer ${site.layer}: per-row n (Range, CumSum)`);
-    const inserted = insertScale(this.context(scope).ctx, b, site, s, n, uses, sInput);
+    const inserted = site.groupAxis !== undefined ? insertGroupScale(this.context(scope).ctx, b, site, s, sInput)
+      : insertScale(this.context(scope).ctx, b, site, s, n, uses, sInput);
     return {
       site: { ...describeSoftmax(site, n.mode, n.reason, s, inserted.sName), target: inserted.target, nShared: inserted.nKey },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
@@ -179,6 +181,12 @@ export class SitePatcher {
     this.bodies.set(call.inner, body);
     return body;
   }
+}
+
+/** n of an opset < 13 Softmax over logits of unknown rank: the size of the group it normalises. */
+function groupN(axis: number): NChoice {
+  return { mode: 'keys', reason: `the Softmax (opset < 13, axis ${axis}, logits of unknown rank) normalises the axes from ${axis} on as one `
+    + 'group: n = its size, read at run time (Tk for [Tq, Tk] logits)' };
 }
 
 function describeSoftmax(site: AttentionSite, n: NMode, nReason: string, s: LayerScale, sInitializer: string): Omit<PatchedSite, 'target' | 'nShared'> {
