@@ -86,17 +86,19 @@ const MS = 'com.microsoft';
 
 /** Attention operators this tool recognises but cannot patch, with the reason. */
 const unsupported: Record<string, string> = {
-  PackedAttention: 'packed (padding-free) token layout: per-row n needs the cumulative sequence lengths',
-  PackedMultiHeadAttention: 'packed (padding-free) token layout: per-row n needs the cumulative sequence lengths',
-  SparseAttention: 'block-sparse attention: n is the number of keys in the sparse layout, not derivable from shapes',
+  PackedAttention: 'packed (padding-free) token layout, Q computed inside: not handled yet; patch the model before packing (onnxruntime\'s optimizer) instead',
+  PackedMultiHeadAttention: 'packed (padding-free) token layout: not handled yet; patch the model before packing (onnxruntime\'s optimizer) instead',
+  SparseAttention: 'block-sparse kernel: n is the number of keys its block layout leaves, which the tool does not reproduce; patch the dense model instead',
   PagedAttention: 'paged KV cache: n needs the block tables',
   LongformerAttention: 'sliding-window plus global attention: n differs per row in ways the inputs do not state',
-  QAttention: 'quantized Attention: the query weights are int8',
-  QOrderedAttention: 'quantized Attention: the query weights are int8',
-  QOrderedLongformerAttention: 'quantized Attention: the query weights are int8',
+  QAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
+  QOrderedAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
+  QOrderedLongformerAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
   DecoderAttention: 'legacy DecoderAttention: Q is computed inside from weights with a per-step cache layout',
   DecoderMaskedSelfAttention: 'Q is computed inside from weights with a shared cache buffer',
-  FlexAttention: 'score_mod/mask_mod subgraphs may change the logits arbitrarily',
+  FlexAttention: 'onnxruntime has no kernel for it, so a patch could not be checked against the original, and its score_mod may change '
+    + 'the logits arbitrarily; expand it into its function body (the model\'s `_expanded` form, or onnx\'s function inliner) and patch that: '
+    + 'the plain-op rules put the factor on the content logits there',
 };
 
 type Matcher = (ctx: Scope, node: NodeProto) => Omit<FusedMatch, 'queryType'> | { reason: string };
