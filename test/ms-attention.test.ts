@@ -15,6 +15,7 @@ import { readModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { FIXTURES, loadRef } from './support/ref';
 import { checkFixture, outputsOf, refError } from './support/refrun';
+import { cli } from './support/io';
 
 const DIR = path.join(FIXTURES, 'ms_attention');
 const MODELS = fs.readdirSync(DIR).filter((f) => f.endsWith('.onnx')).map((f) => f.replace(/\.onnx$/, '')).sort();
@@ -38,5 +39,15 @@ describe('the reference catches a wrong n', () => {
     for (const c of loadRef('gpt2_causal_past', DIR).cases.filter((k) => k.patch?.s === 0.45 && !/decode/.test(k.name))) {
       assert.ok(refError(await outputsOf(model, c), c) > 1e-3, `${c.name}: n = Tk passes the per-row reference: the test is too weak`);
     }
+  });
+});
+
+describe('--verify on the expanded GPT-2 form', () => {
+  it('passes: factor-1 parity with the original node is exact, retrofit parity at L holds with a cache', () => {
+    const r = cli([path.join(DIR, 'gpt2_causal_past.onnx'), '--train-len', '16', '--verify', '--dry-run']);
+    assert.equal(r.code, 0, r.stderr + r.stdout);
+    assert.match(r.stdout, /PASSED {2}wiring parity: .* max abs 0\.0e\+0/);
+    assert.match(r.stdout, /PASSED {2}retrofit parity/);
+    assert.match(r.stdout, /verify: PASSED/);
   });
 });
