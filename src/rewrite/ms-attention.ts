@@ -127,9 +127,10 @@ function rows(b: Builder, q: string, K: string, V: string, bias: string | undefi
  * cached position ([2, B, N, T, 1], the first kept), probabilities·present gives p·K and p·V (the second kept).
  */
 function singleRow(b: Builder, q: string, stacked: string, bias: string | undefined, heads: number, scale: Scale, opset: number): string {
-  let qT = unsqueeze(b, b.op('Reshape', [q, b.int64('q_column', [0, heads, -1, 1])], {}, 'q_col'), [0], opset, 'q_col_5d');
-  if (scale.value !== undefined) qT = b.op('Mul', [qT, b.constant('scale', scale.dtype, [], [scale.value])], {}, 'q_scaled');
-  else qT = b.op('Div', [qT, sqrtHeadSize(b, b.op('Reshape', [q, b.int64('q_heads_view', [0, 0, heads, -1])], {}, 'q_heads_4d'), scale.dtype)], {}, 'q_scaled');
+  // Scaled before the reshapes: a scalar Mul right before the MatMul would be fused into a slower FusedMatMul.
+  const scaled = scale.value !== undefined ? b.op('Mul', [q, b.constant('scale', scale.dtype, [], [scale.value])], {}, 'q_scaled')
+    : b.op('Div', [q, sqrtHeadSize(b, b.op('Reshape', [q, b.int64('q_heads_view', [0, 0, heads, -1])], {}, 'q_heads_4d'), scale.dtype)], {}, 'q_scaled');
+  const qT = unsqueeze(b, b.op('Reshape', [scaled, b.int64('q_column', [0, heads, -1, 1])], {}, 'q_col'), [0], opset, 'q_col_5d');
   const both = b.op('MatMul', [stacked, qT], {}, 'kq_both');
   let logits = b.op('Reshape', [b.op('Gather', [both, b.int64('index0', [0], true)], { axis: 0 }, 'kq'), b.int64('row_view', [0, 0, 1, -1])], {}, 'qk');
   if (bias) logits = b.op('Add', [logits, bias], {}, 'qk_masked');
