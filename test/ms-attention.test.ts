@@ -11,7 +11,9 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { readModel } from '../src/io/model-file';
+import { parseModel, readModel, serializeModel } from '../src/io/model-file';
+import { parseScaleJson } from '../src/policy/scale';
+import { revertModel } from '../src/rewrite/revert';
 import { patchModel } from '../src/rewrite/patch';
 import { FIXTURES, loadRef } from './support/ref';
 import { checkFixture, outputsOf, refError } from './support/refrun';
@@ -50,5 +52,21 @@ describe('--verify on the expanded GPT-2 form', () => {
     assert.ok(parity && Number(parity[1]) < 1e-6, r.stdout);
     assert.match(r.stdout, /PASSED {2}retrofit parity/);
     assert.match(r.stdout, /verify: PASSED/);
+  });
+});
+
+describe('an expanded site, patched again', () => {
+  it('is found by its record: a second patch is refused, --update-s replaces s, revert after it gives back the original', async () => {
+    const original = readModel(path.join(DIR, 'gpt2_causal_past.onnx'));
+    const once = parseModel(serializeModel(patchModel(original, { scale: parseScaleJson({ s: [0.3, 0.4] }, 't') }).model), 'patched');
+    assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
+    const updated = patchModel(once, { scale: parseScaleJson({ s: [0.6, 0.2] }, 't'), updateS: true });
+    assert.deepEqual(updated.report.sites.map((s) => s.s), [[0.6, 0.2]]);
+    const fresh = patchModel(original, { scale: parseScaleJson({ s: [0.6, 0.2] }, 't') }).model;
+    const c = loadRef('gpt2_causal_past', DIR).cases[1];
+    const [a, b] = [await outputsOf(updated.model, c), await outputsOf(fresh, c)];
+    assert.deepEqual(Array.from(a.output.data), Array.from(b.output.data));
+    const back = revertModel(parseModel(serializeModel(updated.model), 'updated')).model;
+    assert.ok(Buffer.from(serializeModel(back)).equals(Buffer.from(serializeModel(original))));
   });
 });

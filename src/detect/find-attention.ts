@@ -14,7 +14,7 @@ import { FusedSite } from './fused';
 import { HeadInfo } from './heads';
 import { MaskVerdict } from './mask';
 import { CandidateTrace, Found, runRules } from './rules';
-import { Step } from './trace';
+import { PATCH_PREFIX, Step } from './trace';
 
 export type { FusedSite } from './fused';
 export type { CandidateTrace, RuleAttempt } from './rules';
@@ -89,6 +89,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
   // Function bodies first: each call of one is numbered as the layers of its body. Refused attention in a graph
   // keeps its layer number; in a function body it has none.
   for (const scope of [...scopes.filter((s) => s.kind === 'function'), ...scopes.filter((s) => s.kind !== 'function')]) {
+    if (insideInserted(scope)) continue; // the branches of an expanded operator are the patch's own
     const fn = scope.fn;
     const inner: (AttentionSite | FusedSite)[] = [];
     let layer = 0;
@@ -114,6 +115,12 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
     }
   }
   return out;
+}
+
+/** True for a graph held by a node the patch inserted (at any depth). */
+function insideInserted(scope: Scope): boolean {
+  for (let owner = scope.owner; owner; owner = owner.scope.owner) if (owner.node.name.startsWith(PATCH_PREFIX)) return true;
+  return false;
 }
 
 /** Runs the rules on every node of a scope, in topological order (a few files in the wild store nodes out of it). */

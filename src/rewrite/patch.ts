@@ -49,7 +49,8 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const detection = detectAttention(out, scopes, { force: plan.force });
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
-  if (all.length === 0) throw new InputError(noAttentionMessage(detection));
+  // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
+  if (all.length === 0 && !record?.journal) throw new InputError(noAttentionMessage(detection));
   const existing = existingPatch(scopes, all, record);
   if (existing) {
     if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`);

@@ -132,7 +132,8 @@ export class SitePatcher {
         target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(plan.kind === 'mask-index' ? { expanded: EXPANSION_COST } : {}),
       },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType,
+        ...(plan.kind === 'mask-index' ? { expanded: { heads: site.heads.heads } } : {}) },
     };
   }
 
@@ -150,7 +151,7 @@ export class SitePatcher {
         expanded: `${ONNX_EXPANSION_COST} (${site.expand})`,
       },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: inserted.mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType, expanded: { heads: site.heads.heads } },
     };
   }
 

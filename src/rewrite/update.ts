@@ -12,32 +12,59 @@ import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { PatchPlan } from '../policy/plan';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Factor } from './existing';
-import { findScaleTensor, PatchRecord, readRecord, writeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, SiteRecord, writeRecord } from './record';
 import { PatchedSite, PatchReport } from './report';
 import { AnySite, headsOf, orderedSites, scalesForSites, siteNode } from './sites';
 
-/** The record's sites get the s the plan gives their layers; the record notes the new s and train length. */
+/**
+ * The record's sites get the s the plan gives their layers; the record notes the new s and train length. Sites
+ * whose operator the patch expanded are found by the record alone (their node is gone).
+ */
 export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: Detection, record: PatchRecord, plan: PatchPlan): PatchReport {
   if (record.preset !== plan.preset.kind) {
     throw new InputError(`the model is patched with the ${record.preset} preset; an update keeps it: give no other preset, or revert and patch again`);
   }
   const all = orderedSites(detection, scopes);
-  const scales = scalesForSites(plan.spec, all, detection.skipped);
-  const byLayer = new Map(all.map((a, i) => [`${a.site.scope}|${a.site.layer}`, { a, s: scales[i] }]));
+  const byLayer = new Map(all.map((a) => [`${a.site.scope}|${a.site.layer}`, a]));
+  const rows = layerScales(plan, all, record, detection.skipped);
   const graphOf = new Map(scopes.map((s) => [s.path, s.graph]));
   const sites = record.sites.map((rec): PatchedSite => {
     const scope = rec.scope ?? 'main';
     const found = byLayer.get(`${scope}|${rec.layer}`);
-    if (!found) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
-    replaceScale(graphOf.get(scope)!, rec.sInitializer, found.s, rec.layer);
-    rec.s = found.s;
-    return updatedSite(found.a, found.s, rec.sInitializer, rec.n, rec.target);
+    if (!found && !rec.expanded) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
+    const s = rows.get(scope)![rec.layer];
+    replaceScale(graphOf.get(scope)!, rec.sInitializer, s, rec.layer);
+    rec.s = s;
+    return found ? updatedSite(found, s, rec.sInitializer, rec.n, rec.target) : expandedSite(rec, s);
   });
   record.scale = describeSpec(plan.spec);
   record.trainLen = plan.trainLen;
   if (plan.preset.kind === 'llama4') record.attnScale = plan.preset.attnScale;
   writeRecord(model, record);
   return report(model, sites, detection.skipped, record.preset);
+}
+
+/** s per layer of each scope, head counts from the sites found and from the record's expanded sites. */
+function layerScales(plan: PatchPlan, all: AnySite[], record: PatchRecord, skipped: SkippedSoftmax[]): Map<string, LayerScale[]> {
+  const heads = new Map<string, (number | undefined)[]>();
+  const slot = (scope: string, layer: number, h: number | undefined): void => {
+    const list = heads.get(scope) ?? [];
+    while (list.length <= layer) list.push(undefined);
+    list[layer] = h;
+    heads.set(scope, list);
+  };
+  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
+  for (const a of all) slot(a.site.scope, a.site.layer, headsOf(a));
+  for (const rec of record.sites) if (rec.expanded) slot(rec.scope ?? 'main', rec.layer, rec.expanded.heads);
+  return new Map([...heads].map(([scope, list]) => [scope, scalesForLayers(plan.spec, list)]));
+}
+
+function expandedSite(rec: SiteRecord, s: LayerScale): PatchedSite {
+  return {
+    node: rec.softmax, layer: rec.layer, scope: rec.scope ?? 'main', kind: rec.kind ?? 'fused', n: rec.n, nReason: 'kept from the earlier patch',
+    heads: rec.expanded?.heads ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '', s, sInitializer: rec.sInitializer,
+    target: rec.target ?? 'query', nShared: 'unchanged', expanded: 'expanded by the earlier patch',
+  };
 }
 
 /** Sites patched by this tool whose record is gone: the inserted apply nodes are found by their names. */
