@@ -26,6 +26,8 @@ interface CliOptions extends VerifyCliOptions {
   verify?: boolean;
   forceSite: string[];
   preset?: string;
+  prior?: string;
+  priorFile?: string;
   b?: string;
   floorScale?: string;
   attnScale?: string;
@@ -46,7 +48,9 @@ function program(): Command {
     .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
     .option('--force', 'overwrite an existing output file')
     .option('--n <mode>', 'how n is computed: auto | keys | causal | mask', 'auto')
-    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4', 'ssmax')
+    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4 | none (a prior alone)', 'ssmax')
+    .option('--prior <name>', 'add a positional prior to the logits: ggd (BAM, neutral θ = 0) | alibi')
+    .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
     .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
     .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
     .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
@@ -91,7 +95,7 @@ async function patchCommand(input: string, o: CliOptions): Promise<number> {
   const original = readModel(input);
   const { model, report } = patchModel(original, {
     n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite, preset: o.preset,
-    b: number(o.b, '--b'), floorScale: number(o.floorScale, '--floor-scale'), attnScale: number(o.attnScale, '--attn-scale'),
+    prior: o.prior, priorFile: o.priorFile, b: number(o.b, '--b'), floorScale: number(o.floorScale, '--floor-scale'), attnScale: number(o.attnScale, '--attn-scale'),
     layers: o.layers, sortNodes: o.sortNodes,
   });
   let verification: VerifyReport | undefined;
