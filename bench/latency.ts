@@ -6,7 +6,7 @@
 import * as fs from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { readModel, serializeModel } from '../src/io/model-file';
-import { patchModel } from '../src/rewrite/patch';
+import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { DecoderConfig, decoderFile } from './decoder';
 
 export interface LatencyCase {
@@ -15,6 +15,8 @@ export interface LatencyCase {
   seq: number;
   past: number;
   pairs: number;
+  /** The patch (default: SSMax with --train-len 1024). */
+  patch?: PatchOptions;
 }
 
 export interface LatencyResult {
@@ -56,10 +58,10 @@ async function timed(session: ort.InferenceSession, input: Record<string, ort.Te
   return Number(process.hrtime.bigint() - t) / 1e6;
 }
 
-export async function measureLatency(c: LatencyCase, trainLen = 1024): Promise<LatencyResult> {
+export async function measureLatency(c: LatencyCase): Promise<LatencyResult> {
   const file = decoderFile(c.config);
   const original = fs.readFileSync(file);
-  const patched = serializeModel(patchModel(readModel(file), { trainLen }).model);
+  const patched = serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
   // Default session options (graph optimisations, threads); only warnings are silenced.
   const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
   const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
@@ -97,6 +99,10 @@ export const LATENCY_CASES: LatencyCase[] = [
   { label: '4L×256, seq 2048', config: ATTENTION_HEAVY, seq: 2048, past: 0, pairs: 16 },
   { label: '4L×256, seq 4096', config: ATTENTION_HEAVY, seq: 4096, past: 0, pairs: 8 },
 ];
+
+/** The same cases with a positional prior (BAM's GGD, neutral θ) added to SSMax: the prior's cost. */
+const PRIOR: PatchOptions = { trainLen: 1024, prior: 'ggd' };
+LATENCY_CASES.push(...LATENCY_CASES.map((c) => ({ ...c, label: `${c.label}, + ggd prior`, patch: PRIOR })));
 
 export async function latencyTable(filter?: RegExp): Promise<string> {
   const rows = [

@@ -39,6 +39,8 @@ export interface InsertedScale {
   factorType: number;
   target: Target;
   nKey: string;
+  /** True when the factor is one value per head for every row (n = Tk): it can scale a per-head table. */
+  perHead: boolean;
 }
 
 interface TargetTensor {
@@ -72,7 +74,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.rewire(target.consumer.node, target.consumer.index, scaled);
-  return { sName, factor, apply, factorType, target: target.where, nKey: source.key };
+  return { sName, factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {

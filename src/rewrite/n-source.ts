@@ -41,7 +41,7 @@ function shapeSources(site: AttentionSite): [string, string] {
 export interface Positions {
   /** [Tq, Tk] int32: the index of d_ij = j − i in `d` (i the row's absolute position Tk − Tq + row). */
   index: string;
-  /** [Tq + Tk − 1] float: every d from 1 − Tk to Tq − 1. */
+  /** [Tq + Tk − 1, 1] float: every d from 1 − Tk to Tq − 1, as a column. */
   d: string;
 }
 
@@ -96,7 +96,7 @@ export class NSources {
     const index = b.op('Add', [b.op('Sub', [keys, rows], {}, 'j_minus_i'), b.op('Sub', [tq, one], {}, 'tq_minus_1')], {}, 'd_index');
     return {
       index: b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32'),
-      d: b.op('Cast', [d], { to: DataType.FLOAT }, 'd'),
+      d: b.op('Reshape', [b.op('Cast', [d], { to: DataType.FLOAT }, 'd'), b.int64('column', [-1, 1])], {}, 'd_column'),
     };
   }
 

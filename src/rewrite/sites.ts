@@ -102,7 +102,7 @@ export class SitePatcher {
     const n = this.preset.kind === 'none' ? { mode: 'none', reason: 'no factor (preset none)' }
       : presetNeedsPositions(this.preset) ? positionN(this.option) : chooseN(this.option, uses, site.mask.reason);
     const inserted = n.mode === 'none' ? undefined : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
-    if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted?.factor);
+    if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
     const target = inserted?.target ?? 'logits';
     return {
       site: { ...describeSoftmax(site, n.mode, n.reason, p, inputs), target, nShared: inserted?.nKey ?? 'none' },
