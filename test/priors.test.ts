@@ -76,6 +76,14 @@ describe('positional priors against PyTorch references', () => {
     assert.deepEqual(readRecord(model)!.prior, { kind: 'alibi', from: 'defaults' });
   });
 
+  it('models that carry their own ALiBi or T5 position bias get the prior added to it, and the report says so', () => {
+    const notes = (name: string): string[] => patchModel(readModel(path.join(TORCH, `${name}.onnx`)), { prior: 'ggd', trainLen: 16 })
+      .report.sites.flatMap((s) => s.notes ?? []);
+    assert.equal(notes('t5_decoder').length, 2);
+    assert.match(notes('bloom_alibi')[0], /adds its own position bias .*the prior adds to it/);
+    assert.deepEqual(notes('gpt2_past'), [], 'a padding mask is not a position bias');
+  });
+
   it('ALiBi slopes for head counts that are not powers of two follow the interleaving rule', () => {
     const fmt = (xs: number[]): string[] => xs.map((x) => x.toPrecision(6));
     assert.deepEqual(fmt(alibiSlopes(6)), fmt([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]));

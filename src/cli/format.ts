@@ -16,6 +16,8 @@ export function formatPatch(report: PatchReport): string[] {
     const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
     lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}${s.rule ? `  rule ${s.rule}` : ''}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
+    if (s.prior) lines.push(`      prior θ: ${s.prior.alpha}, ${s.prior.beta}, ${s.prior.mu}`);
+    for (const note of s.notes ?? []) lines.push(`      note: ${note}`);
   }
   const stop = (k: PatchReport['skipped'][number]): string => (k.stoppedAt ? ` (rule ${k.rule} stopped at '${k.stoppedAt}')` : '');
   const refused = report.skipped.filter((k) => k.attention);

@@ -34,6 +34,8 @@ export interface PatchedSite {
   nShared: string;
   /** The detection rule that matched the site. */
   rule?: string;
+  /** What a user should know about how the patch sits with the model's own attention (one line each). */
+  notes?: string[];
 }
 
 export interface PatchReport {

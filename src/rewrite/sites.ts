@@ -7,7 +7,7 @@ import { AttentionSite, CallSite, Detection, PATCH_PREFIX, SkippedSoftmax } from
 import { FusedSite } from '../detect/fused';
 import { maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
-import { nodeLabel } from '../graph/graph';
+import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { DataType, NodeProto } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
@@ -104,8 +104,11 @@ export class SitePatcher {
     const inserted = n.mode === 'none' ? undefined : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
     if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
     const target = inserted?.target ?? 'logits';
+    const biases = uses.filter((u) => u.rule === 'additive' && (u.role === 'other' || gathersTable(scope.graph, u.tensor))).map((u) => `'${u.tensor}'`);
+    const notes = inputs.theta && biases.length
+      ? [`the model adds its own position bias (${biases.join(', ')}) after the content logits: the prior adds to it, and the factor scales content and prior only`] : [];
     return {
-      site: { ...describeSoftmax(site, n.mode, n.reason, p, inputs), target, nShared: inserted?.nKey ?? 'none' },
+      site: { ...describeSoftmax(site, n.mode, n.reason, p, inputs), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}) },
       record: {
         layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s: p.s, sInitializer: inputs.s,
         apply: inserted?.apply, factor: inserted?.factor, factorType: inserted?.factorType, target, logits: site.qkMatMul.output[0],
@@ -180,6 +183,14 @@ export class SitePatcher {
     this.bodies.set(call.inner, body);
     return body;
   }
+}
+
+/** T5-style position biases gather a learned [buckets, heads] table (ALiBi-style ones come from constants alone). */
+function gathersTable(graph: Graph, tensor: string): boolean {
+  return graph.query.first('bias-table', tensor, (_t, p) => {
+    const table = p?.opType === 'Gather' ? graph.initializers.get(p.input[0]) : undefined;
+    return table && table.dims.length === 2 && table.dataType !== DataType.INT64 ? true : undefined;
+  }) ?? false;
 }
 
 function describeSoftmax(site: AttentionSite, n: string, nReason: string, p: SiteParams, inputs: BodyInputs): Omit<PatchedSite, 'target' | 'nShared'> {
