@@ -10,9 +10,10 @@ export function selectLayers(spec: string | undefined, count: number): Set<numbe
     // Llama 4's NoPE layers: every k-th layer counting from 1, i.e. 0-based indices k−1, 2k−1, ...
     return new Set(Array.from({ length: count }, (_, i) => i).filter((i) => (i + 1) % k === 0));
   }
+  // Digits only: Number('') is 0 and Number('0x3') is 3, which would patch layers nobody named.
   const picked = spec.split(',').map((t) => t.trim());
   const layers = picked.map(Number);
-  if (picked.length === 0 || layers.some((l) => !Number.isInteger(l) || l < 0)) {
+  if (picked.some((t) => !/^[0-9]+$/.test(t))) {
     throw new InputError(`--layers must be a comma-separated list of layer indices or every:k, got '${spec}'`);
   }
   const missing = layers.filter((l) => l >= count);

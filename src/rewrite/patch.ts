@@ -16,7 +16,7 @@ import { maskUses } from '../detect/mask-uses';
 import { SymbolicShapes } from '../graph/symbolic';
 import { Preset, PresetName, presetNeedsPositions, presetScale, resolvePreset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
-import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
+import { chooseN, countsMasks, NMode, NOption, positionN } from '../policy/n-mode';
 import { LayerScale, resolveScaleSpec, ScaleOptions, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
@@ -211,8 +211,10 @@ function selectSites(all: AnySite[], skipped: SkippedSoftmax[], layers: string |
 
 /** s per preset: llama4's s is its attn_scale; the others take --s, --train-len or --s-file. */
 function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
+  if (preset.kind !== 'ssmax' && (options.s !== undefined || options.sFile !== undefined)) {
+    throw new InputError(`--preset ${preset.kind} takes ${preset.kind === 'llama4' ? '--attn-scale' : 's = 1/ln L from --train-len'}, not --s or --s-file`);
+  }
   if (preset.kind === 'llama4') {
-    if (options.s !== undefined || options.sFile !== undefined) throw new InputError('--preset llama4 takes --attn-scale, not --s or --s-file');
     return { kind: 'scalar', s: presetScale(preset)!, from: '--attn-scale' };
   }
   return resolveScaleSpec(options);
@@ -233,7 +235,7 @@ function builderFor(scope: Scope, layer: number | 'shared', irVersion: number): 
 
 function patchSoftmax(pc: PatchContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): { site: PatchedSite; record: SiteRecord } {
   const uses = maskUses(pc.scope.graph, site.afterLogits, pc.scope.ranks);
-  const n = presetNeedsPositions(pc.ctx.preset) ? positionN(pc.option) : chooseN(pc.option, uses, site.mask.reason);
+  const n = presetNeedsPositions(pc.ctx.preset) ? positionN(pc.option) : chooseN(pc.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
   const inserted = insertScale(pc.ctx, b, site, s, n, uses, sInput);
   return {
     site: { ...describe(site, n.mode, n.reason, s, inserted.sName), target: inserted.target, nShared: inserted.nKey },
@@ -247,7 +249,7 @@ function patchFused(b: Builder, scope: Scope, site: FusedSite, s: LayerScale, op
   if (preset.kind !== 'ssmax' || preset.b !== undefined) {
     throw new InputError(`${label(site.node)} (${site.op}): --preset ${preset.kind}${preset.kind === 'ssmax' ? ' with --b' : ''} is not supported on fused attention operators yet`);
   }
-  if (option === 'mask') throw new InputError(`${label(site.node)} (${site.op}): --n mask needs the mask outside the kernel; use --n auto`);
+  if (countsMasks(option)) throw new InputError(`${label(site.node)} (${site.op}): --n ${option} needs the mask outside the kernel; use --n auto, keys or causal`);
   const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
   const mode = modeOf(plan);
   const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
