@@ -28,7 +28,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   dryRun?: boolean;
   json?: boolean;
   verify?: boolean;
-  forceSite: string[];
+  forceSite?: string[];
   preset?: string;
   b?: string;
   floorScale?: string;
@@ -39,7 +39,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   sortNodes?: boolean;
 }
 
-const collect = (v: string, all: string[]): string[] => [...all, v];
+const collect = (v: string, all: string[] = []): string[] => [...all, v];
 
 export function patchProgram(cmd: Command): Command {
   return addVerifyOptions(cmd
@@ -60,7 +60,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
-    .option('--force-site <name>', 'patch refused attention anyway, accepting its stated deviation: a node name, a glob (* and ?) or all (repeatable)', collect, [])
+    .option('--force-site <name>', 'patch refused attention anyway, accepting its stated deviation: a node name, a glob (* and ?) or all (repeatable)', collect)
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
     .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
     .option('--quiet', 'no progress line on stderr'));
@@ -102,7 +102,7 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   doc.output = written?.output ?? null;
   if (written) doc.externalData = written.externalData;
   if (code === 0) settle(doc, 0);
-  const files = verification ? writeArtifacts(doc, { verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(input)}` }, o, [input, output]) : [];
+  const files = verification ? writeArtifacts(doc, { verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(input)}`, suite: `ssmax-patch patch ${input}` }, o, [input, output]) : [];
   run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
   return code;
 }
@@ -110,7 +110,7 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
 /** patchModel; when it refuses, the document still lists every skipped node and why, for --json. */
 function patchOrExplain(original: ModelProto, o: PatchCliOptions, n: NOption, trainLen: number | undefined, doc: PatchDocument): ReturnType<typeof patchModel> {
   try {
-    const force = expandForceSites(o.forceSite, original);
+    const force = expandForceSites(o.forceSite ?? [], original);
     for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
     return patchModel(original, {
       n, s: optionalReal(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,

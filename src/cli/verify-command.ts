@@ -91,7 +91,10 @@ export function prepareVerification(o: VerifyCliOptions, protect: string[]): voi
 export interface Artifacts {
   verification: VerifyReport;
   refused: SkippedSoftmax[];
+  /** The plot's title. */
   title: string;
+  /** The JUnit test suite's name. */
+  suite: string;
 }
 
 /** Writes --report, --plot and --junit once the verdict is settled; returns lines for the log. */
@@ -112,7 +115,7 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
     }
   }
   if (o.junit) {
-    writeTextFile(o.junit, junitXml({ name: a.title, report: a.verification, refused: a.refused, strict: Boolean(o.strict) }), protect);
+    writeTextFile(o.junit, junitXml({ name: a.suite, report: a.verification, refused: a.refused, strict: Boolean(o.strict) }), protect);
     lines.push(`junit: ${o.junit}`);
   }
   return lines;
@@ -126,7 +129,8 @@ export function verdict(doc: ReportDocument, report: VerifyReport, refused: Skip
   if (!report.passed) {
     settle(doc, 1, `verification FAILED${consequence}`);
   } else if (doc.strict && !doc.strict.passed) {
-    settle(doc, 1, `--strict: ${doc.strict.failures.length} check(s) skipped or site(s) refused (${doc.strict.failures[0]})${consequence}`);
+    const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
+    settle(doc, 1, `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
   } else {
     settle(doc, 0);
   }
@@ -170,7 +174,7 @@ export async function verifyCommand(args: string[], o: VerifyCommandOptions, run
   const report = await verifyPatch(original, patched, options);
   Object.assign(doc, report);
   const code = verdict(doc, report, refused, Boolean(o.strict), '');
-  const written = writeArtifacts(doc, { verification: report, refused, title: `Attention sharpness: ${path.basename(patchedFile)}` }, o, protect);
+  const written = writeArtifacts(doc, { verification: report, refused, title: `Attention sharpness: ${path.basename(patchedFile)}`, suite: `ssmax-patch verify ${patchedFile}` }, o, protect);
   run.print(() => [...formatVerify(report), ...strictLines(doc), ...written]);
   return code;
 }

@@ -36,6 +36,8 @@ export interface SiteCausality {
 export const TRAIN_LEN_FACTOR_RANGE: readonly [number, number] = [0.8, 1.25];
 
 const ROW_N = 'n_i = Tk − Tq + i + 1';
+/** The probe reads the n of mask-counted modes off the masked logits, i.e. the keys every mask leaves visible. */
+const PROBE_NOTE = " (verify's semantic probe counts the keys the masks leave visible, so it fails this patch)";
 
 /** Explicit --n modes whose rows disagree with the masks: causal n on bidirectional attention, and the reverse. */
 export function nModeWarnings(option: NOption, sites: SiteCausality[]): Warning[] {
@@ -44,7 +46,7 @@ export function nModeWarnings(option: NOption, sites: SiteCausality[]): Warning[
     if (off.length === 0) return [];
     return [{
       code: 'n-causal-on-bidirectional', sites: off.map((s) => s.node),
-      message: `--n ${option} on ${count(off)} whose masks are not causal (e.g. ${off[0].node}: ${off[0].reason}): every row sees every key there, but row i gets ${ROW_N}; use --n auto`,
+      message: `--n ${option} on ${count(off)} whose masks are not causal (e.g. ${off[0].node}: ${off[0].reason}): every row sees every (unpadded) key there, but row i gets ${ROW_N}; use --n auto${option === 'causal-padding' ? PROBE_NOTE : ''}`,
     }];
   }
   if (option === 'keys' || option === 'padding') {
@@ -52,7 +54,7 @@ export function nModeWarnings(option: NOption, sites: SiteCausality[]): Warning[
     if (off.length === 0) return [];
     return [{
       code: 'n-keys-on-causal', sites: off.map((s) => s.node),
-      message: `--n ${option} on ${count(off)} with a causal mask (e.g. ${off[0].node}: ${off[0].reason}): row i sees i + 1 keys (more with a cache), but every row gets n = ${option === 'keys' ? 'Tk' : 'the unpadded keys'}; use --n auto`,
+      message: `--n ${option} on ${count(off)} with a causal mask (e.g. ${off[0].node}: ${off[0].reason}): row i sees i + 1 keys (more with a cache), but every row gets n = ${option === 'keys' ? 'Tk' : 'the unpadded keys'}; use --n auto${option === 'padding' ? PROBE_NOTE : ''}`,
     }];
   }
   return [];
@@ -71,7 +73,7 @@ export function trainLenWarnings(trainLen: number, sites: { node: string; s: Lay
   const nodes = [...new Set(off.map((x) => x.node))];
   return [{
     code: 's-far-from-train-len', sites: nodes,
-    message: `s·ln ${trainLen} is ${range} for ${off.length} of ${factors.length} head value(s) (outside ${lo}–${hi}): at the training length L = ${trainLen} the patched model scales the logits by that much instead of reproducing the original (s = 1/ln L = ${(1 / lnL).toPrecision(4)} gives 1)`,
+    message: `s·ln ${trainLen} is ${range} for ${off.length} of ${factors.length} s values (outside ${lo}–${hi}): at the training length L = ${trainLen} the patched model scales the logits by that much instead of reproducing the original (s = 1/ln L = ${(1 / lnL).toPrecision(4)} gives 1)`,
   }];
 }
 
