@@ -54,7 +54,8 @@ describe('warnings', () => {
     assertWarned(far.stderr, far.report, ['s-far-from-train-len']);
     assert.match(far.report.warnings[0].message, /^s·ln 64 is 2\.08 for 2 of 2 s values \(outside 0\.8–1\.25\)/);
     // 0.25·ln 64 = 1.04: close enough, no warning; --train-len alone gives exactly 1.
-    assertWarned(patchJson([bert, '--train-len', '64', '--s', '0.25']).stderr, patchJson([bert, '--train-len', '64', '--s', '0.25']).report, []);
+    const close = patchJson([bert, '--train-len', '64', '--s', '0.25']);
+    assertWarned(close.stderr, close.report, []);
     const dir = tmpdir('ssmax-warn-');
     const sFile = path.join(dir, 's.json');
     fs.writeFileSync(sFile, JSON.stringify({ s: [[0.24, 0.24, 0.24, 0.1], [0.24, 0.24, 0.24, 0.24]] }));

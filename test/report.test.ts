@@ -88,7 +88,7 @@ function expectedCounts(checks: { status: string; sites?: { passed: boolean }[] 
 
 describe('JSON report and its schema', () => {
   const w = workdir();
-  const fast = ['--lengths', '16,64,256'];
+  const fast = ['--lengths', '16,128'];
 
   it('patch --verify: the report is valid, lists every site and the verification; --report writes the same document', () => {
     const out = path.join(w.dir, 'p.onnx'), report = path.join(w.dir, 'p.json');
@@ -171,7 +171,7 @@ describe('JSON report and its schema', () => {
 
 describe('JUnit XML and --strict', () => {
   const w = workdir();
-  const fast = ['--lengths', '16,64,256'];
+  const fast = ['--lengths', '16,128'];
 
   it('verify: one test case per check and per probed site; a skipped check is <skipped>, and a failure under --strict', () => {
     const plain = path.join(w.dir, 'plain.xml'), strict = path.join(w.dir, 'strict.xml');
