@@ -51,6 +51,13 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     for (const m of ['gpt2_past', 'llama_gqa']) fs.copyFileSync(path.join(TORCH, `${m}.onnx`), path.join(project, 'models', `${m}.onnx`));
   });
 
+  it('npm publish --dry-run has nothing to warn about (but the missing login a dry run cannot avoid)', () => {
+    const r = run('npm', ['publish', '--dry-run', '--ignore-scripts'], REPO);
+    assert.equal(r.status, 0, r.stderr);
+    const warnings = r.stderr.split('\n').filter((l) => /^npm (warn|error)/i.test(l) && !/requires you to be logged in/.test(l));
+    assert.deepEqual(warnings, []);
+  });
+
   it('installs with a plain npm install of the tarball, and npx ssmax-patch patches there', () => {
     const install = run('npm', ['install', tarball, '--prefer-offline', '--no-audit', '--no-fund'], project);
     assert.equal(install.status, 0, install.stdout + install.stderr);
