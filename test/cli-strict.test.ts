@@ -86,6 +86,16 @@ describe('strict arguments', () => {
     assert.equal(sha(path.join(dir, 'a.onnx')), sha(path.join(dir, 'b.onnx')));
   });
 
+  it('--update-s with --n or --layers is an error: the existing factors keep theirs', () => {
+    const dir = workdir();
+    assert.equal(cli(['gpt2_past.onnx', '--s', '0.3', '-o', 'once.onnx'], { cwd: dir }).code, 0);
+    const before = listing(dir);
+    assertUsageError(cli(['once.onnx', '--s', '0.5', '--update-s', '--n', 'keys', '--layers', '1', '-o', 'twice.onnx'], { cwd: dir }), 'patch',
+      /--n keys and --layers 1: --update-s only replaces s; the existing patch keeps its n and layers/);
+    assert.deepEqual(listing(dir), before);
+    assert.equal(cli(['once.onnx', '--s', '0.5', '--update-s', '-o', 'twice.onnx'], { cwd: dir }).code, 0);
+  });
+
   it('--dry-run says what would be patched and writes nothing', () => {
     const dir = workdir();
     const before = listing(dir);

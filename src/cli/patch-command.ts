@@ -9,10 +9,10 @@ import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
 import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchReport } from '../rewrite/patch';
-import type { VerifyReport } from '../verify/verify';
+import type { VerifyOptions, VerifyReport } from '../verify/verify';
 import { formatPatch, formatVerify, formatWrite } from './format';
 import { optionalInteger, optionalReal, rejectExtraArguments } from './parse';
-import { PatchDocument, settle } from './report';
+import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
 import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, writeArtifacts } from './verify-command';
@@ -74,6 +74,35 @@ function defaultOutput(input: string): string {
 
 export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<number> {
   const doc = run.doc as PatchDocument;
+  const plan = planPatch(args, o, doc);
+  const original = readModel(plan.input);
+  const { model, report } = patchOrExplain(original, o, plan, doc);
+  checkUpdateOptions(report, o, plan.n);
+  Object.assign(doc, report);
+  doc.warnings.push(...warningsFor(original, report, o, plan));
+  printWarnings(doc.warnings);
+  const verification = o.verify ? await verifyBeforeWriting(original, model, report, o, plan, doc) : undefined;
+  const written = doc.exitCode === 0 && !o.dryRun ? await writeModelAsync(plan.output, model, plan.write) : null;
+  doc.output = written?.output ?? null;
+  if (written) doc.externalData = written.externalData;
+  const files = verification ? writeArtifacts(doc, {
+    verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(plan.input)}`, suite: `ssmax-patch patch ${plan.input}`,
+  }, o, [plan.input, plan.output]) : [];
+  run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
+  return doc.exitCode;
+}
+
+interface PatchPlan {
+  input: string;
+  output: string;
+  n: NOption;
+  trainLen?: number;
+  verifyOptions: VerifyOptions;
+  write: WriteOptions;
+}
+
+/** Arguments and option values, all checked before any model is read. */
+function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
   rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
   const input = args[0];
   const output = o.output ?? defaultOutput(input);
@@ -85,35 +114,16 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`);
   const write = writeOptions(o, input);
   if (o.verify) prepareVerification(o, [input, output]);
-  const original = readModel(input);
-  const { model, report } = patchOrExplain(original, o, n, trainLen, doc);
-  Object.assign(doc, report);
-  doc.warnings.push(...warningsFor(original, report, o, n, trainLen, output));
-  printWarnings(doc.warnings);
-  let verification: VerifyReport | undefined;
-  let code = 0;
-  if (o.verify) {
-    const { verifyPatch } = await import('../verify/verify');
-    verification = await verifyPatch(original, model, verifyOptions);
-    doc.verification = verification;
-    code = verdict(doc, verification, refusedOf(report.skipped), Boolean(o.strict), ': output not written');
-  }
-  const written = code === 0 && !o.dryRun ? await writeModelAsync(output, model, write) : null;
-  doc.output = written?.output ?? null;
-  if (written) doc.externalData = written.externalData;
-  if (code === 0) settle(doc, 0);
-  const files = verification ? writeArtifacts(doc, { verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(input)}`, suite: `ssmax-patch patch ${input}` }, o, [input, output]) : [];
-  run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
-  return code;
+  return { input, output, n, trainLen, verifyOptions, write };
 }
 
 /** patchModel; when it refuses, the document still lists every skipped node and why, for --json. */
-function patchOrExplain(original: ModelProto, o: PatchCliOptions, n: NOption, trainLen: number | undefined, doc: PatchDocument): ReturnType<typeof patchModel> {
+function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): ReturnType<typeof patchModel> {
   try {
     const force = expandForceSites(o.forceSite ?? [], original);
     for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
     return patchModel(original, {
-      n, s: optionalReal(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
+      n: plan.n, s: optionalReal(o.s, '--s'), trainLen: plan.trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
       b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
       layers: o.layers, sortNodes: o.sortNodes,
     });
@@ -123,15 +133,35 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, n: NOption, tr
   }
 }
 
-function warningsFor(original: ModelProto, report: PatchReport, o: PatchCliOptions, n: NOption, trainLen: number | undefined, output: string): Warning[] {
+/** --update-s replaces s of the existing factors: an --n or --layers given with it would be silently ignored. */
+function checkUpdateOptions(report: PatchReport, o: PatchCliOptions, n: NOption): void {
+  if (!report.updated) return;
+  const ignored = [n !== 'auto' && `--n ${n}`, o.layers !== undefined && `--layers ${o.layers}`].filter((x): x is string => Boolean(x));
+  if (ignored.length) {
+    throw new InputError(`${sentence(ignored)}: --update-s only replaces s; the existing patch keeps its n and layers (revert it and patch again to change them)`);
+  }
+}
+
+/** Verification (and --strict) before anything is written; the verdict goes into the document. */
+async function verifyBeforeWriting(original: ModelProto, model: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): Promise<VerifyReport> {
+  // Loaded only when asked for: onnxruntime costs start-up time and memory a plain patch does not need.
+  const { verifyPatch } = await import('../verify/verify');
+  const verification = await verifyPatch(original, model, plan.verifyOptions);
+  doc.verification = verification;
+  verdict(doc, verification, refusedOf(report.skipped), Boolean(o.strict), ': output not written');
+  return verification;
+}
+
+function warningsFor(original: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan): Warning[] {
   const warnings: Warning[] = [];
   // Causality is only questioned where the user overrode auto; detection runs again on a copy for it.
-  if (n !== 'auto' && !report.updated) {
+  if (plan.n !== 'auto' && !report.updated) {
     const patched = new Set(report.sites.map((s) => s.node));
-    warnings.push(...nModeWarnings(n, siteCausality(detectSites(original, report.sites.map((s) => s.node))).filter((c) => patched.has(c.node))));
+    const causality = siteCausality(detectSites(original, report.sites.map((s) => s.node))).filter((c) => patched.has(c.node));
+    warnings.push(...nModeWarnings(plan.n, causality));
   }
-  if (trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(trainLen, report.sites));
-  if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, output));
+  if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
+  if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));
   return warnings;
 }
 
