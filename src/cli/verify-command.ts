@@ -5,6 +5,7 @@
 import * as path from 'node:path';
 import { Command } from 'commander';
 import type { SkippedSoftmax } from '../detect/find-attention';
+import { InputError } from '../errors';
 import { readModel } from '../io/model-file';
 import { checkWritable, writeTextFile } from '../io/text-file';
 import { onnxruntime } from '../onnxruntime';
@@ -15,7 +16,6 @@ import { sharpnessSvg } from '../verify/plot';
 import { VerifyOptions, VerifyReport, verifyPatch } from '../verify/verify';
 import { formatVerify } from './format';
 import { junitXml } from './junit';
-import { InputError } from '../errors';
 import { listValue, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { documentJson, ReportDocument, settle, VerifyDocument } from './report';
 import { printWarnings, Run } from './run';
