@@ -144,7 +144,7 @@ export interface VerifyCommandOptions extends VerifyCliOptions {
 
 export function verifyProgram(cmd: Command): Command {
   return addVerifyOptions(cmd
-    .description('Check a model patched by ssmax-patch against its original on onnxruntime (exit 0 passed, 1 failed, 2 usage or input error)')
+    .description('Check a model patched by ssmax-patch against its original on onnxruntime (exit 0 passed; 1 a check failed, or with --strict one was skipped or a site refused; 2 usage or input error)')
     .argument('<original>', 'the unpatched ONNX model')
     .argument('<patched>', 'the model ssmax-patch wrote')
     .option('--train-len <L>', 'the retrofit length L (default: from the patch record)')
