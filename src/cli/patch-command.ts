@@ -156,9 +156,8 @@ function warningsFor(original: ModelProto, report: PatchReport, o: PatchCliOptio
   const warnings: Warning[] = [];
   // Causality is only questioned where the user overrode auto; detection runs again on a copy for it.
   if (plan.n !== 'auto' && !report.updated) {
-    const patched = new Set(report.sites.map((s) => s.node));
-    const causality = siteCausality(detectSites(original, report.sites.map((s) => s.node))).filter((c) => patched.has(c.node));
-    warnings.push(...nModeWarnings(plan.n, causality));
+    const detection = detectSites(original, report.sites.map((s) => s.node));
+    warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
   }
   if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
   if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));

@@ -2,11 +2,11 @@
  * What detection says about the original model, for the CLI's own needs: the refused attention sites (for JSON
  * refusals and --strict), each site's mask verdict (for warnings), and --force-site patterns expanded to names.
  */
-import { Detection, findAttentionSoftmax, label, SkippedSoftmax } from '../detect/find-attention';
+import { Detection, findAttentionSoftmax, SkippedSoftmax } from '../detect/find-attention';
 import { InputError } from '../errors';
 import type { ModelProto } from '../io/onnx';
 import { SiteCausality } from '../policy/warnings';
-import { cloneModel, prepareGraph } from '../rewrite/patch';
+import { cloneModel, PatchedSite, prepareGraph } from '../rewrite/patch';
 
 /** Detection on a sorted copy, as patchModel sees the graph; the model itself is not changed. */
 export function detectSites(model: ModelProto, force: string[] = []): Detection {
@@ -26,13 +26,18 @@ export function skippedOf(model: ModelProto): SkippedSoftmax[] {
 
 export const refusedOf = (skipped: SkippedSoftmax[]): SkippedSoftmax[] => skipped.filter((k) => k.attention);
 
-/** Each attention site's mask verdict, named as the patch report names it. */
-export function siteCausality(d: Detection): SiteCausality[] {
-  return [
-    ...d.sites.map((s) => ({ node: label(s.softmax), causal: s.mask.causal, reason: s.mask.reason })),
-    ...d.fused.map((s) => ({ node: label(s.node), causal: s.mask.causal, reason: s.mask.reason })),
-    ...d.calls.map((c) => ({ node: `${label(c.call)} → ${label('softmax' in c.inner ? c.inner.softmax : c.inner.node)}`, causal: c.inner.mask.causal, reason: c.inner.mask.reason })),
-  ];
+/** Each patched site's mask verdict from detection, matched by graph and layer (numbered alike in both). */
+export function siteCausality(d: Detection, sites: PatchedSite[]): SiteCausality[] {
+  const key = (scope: string, layer: number): string => `${scope}\u0000${layer}`;
+  const verdicts = new Map([
+    ...d.sites.map((s) => [key(s.scope, s.layer), s.mask] as const),
+    ...d.fused.map((s) => [key(s.scope, s.layer), s.mask] as const),
+    ...d.calls.map((c) => [key(c.scope, c.layer), c.inner.mask] as const),
+  ]);
+  return sites.flatMap((site) => {
+    const v = verdicts.get(key(site.scope, site.layer));
+    return v ? [{ node: site.node, causal: v.causal, reason: v.reason }] : [];
+  });
 }
 
 export interface ForceExpansion {
