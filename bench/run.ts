@@ -5,10 +5,12 @@
  *   latency   inference latency of original vs patched decoders on onnxruntime (latency.ts); an optional
  *             regular expression selects cases by label
  *   verify    verification of a 100 M-parameter decoder vs one load-and-run of it (verify.ts)
- * Without a section, all three run.
+ *   scaling   patch time and peak memory of generated decoders from 8 to 256 layers (scaling.ts)
+ * Without a section, all of them run.
  */
 import { ioBench } from './io';
 import { latencyTable } from './latency';
+import { scalingBench } from './scaling';
 import { verifyBench } from './verify';
 
 async function main(): Promise<void> {
@@ -26,7 +28,11 @@ async function main(): Promise<void> {
     process.stdout.write('\n## Verification speed\n');
     await verifyBench();
   }
-  if (!all && !['io', 'latency', 'verify'].includes(section)) throw new Error(`unknown section '${section}' (io, latency, verify)`);
+  if (all || section === 'scaling') {
+    process.stdout.write('\n## Patch time and memory by model size\n\n');
+    scalingBench(rest);
+  }
+  if (!all && !['io', 'latency', 'verify', 'scaling'].includes(section)) throw new Error(`unknown section '${section}' (io, latency, verify, scaling)`);
 }
 
 main().catch((e) => {

@@ -49,6 +49,7 @@ describe('strict arguments', () => {
     ['a missing model', [], 'patch', /missing required argument 'model'/],
     ['--report without --verify', ['gpt2_past.onnx', '--s', '0.3', '--junit', 'j.xml', '--strict'], 'patch', /--junit and --strict need --verify/],
     ['--s with --s-file', ['gpt2_past.onnx', '--s', '0.3', '--s-file', 's.json'], 'patch', /--s and --s-file are exclusive/],
+    ['--explain with an option it would ignore', ['gpt2_past.onnx', '--explain', '/lm/transformer/h.0/attn/Softmax', '--s', '0.3', '--quiet'], 'patch', /--explain prints the rules tried on a node and writes nothing: it takes no other option \(got --s, --quiet\)/],
     ['--n padding where no padding mask reaches the logits', ['llama_gqa.onnx', '--s', '0.3', '--n', 'padding'], 'patch', /--n padding needs a key-padding mask from a model input on the logits, and layer 0 has none \(its masks are causal\)/],
   ];
   for (const [what, args, command, pattern] of bad) {
@@ -91,7 +92,7 @@ describe('strict arguments', () => {
     assert.equal(cli(['gpt2_past.onnx', '--s', '0.3', '-o', 'once.onnx'], { cwd: dir }).code, 0);
     const before = listing(dir);
     assertUsageError(cli(['once.onnx', '--s', '0.5', '--update-s', '--n', 'keys', '--layers', '1', '-o', 'twice.onnx'], { cwd: dir }), 'patch',
-      /--n keys and --layers 1: --update-s only replaces s; the existing patch keeps its n and layers/);
+      /--update-s replaces s in place and keeps everything else of the patch: --layers, --n would be ignored/);
     assert.deepEqual(listing(dir), before);
     assert.equal(cli(['once.onnx', '--s', '0.5', '--update-s', '-o', 'twice.onnx'], { cwd: dir }).code, 0);
   });

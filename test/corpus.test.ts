@@ -3,7 +3,6 @@
  * answers either with a patch or with one clear reason, and every model it writes loads in onnxruntime.
  */
 import assert from 'node:assert/strict';
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import * as ort from 'onnxruntime-node';
@@ -11,21 +10,10 @@ import { InputError } from '../src/errors';
 import { readModel, writeModel } from '../src/io/model-file';
 import { findAttentionSoftmax } from '../src/detect/find-attention';
 import { patchModel } from '../src/rewrite/patch';
-import { FIXTURES } from './support/ref';
+import { CORPUS, FIXTURES, onnxFiles } from './support/ref';
 import { removeScratch, tmpdir } from './support/io';
 
 after(removeScratch);
-
-const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
-
-function onnxFiles(dir: string): string[] {
-  if (!fs.existsSync(dir)) return [];
-  return fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const p = path.join(dir, e.name);
-    if (e.isDirectory()) return onnxFiles(p);
-    return e.name.endsWith('.onnx') ? [p] : [];
-  });
-}
 
 async function loads(file: string): Promise<string | null> {
   try {

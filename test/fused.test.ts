@@ -4,6 +4,7 @@
  * the SSMax loop reference, at several lengths including KV-cache decoding.
  */
 import assert from 'node:assert/strict';
+import { cliError } from './support/io';
 import { describe, it } from 'node:test';
 import { DataType, ModelProto, NodeProto } from '../src/io/onnx';
 import { parseScaleJson } from '../src/policy/scale';
@@ -255,7 +256,7 @@ describe('com.microsoft GroupQueryAttention', () => {
   it('softcap, attention sinks and q_norm_weight are refused with their reason; --force-site accepts them', () => {
     const m = gqa({});
     m.graph!.node[0].attribute.push(node('X', [], [], { softcap: 30.5 }).attribute[0]);
-    assert.throws(() => patchModel(m, { s: 0.5 }), /softcap=30\.5.*--force-site GroupQueryAttention/);
+    assert.throws(() => patchModel(m, { s: 0.5 }), cliError(/softcap=30\.5.*--force-site GroupQueryAttention/));
     const forced = patchModel(m, { s: 0.5, force: ['GroupQueryAttention'] });
     assert.match(forced.report.sites[0].deviation ?? '', /softcap/);
     const sink = gqa({});
@@ -265,7 +266,7 @@ describe('com.microsoft GroupQueryAttention', () => {
     qnorm.graph!.node[0].input.push('', '', '', '', '', '', '', 'qn', 'kn'); // inputs 14 and 15
     qnorm.graph!.input.push(value('qn', DataType.FLOAT, [8]), value('kn', DataType.FLOAT, [8]));
     assert.throws(() => patchModel(qnorm, { s: 0.5 }), /q_norm_weight/);
-    assert.throws(() => patchModel(m, { s: 0.5, force: ['nope'] }), /--force-site nope: no such attention node/);
+    assert.throws(() => patchModel(m, { s: 0.5, force: ['nope'] }), cliError(/--force-site nope: no such attention node/));
   });
 });
 
@@ -297,7 +298,7 @@ describe('com.microsoft Attention (Q computed inside from weights)', () => {
   });
 
   it('unidirectional is refused: one factor per head cannot give each row its own n', () => {
-    assert.throws(() => patchModel(msAttention(true), { s: 0.5 }), /only one factor per head.*--force-site Attention/);
+    assert.throws(() => patchModel(msAttention(true), { s: 0.5 }), cliError(/only one factor per head.*--force-site Attention/));
     const { report } = patchModel(msAttention(true), { s: 0.5, force: ['Attention'] });
     assert.equal(report.sites[0].n, 'keys');
     assert.match(report.sites[0].deviation ?? '', /every row gets n = Tk/);

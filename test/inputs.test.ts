@@ -19,7 +19,7 @@ import { hostValues } from '../src/verify/tensors';
 import { verifyPatch, VerifyReport } from '../src/verify/verify';
 import { FIXTURES, TORCH } from './support/ref';
 import { castAttentionModel, crossAttentionModel, pixelAttentionModel } from './support/signatures';
-import { removeScratch, tmpdir } from './support/io';
+import { cliError, removeScratch, tmpdir } from './support/io';
 
 after(removeScratch);
 
@@ -81,7 +81,8 @@ describe('input roles and dims', () => {
     assert.deepEqual(sizes, [3, 11, 5, 15, 15, 7]);
     assert.equal(resolveDim(spec, 5, shape, new Map([['height', 224]])).size, 224);
     assert.throws(() => resolveDim(spec, 5, shape, new Map()),
-      (e: Error) => e instanceof InputError && e.message === "input 'x' dim 5 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input x=FILE");
+      (e: Error) => e instanceof InputError && e.cliMessage === "input 'x' dim 5 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input x=FILE"
+        && e.message === "input 'x' dim 5 ('height'): cannot infer its size; set it with option dims (height=N) or give the input with option inputFiles (x=FILE)");
   });
 
   it('finds learned position tables as length limits, and none for RoPE', () => {
@@ -130,7 +131,7 @@ describe('input files', () => {
       [path.join(INPUTS, 'half.npy'), /input 'x' is int64 but the file holds 0\.5/],
     ];
     for (const [file, pattern] of cases) {
-      assert.throws(() => readTensorFile(file, 'x', DataType.INT64), (e: Error) => e instanceof InputError && pattern.test(e.message) && !e.message.includes('\n'), file);
+      assert.throws(() => readTensorFile(file, 'x', DataType.INT64), (e: Error) => e instanceof InputError && pattern.test(e.cliMessage) && !e.message.includes('\n'), file);
     }
   });
 
@@ -147,9 +148,9 @@ describe('input files', () => {
     const twoItems = path.join(tmpdir('ssmax-inputs-'), 'mask2.json');
     fs.writeFileSync(twoItems, '[[1, 1], [1, 0]]');
     await assert.rejects(verifyPatch(original, patched, { inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: twoItems } }),
-      /--input attention_mask: dim 0 \('batch'\) is 2, but --input input_ids sets it to 1/);
+      cliError(/--input attention_mask: dim 0 \('batch'\) is 2, but --input input_ids sets it to 1/));
     await assert.rejects(verifyPatch(original, patched, { inputFiles: { pixel_values: path.join(INPUTS, 'ids.npy') } }),
-      /--input pixel_values: the model has no input 'pixel_values' \(inputs: input_ids, attention_mask\)/);
+      cliError(/--input pixel_values: the model has no input 'pixel_values' \(inputs: input_ids, attention_mask\)/));
   });
 });
 
@@ -178,7 +179,7 @@ describe('synthesised signatures verify end to end', () => {
     const original = pixelAttentionModel();
     const patched = patchModel(original, { s: 0.3 }).model;
     await assert.rejects(verifyPatch(original, patched), (e: Error) => e instanceof InputError
-      && e.message === "input 'pixel_values' dim 2 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input pixel_values=FILE");
+      && e.cliMessage === "input 'pixel_values' dim 2 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input pixel_values=FILE");
     const r = await verifyPatch(original, patched, { dims: { height: 16, width: 12 } });
     assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'SKIPPED', liveness: 'SKIPPED', sharpness: 'SKIPPED' });
     // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12×12 logits per head.

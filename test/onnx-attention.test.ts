@@ -5,6 +5,7 @@
  * factor on Q must give what the plain-op factor on the logits gives. Skipped when the corpus is absent.
  */
 import assert from 'node:assert/strict';
+import { CORPUS } from './support/ref';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
@@ -15,7 +16,6 @@ import { NOption } from '../src/policy/n-mode';
 import { patchModel } from '../src/rewrite/patch';
 import { randoms } from './support/build';
 
-const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 
 interface Lengths { S: number; L: number; P: number; nonpad?: number[] }
 

@@ -11,6 +11,7 @@ import { makeTensor } from '../src/graph/tensor';
 import { Graph } from '../src/graph/graph';
 import { parseScaleJson } from '../src/policy/scale';
 import { Builder } from '../src/rewrite/builder';
+import { Journal } from '../src/rewrite/journal';
 import { applyFactor } from '../src/rewrite/dtype';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Feeds } from '../src/verify/inputs';
@@ -266,9 +267,9 @@ describe('the factor in the tensor\'s own precision', () => {
       inputs: [value('x', DataType.FLOAT, [64])], outputs: [value('y', DataType.FLOAT, [64])],
       initializers: [f32Init('c', [], [1.37])],
     });
-    const b = new Builder(new Graph(m.graph!), 'ssmax/L0/', 8);
+    const b = new Builder(new Journal().editor('main', new Graph(m.graph!), 'L0'), 'ssmax/L0/', 8);
     const applied = applyFactor(b, 'x16', 'c', DataType.BFLOAT16, 17);
-    m.graph!.node.push(...b.added, node('Cast', [applied.output], ['y'], { to: DataType.FLOAT }));
+    m.graph!.node.push(node('Cast', [applied.output], ['y'], { to: DataType.FLOAT }));
     const got = await runOnce(m, { x: f32([64], x) }, 'y');
     const bf16 = (v: number): number => {
       const u = new Uint32Array(new Float32Array([v]).buffer)[0];

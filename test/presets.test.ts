@@ -4,6 +4,7 @@
  * bias variant of SSMax; with a KV cache for Qwen.
  */
 import assert from 'node:assert/strict';
+import { cliError } from './support/io';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
@@ -38,10 +39,10 @@ describe('presets against PyTorch references', () => {
 
   it('qwen-logn needs --train-len; llama4 refuses --s; --b only with ssmax', () => {
     const m = readModel(path.join(TORCH, 'llama_gqa.onnx'));
-    assert.throws(() => patchModel(m, { preset: 'qwen-logn', s: 0.3 }), /qwen-logn needs --train-len/);
-    assert.throws(() => patchModel(m, { preset: 'llama4', s: 0.3 }), /llama4 takes --attn-scale/);
-    assert.throws(() => patchModel(m, { preset: 'llama4', b: 0.1 }), /--b applies to --preset ssmax only/);
-    assert.throws(() => patchModel(m, { preset: 'yarn', s: 0.3 }), /--preset must be/);
+    assert.throws(() => patchModel(m, { preset: 'qwen-logn', s: 0.3 }), cliError(/qwen-logn needs --train-len/));
+    assert.throws(() => patchModel(m, { preset: 'llama4', s: 0.3 }), cliError(/llama4 preset takes --attn-scale/));
+    assert.throws(() => patchModel(m, { preset: 'llama4', b: 0.1 }), cliError(/--b applies to --preset ssmax only/));
+    assert.throws(() => patchModel(m, { preset: 'yarn', s: 0.3 }), cliError(/--preset must be/));
     assert.throws(() => patchModel(m, { preset: 'qwen-logn', trainLen: 8, n: 'keys' }), /defined on positions/);
   });
 
@@ -49,7 +50,7 @@ describe('presets against PyTorch references', () => {
     const m = readModel(path.join(TORCH, 'llama_gqa.onnx'));
     const { report } = patchModel(m, { s: 0.3, layers: '0' });
     assert.deepEqual(report.sites.map((s) => s.layer), [0]);
-    assert.match(report.skipped.find((s) => /layers\.1/.test(s.node))!.reason, /not in --layers 0/);
+    assert.match(report.skipped.find((s) => /layers\.1/.test(s.node))!.reason, /not among the layers asked for \(0\)/);
     assert.throws(() => patchModel(m, { s: 0.3, layers: '5' }), /the model has 2 attention layers/);
     assert.throws(() => patchModel(m, { s: 0.3, layers: 'every:4' }), /selects none/);
     assert.throws(() => patchModel(m, { s: 0.3, layers: 'one,two' }), /comma-separated list/);

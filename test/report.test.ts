@@ -118,7 +118,9 @@ describe('JSON report and its schema', () => {
     assertValid(doc, 'refusal');
     assert.deepEqual([doc.status, doc.exitCode, doc.output, doc.sites.length], ['error', 2, null, 0]);
     assert.match(doc.error, /no attention Softmax found/);
-    assert.deepEqual(doc.skipped, [{ node: 'head', reason: 'logits come from a MatMul with a constant weight (a projection, not query·key)' }]);
+    assert.deepEqual(doc.skipped, [{
+      node: 'head', reason: 'logits come from a MatMul with a constant weight (a projection, not query·key)', rule: 'softmax/matmul-qk', stoppedAt: 'MatMul_logits',
+    }]);
     assert.equal(r.stderr, `ssmax-patch: ${doc.error}\n`, 'stderr carries the same one line');
     assert.ok(!fs.existsSync(path.join(w.dir, 'cls-only.ssmax.onnx')));
   });

@@ -16,7 +16,7 @@ import { patchModel } from '../src/rewrite/patch';
 import { RECORD_KEY } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
 import { Outputs, Runner } from '../src/verify/run';
-import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
+import { assertOneLineError, cli, cliError, removeScratch, tmpdir } from './support/io';
 import { feedsOf, loadRef, TORCH } from './support/ref';
 
 const MODELS = ['bert_encoder', 'encoder_3d', 'gpt2_decoder', 'gpt2_past', 'llama_gqa', 'classifier'];
@@ -115,7 +115,7 @@ describe('an existing patch is found from the graph', () => {
   it('without the metadata record: patching again is refused; --update-s changes s', () => {
     const m = parseModel(serializeModel(patched), 'patched');
     m.metadataProps = m.metadataProps.filter((p) => p.key !== RECORD_KEY);
-    assert.throws(() => patchModel(m, { s: 0.5 }), /already patched \(2 SSMax sites\).*--update-s/);
+    assert.throws(() => patchModel(m, { s: 0.5 }), (e: Error) => /already patched \(2 SSMax sites\).*option updateS/.test(e.message) && cliError(/already patched.*--update-s/)(e));
     const { model, report } = patchModel(m, { s: 0.5, updateS: true });
     assert.equal(report.updated, true);
     const g = new Graph(model.graph!);

@@ -13,6 +13,7 @@ import { parseScaleJson } from '../src/policy/scale';
 import { patchModel } from '../src/rewrite/patch';
 import { attention, bnsd, f32, floats, maxDiff, runOnce, ssmaxFactor } from './support/attention';
 import { f32 as f32Init, i64 as i64Init, model, node, value } from './support/build';
+import { CORPUS } from './support/ref';
 
 const B = 2, N = 2, S = 5, H = 4, D = N * H;
 const TOL = 2e-5;
@@ -112,7 +113,7 @@ describe('attention in subgraphs', () => {
     assert.ok(maxDiff(await runOnce(patched, feeds, 'out'), ref(q, k, v, () => ssmaxFactor(0.5, S, 0))) < TOL);
   });
 
-  const greedy = path.resolve(__dirname, '../../../shared/corpus/ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
+  const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
   it('GreedySearch decoder graphs (corpus): refused for causal com.microsoft Attention, forced they patch and run',
     { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, async () => {
       const m = readModel(greedy);

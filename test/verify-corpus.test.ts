@@ -4,6 +4,7 @@
  * crashes.
  */
 import assert from 'node:assert/strict';
+import { CORPUS } from './support/ref';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
@@ -12,7 +13,6 @@ import { readModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { verifyPatch } from '../src/verify/verify';
 
-const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 const files = fs.existsSync(CORPUS)
   ? fs.readdirSync(CORPUS, { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.onnx')).sort() : [];
 
@@ -34,7 +34,7 @@ describe('verify over the corpus', { skip: files.length === 0 ? `${CORPUS} not p
         assert.ok(probe.status === 'PASSED' || /no plain-op attention site/.test(probe.summary), probe.summary);
       } catch (e) {
         assert.ok(e instanceof InputError, `crashed: ${(e as Error).stack}`);
-        assert.match(e.message, /--input|--dim|external data/i, 'the error says which option to use, or names the external data');
+        assert.match(e.cliMessage, /--input|--dim|external data/i, 'the error says which option to use, or names the external data');
         assert.doesNotMatch(e.message, /\n/);
       }
     });

@@ -15,18 +15,19 @@ export function formatPatch(report: PatchReport, dryRun = false): string[] {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
     const where = s.scope === 'main' ? '' : `  [${s.scope}]`;
     const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
-    lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}`);
+    lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}${s.rule ? `  rule ${s.rule}` : ''}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
   }
+  const stop = (k: PatchReport['skipped'][number]): string => (k.stoppedAt ? ` (rule ${k.rule} stopped at '${k.stoppedAt}')` : '');
   const refused = report.skipped.filter((k) => k.attention);
   const others = report.skipped.filter((k) => !k.attention);
   if (refused.length) {
     lines.push(`refused ${refused.length} attention node(s):`);
-    for (const k of refused) lines.push(`  ${k.layer === undefined ? '' : `L${k.layer}  `}${k.node}${k.scope ? `  [${k.scope}]` : ''}: ${k.reason}${k.forcible ? ` (--force-site ${k.node} to patch anyway)` : ''}`);
+    for (const k of refused) lines.push(`  ${k.layer === undefined ? '' : `L${k.layer}  `}${k.node}${k.scope ? `  [${k.scope}]` : ''}: ${k.reason}${stop(k)}${k.forcible ? ` (--force-site ${k.node} to patch anyway)` : ''}`);
   }
   if (others.length) {
     lines.push(`skipped ${others.length} Softmax:`);
-    for (const k of others) lines.push(`  ${k.node}${k.scope ? `  [${k.scope}]` : ''}: ${k.reason}`);
+    for (const k of others) lines.push(`  ${k.node}${k.scope ? `  [${k.scope}]` : ''}: ${k.reason}${stop(k)}`);
   }
   return lines;
 }
@@ -48,9 +49,11 @@ export function formatRevert(report: RevertReport): string[] {
   const lines = [`reverted ${report.sites.length} SSMax site(s):`];
   for (const s of report.sites) {
     const sv = s.s === null ? 's=?' : `s=${fmtS(s.s)}`;
-    lines.push(`  L${s.layer}  ${s.apply}${s.softmax ? ` → ${s.softmax}` : ''}  ${sv}  removed ${s.removedNodes} nodes, ${s.removedInitializers.length} initializers`);
+    const where = s.scope ? `  [${s.scope}]` : '';
+    lines.push(`  L${s.layer}  ${s.apply}${s.softmax ? ` → ${s.softmax}` : ''}${where}  ${sv}  removed ${s.removedNodes} nodes, ${s.removedInitializers.length} initializers`);
   }
   if (!report.hadRecord) lines.push('(the model had no ssmax_patch metadata record: found from the graph)');
+  else if (report.note) lines.push(`(the patch journal could not be replayed (${report.note}): found from the graph)`);
   return lines;
 }
 

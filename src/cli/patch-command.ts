@@ -10,6 +10,7 @@ import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
 import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchReport } from '../rewrite/patch';
 import type { VerifyOptions, VerifyReport } from '../verify/verify';
+import { explainCommand } from './explain';
 import { formatPatch, formatVerify, formatWrite } from './format';
 import { optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { PatchDocument } from './report';
@@ -37,6 +38,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   externalData?: string;
   quiet?: boolean;
   sortNodes?: boolean;
+  explain?: string;
 }
 
 const collect = (v: string, all: string[] = []): string[] => [...all, v];
@@ -63,7 +65,8 @@ export function patchProgram(cmd: Command): Command {
     .option('--force-site <name>', 'patch refused attention anyway, accepting its stated deviation: a node name, a glob (* and ?) or all (repeatable)', collect)
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
     .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
-    .option('--quiet', 'no progress line on stderr'));
+    .option('--quiet', 'no progress line on stderr')
+    .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing'));
 }
 
 const sentence = (items: string[]): string => (items.length > 1 ? `${items.slice(0, -1).join(', ')} and ${items[items.length - 1]}` : items[0]);
@@ -74,10 +77,10 @@ function defaultOutput(input: string): string {
 
 export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<number> {
   const doc = run.doc as PatchDocument;
+  if (o.explain !== undefined) return explain(args, o, run);
   const plan = planPatch(args, o, doc);
   const original = readModel(plan.input);
   const { model, report } = patchOrExplain(original, o, plan, doc);
-  checkUpdateOptions(report, o, plan.n);
   Object.assign(doc, report);
   doc.warnings.push(...warningsFor(original, report, o, plan));
   printWarnings(doc.warnings);
@@ -91,6 +94,17 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
   return doc.exitCode;
 }
+
+/** --explain prints a trace and writes nothing: options that patch, verify or write would be ignored. */
+function explain(args: string[], o: PatchCliOptions, run: Run): number {
+  rejectExtraArguments(args, 1, 'patch takes one model');
+  const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto') && !(k === 'preset' && o.preset === 'ssmax'));
+  if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`);
+  run.printed = true;
+  return explainCommand(args[0], o.explain!);
+}
+
+const flag = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 
 interface PatchPlan {
   input: string;
@@ -130,15 +144,6 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
   } catch (e) {
     doc.skipped = skippedOf(original);
     throw e;
-  }
-}
-
-/** --update-s replaces s of the existing factors: an --n or --layers given with it would be silently ignored. */
-function checkUpdateOptions(report: PatchReport, o: PatchCliOptions, n: NOption): void {
-  if (!report.updated) return;
-  const ignored = [n !== 'auto' && `--n ${n}`, o.layers !== undefined && `--layers ${o.layers}`].filter((x): x is string => Boolean(x));
-  if (ignored.length) {
-    throw new InputError(`${sentence(ignored)}: --update-s only replaces s; the existing patch keeps its n and layers (revert it and patch again to change them)`);
   }
 }
 

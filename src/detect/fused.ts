@@ -1,16 +1,17 @@
 /**
- * Fused attention operators: the Softmax is inside the kernel, so the SSMax factor has to go on the query
- * (scaling query row i by c_i scales logits row i by c_i, also through RoPE, which is linear). For each operator
- * this module says where the query is, how n is read from the operator's inputs, and where the equivalence
- * breaks (a deviation: refused unless the user forces the site).
- *
- *   com.microsoft MultiHeadAttention, GroupQueryAttention, DecoderMaskedMultiHeadAttention, Attention;
- *   ONNX Attention (opset 23 and later).
+ * Fused attention operators (com.microsoft MultiHeadAttention, GroupQueryAttention, DecoderMaskedMultiHeadAttention,
+ * Attention; ONNX Attention from opset 23), one rule each: the Softmax is inside the kernel, so the SSMax factor
+ * goes on the query (scaling query row i by c_i scales logits row i by c_i, also through RoPE, which is linear).
+ * Each rule says where the query is, how n is read from the operator's inputs, and where the equivalence breaks
+ * (a deviation: refused unless the user forces the site).
  */
-import { attrFloat, attrInt, attrInts, Graph } from '../graph/graph';
+import { attrFloat, attrInt, attrInts } from '../graph/graph';
+import { Scope } from '../graph/scopes';
 import { NodeProto } from '../io/onnx';
-import { HeadInfo } from './heads';
+import { declaredDim, HeadInfo } from './heads';
 import { classifyMasks, MaskVerdict } from './mask';
+import type { Rule } from './rules';
+import { PATCH_PREFIX } from './trace';
 
 /** Where the query is and how its rows and heads are laid out. */
 export type QueryPlan =
@@ -45,20 +46,16 @@ export type NPlan =
    */
   | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number };
 
-export type FusedOp =
-  | 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
+export type FusedOp = 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
   | 'com.microsoft.DecoderMaskedMultiHeadAttention' | 'com.microsoft.Attention' | 'Attention';
 
 export interface FusedSite {
   /** 0-based, in graph order within its scope (shared with the Softmax sites). */
   layer: number;
   scope: string;
-  node: NodeProto;
-  op: FusedOp;
-  heads: HeadInfo;
-  mask: MaskVerdict;
-  query: QueryPlan;
-  n: NPlan;
+  /** The detection rule that matched (rules.ts). */
+  rule: string;
+  node: NodeProto; op: FusedOp; heads: HeadInfo; mask: MaskVerdict; query: QueryPlan; n: NPlan;
   /** The query length S: a dimension of an input. */
   queryLength: { input: number; axis: number };
   /** Element type of the query (or weights), when known. */
@@ -71,7 +68,7 @@ export interface FusedSite {
   patchedBy?: NodeProto;
 }
 
-export type FusedMatch = Omit<FusedSite, 'layer' | 'scope'>;
+export type FusedMatch = Omit<FusedSite, 'layer' | 'scope' | 'rule'>;
 
 const MS = 'com.microsoft';
 
@@ -90,60 +87,52 @@ const unsupported: Record<string, string> = {
   FlexAttention: 'score_mod/mask_mod subgraphs may change the logits arbitrarily',
 };
 
-export function isFusedCandidate(node: NodeProto, opset: number): boolean {
-  if (node.domain === MS) {
-    return ['MultiHeadAttention', 'GroupQueryAttention', 'DecoderMaskedMultiHeadAttention', 'Attention'].includes(node.opType)
-      || node.opType in unsupported;
-  }
-  if (node.domain === '' || node.domain === 'ai.onnx') return node.opType === 'Attention' && opset >= 23;
-  return node.opType in unsupported;
-}
+type Matcher = (ctx: Scope, node: NodeProto) => Omit<FusedMatch, 'queryType'> | { reason: string };
 
-export interface FusedContext {
-  graph: Graph;
-  ranks: Map<string, number>;
-  types: Map<string, number>;
-}
+/** A fused-operator rule: the operator's matcher, then its deviation from exact SSMax refused unless forced. */
+const fusedRule = (name: string, applies: Rule['applies'], matcher: Matcher): Rule => ({
+  name, applies,
+  match: (ctx, node) => {
+    const m = matcher(ctx.scope, node);
+    if ('reason' in m) return { at: node, reason: m.reason, steps: 0, attention: true };
+    if (m.deviation && !ctx.forced) return { at: node, reason: `${m.op.replace(`${MS}.`, '')}: ${m.deviation}`, steps: 1, attention: true, forcible: true };
+    const query = node.input[m.query.layout === 'weights' ? m.query.weights : m.query.input];
+    // An earlier run's factor on the query: the first inserted `apply` node up its chain of inserted nodes.
+    const patchedBy = ctx.scope.graph.query.first('ssmax-apply', query, (_t, p) => (!p?.name.startsWith(PATCH_PREFIX) ? null
+      : /\/apply(_\d+)?$/.test(p.name) ? p : undefined));
+    return { kind: 'fused', site: { ...m, queryType: ctx.scope.shapes.type(query), forced: Boolean(m.deviation), patchedBy } };
+  },
+});
 
-export function matchFused(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
-  if (node.opType in unsupported && !(node.domain === '' && node.opType === 'Attention')) {
-    return { reason: `fused ${node.opType}: not patched (${unsupported[node.opType]})` };
-  }
-  if (node.domain === MS) {
-    switch (node.opType) {
-      case 'MultiHeadAttention': return multiHead(ctx, node);
-      case 'GroupQueryAttention': return groupQuery(ctx, node);
-      case 'DecoderMaskedMultiHeadAttention': return decoderMasked(ctx, node);
-      case 'Attention': return msAttention(ctx, node);
-    }
-  }
-  return onnxAttention(ctx, node);
-}
+const ms = (op: string) => (node: NodeProto): boolean => node.domain === MS && node.opType === op;
+
+export const msMultiHead = fusedRule('fused/ms-multihead', ms('MultiHeadAttention'), multiHead);
+export const msGqa = fusedRule('fused/ms-gqa', ms('GroupQueryAttention'), groupQuery);
+export const msDmmha = fusedRule('fused/ms-dmmha', ms('DecoderMaskedMultiHeadAttention'), decoderMasked);
+export const msAttention = fusedRule('fused/ms-attention', ms('Attention'), msAttentionOp);
+export const onnxAttention = fusedRule('fused/onnx-attention',
+  (node, ctx) => node.opType === 'Attention' && (node.domain === '' || node.domain === 'ai.onnx') && ctx.scope.opset >= 23, onnxAttentionOp);
+/** Attention operators of other domains this tool recognises but cannot patch: refused with the reason. */
+export const unsupportedFused = fusedRule('fused/unsupported',
+  (node) => node.domain !== '' && node.domain !== 'ai.onnx' && node.opType in unsupported,
+  (_ctx, node) => ({ reason: `fused ${node.opType}: not patched (${unsupported[node.opType]})` }));
 
 const present = (node: NodeProto, i: number): boolean => Boolean(node.input[i]);
-
-function rankOf(ctx: FusedContext, node: NodeProto, i: number): number | undefined {
-  return present(node, i) ? ctx.ranks.get(node.input[i]) ?? ctx.graph.declaredRank(node.input[i]) : undefined;
-}
+const rankOf = (ctx: Scope, node: NodeProto, i: number): number | undefined => (present(node, i) ? ctx.shapes.rank(node.input[i]) : undefined);
 
 function headsFromAttr(node: NodeProto, name: string): HeadInfo {
   const h = attrInt(node, name);
-  return h && h > 0
-    ? { heads: h, axis: 1, reason: `${name}=${h} attribute` }
-    : { axis: 1, reason: `no ${name} attribute` };
+  return h && h > 0 ? { heads: h, axis: 1, reason: `${name}=${h} attribute` } : { axis: 1, reason: `no ${name} attribute` };
 }
 
-function masksOf(ctx: FusedContext, node: NodeProto, inputs: number[], why: string): MaskVerdict {
-  const names = inputs.filter((i) => present(node, i)).map((i) => node.input[i]);
-  if (names.length === 0) return { causal: false, reason: `no mask (${why})` };
-  return classifyMasks(ctx.graph, names);
-}
+const masksOf = (ctx: Scope, node: NodeProto, inputs: number[], why: string): MaskVerdict =>
+  classifyMasks(ctx.graph, inputs.filter((i) => present(node, i)).map((i) => node.input[i]), `no mask (${why})`);
 
 /**
  * com.microsoft MultiHeadAttention: query [B,S,N·H] (bias added inside) or packed QKV [B,S,N,3,H]; keys from
  * key [B,L,·] / [B,N,L,H] (cross attention on cached keys) / packed KV [B,L,N,2,H], plus past_key [B,N,P,H].
  */
-function multiHead(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+function multiHead(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const qRank = rankOf(ctx, node, 0);
   const packed = !present(node, 1) || qRank === 5;
   if (packed && qRank !== undefined && qRank !== 5) return { reason: 'MultiHeadAttention without key: expected packed QKV of rank 5' };
@@ -155,19 +144,16 @@ function multiHead(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: s
   else if (kRank === 3 || kRank === 5) kv = { input: 1, axis: 1 };
   else return { reason: 'MultiHeadAttention: rank of key unknown, cannot tell its sequence axis' };
   const tk: Term[] = [kv];
-  let deviation: string | undefined;
   if (present(node, 8)) tk.push({ input: 8, value: true });
   else if (present(node, 6)) tk.push({ input: 6, axis: 2 });
-  const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
-  const mask = unidirectional
-    ? { causal: true, reason: 'causal: unidirectional=1' }
-    : masksOf(ctx, node, [4, 5], 'no key_padding_mask or attention_bias');
-  if (kRank === 4 && present(node, 6)) deviation = 'past_key given with 4-D key: the key length is ambiguous';
+  const mask = (attrInt(node, 'unidirectional') ?? 0) === 1
+    ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [4, 5], 'no key_padding_mask or attention_bias');
+  const deviation = kRank === 4 && present(node, 6) ? 'past_key given with 4-D key: the key length is ambiguous' : undefined;
   return {
     node, op: 'com.microsoft.MultiHeadAttention', heads: headsFromAttr(node, 'num_heads'), mask,
     query: packed ? { layout: 'bsn3h', input: 0 } : { layout: 'bsd', input: 0, bias: present(node, 3) ? 3 : undefined },
     n: mask.causal ? { kind: 'causal', tk } : { kind: 'keys', tk },
-    queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]), deviation,
+    queryLength: { input: 0, axis: 1 }, deviation,
   };
 }
 
@@ -175,7 +161,7 @@ function multiHead(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: s
  * com.microsoft GroupQueryAttention: n from seqlens_k (total − 1 per batch entry) and total_sequence_length,
  * never from the cache buffer's shape (which may be a shared max-length buffer).
  */
-function groupQuery(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+function groupQuery(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const heads = headsFromAttr(node, 'num_heads');
   const kvHeads = attrInt(node, 'kv_num_heads') ?? 0;
   const packed = !present(node, 1);
@@ -183,40 +169,36 @@ function groupQuery(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: 
   const deviations: string[] = [];
   const softcap = attrFloat(node, 'softcap') ?? 0;
   if (softcap !== 0) deviations.push(`softcap=${softcap}: tanh capping after the factor is not SSMax`);
-  if ((attrInt(node, 'smooth_softmax') ?? 0) === 1 || present(node, 11)) {
-    deviations.push('attention sink (smooth_softmax / head_sink): the extra softmax term is not scaled with n');
-  }
-  if (present(node, 14) || present(node, 15)) {
-    deviations.push('q_norm_weight: the kernel RMS-normalises Q after the point where the factor goes, undoing it');
-  }
+  const sink = (attrInt(node, 'smooth_softmax') ?? 0) === 1 || present(node, 11);
+  if (sink) deviations.push('attention sink (smooth_softmax / head_sink): the extra softmax term is not scaled with n');
+  const qNorm = present(node, 14) || present(node, 15);
+  if (qNorm) deviations.push('q_norm_weight: the kernel RMS-normalises Q after the point where the factor goes, undoing it');
   const causal = (attrInt(node, 'causal') ?? 1) === 1;
   const window = attrInt(node, 'local_window_size') ?? -1;
-  const mask: MaskVerdict = causal
-    ? { causal: true, reason: `causal: GroupQueryAttention${window > 0 ? ` with local_window_size=${window}` : ''}` }
+  const mask: MaskVerdict = causal ? { causal: true, reason: `causal: GroupQueryAttention${window > 0 ? ` with local_window_size=${window}` : ''}` }
     : masksOf(ctx, node, [10], 'causal=0');
   return {
     node, op: 'com.microsoft.GroupQueryAttention', heads, mask,
     query: packed ? { layout: 'packed', input: 0, qParts: heads.heads!, parts: heads.heads! + 2 * kvHeads } : { layout: 'bsd', input: 0 },
     n: { kind: 'lengths', lengths: 5, plusOne: true, causal, promptTotal: 6, window: window > 0 ? window : undefined },
-    queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]),
+    queryLength: { input: 0, axis: 1 },
     deviation: deviations.length ? deviations.join('; ') : undefined,
   };
 }
 
 /** com.microsoft DecoderMaskedMultiHeadAttention: one query token; self attention over past + 1, or cross attention. */
-function decoderMasked(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+function decoderMasked(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const packed = !present(node, 1);
   const kRank = rankOf(ctx, node, 1);
   const cross = !packed && (kRank === 4 || (kRank === undefined && !present(node, 5)));
   const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
   let tk: Term[];
-  let deviation: string | undefined;
   if (cross) tk = [{ input: 1, axis: 2 }];
   else if (share && present(node, 7)) tk = [{ input: 7, value: true }, { input: 0, axis: 1 }];
-  else if (share) {
-    tk = [{ input: 5, axis: 2 }, { input: 0, axis: 1 }];
-    deviation = 'shared past/present buffer without past_sequence_length: its length is not the sequence length';
-  } else tk = [...(present(node, 5) ? [{ input: 5, axis: 2 }] : []), { input: 0, axis: 1 }];
+  else if (share) tk = [{ input: 5, axis: 2 }, { input: 0, axis: 1 }];
+  else tk = [...(present(node, 5) ? [{ input: 5, axis: 2 }] : []), { input: 0, axis: 1 }];
+  const deviation = !cross && share && !present(node, 7)
+    ? 'shared past/present buffer without past_sequence_length: its length is not the sequence length' : undefined;
   return {
     node, op: 'com.microsoft.DecoderMaskedMultiHeadAttention', heads: headsFromAttr(node, 'num_heads'),
     mask: masksOf(ctx, node, [3, 4], 'one query token attends to every cached key'),
@@ -224,7 +206,7 @@ function decoderMasked(ctx: FusedContext, node: NodeProto): FusedMatch | { reaso
       ? { layout: 'packed', input: 0, qParts: 1, parts: 3, bias: present(node, 10) ? 10 : undefined }
       : { layout: 'bsd', input: 0, bias: present(node, 10) ? 10 : undefined },
     // One query token: causal and keys give the same n = Tk.
-    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[0]), deviation,
+    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, deviation,
   };
 }
 
@@ -233,7 +215,7 @@ function decoderMasked(ctx: FusedContext, node: NodeProto): FusedMatch | { reaso
  * only scale the query columns of weights and bias: one factor per head for all rows. With n = Tk (keys) that
  * is exact; causal attention needs a different n per row, which this operator cannot take.
  */
-function msAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
   if (present(node, 6) && !share) {
     return { reason: 'com.microsoft Attention with input 6 (separate key, or past_sequence_length without a shared buffer) is not handled' };
@@ -255,20 +237,22 @@ function msAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reason:
     node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'),
     mask: unidirectional ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [3, 5], 'no mask_index'),
     query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0] },
-    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 }, queryType: ctx.types.get(node.input[1]),
+    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 },
     deviation: deviations.length ? deviations.join('; ') : undefined,
   };
 }
 
 /** ONNX Attention (opset 23+): 3-D [B,S,N·H] with q_num_heads, or 4-D [B,N,S,H] inputs. */
-function onnxAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reason: string } {
+function onnxAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const qRank = rankOf(ctx, node, 0);
   const kRank = rankOf(ctx, node, 1);
   if (qRank !== 3 && qRank !== 4) return { reason: 'ONNX Attention: rank of Q unknown (3-D or 4-D layout cannot be told)' };
   if (kRank !== 3 && kRank !== 4) return { reason: 'ONNX Attention: rank of K unknown' };
   const softcap = attrFloat(node, 'softcap') ?? 0;
   const deviation = softcap !== 0 ? `softcap=${softcap}: tanh capping after the factor is not SSMax` : undefined;
-  const heads: HeadInfo = qRank === 3 ? headsFromAttr(node, 'q_num_heads') : headsFromShape(ctx, node.input[0]);
+  const h = declaredDim(ctx.graph, node.input[0], 1);
+  const heads: HeadInfo = qRank === 3 ? headsFromAttr(node, 'q_num_heads')
+    : h ? { heads: h, axis: 1, reason: `declared shape of Q has ${h} heads at axis 1` } : { axis: 1, reason: 'heads are axis 1 of Q; its size is not declared' };
   const tk: Term[] = [{ input: 1, axis: kRank === 3 ? 1 : 2 }];
   if (present(node, 4)) tk.push({ input: 4, axis: 2 });
   const isCausal = (attrInt(node, 'is_causal') ?? 0) === 1;
@@ -280,12 +264,6 @@ function onnxAttention(ctx: FusedContext, node: NodeProto): FusedMatch | { reaso
   return {
     node, op: 'Attention', heads, mask, n, deviation,
     query: qRank === 3 ? { layout: 'bsd', input: 0 } : { layout: 'bnsd', input: 0 },
-    queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 }, queryType: ctx.types.get(node.input[0]),
+    queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 },
   };
-}
-
-function headsFromShape(ctx: FusedContext, query: string): HeadInfo {
-  const d = ctx.graph.valueInfo.get(query)?.type?.tensorType?.shape?.dim?.[1];
-  const h = d?.dimValue !== undefined ? Number(typeof d.dimValue === 'number' ? d.dimValue : d.dimValue.toNumber()) : 0;
-  return h > 0 ? { heads: h, axis: 1, reason: `declared shape of Q has ${h} heads at axis 1` } : { axis: 1, reason: 'heads are axis 1 of Q; its size is not declared' };
 }

@@ -2,16 +2,13 @@
  * Head count of an attention site, read from the graph: the head axis of the logits is traced back through
  * Transpose and Reshape to the Reshape that split the hidden size into heads.
  */
-import { attrInt, attrInts, Graph } from '../graph/graph';
+import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import { opInfo } from '../graph/ops';
+import { Shapes } from '../graph/shapes';
+import { toNumber } from '../io/onnx';
 
-export interface HeadInfo {
-  heads?: number;
-  /** Axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], where it is merged with batch). */
-  axis?: number;
-  reason: string;
-}
-
-const passThrough = new Set(['Cast', 'Identity', 'Mul', 'Div', 'Add', 'Sub', 'Neg', 'Concat', 'Slice']);
+/** `axis`: the axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], merged with batch). */
+export interface HeadInfo { heads?: number; axis?: number; reason: string }
 
 /** Known elements of a 1-D shape tensor (undefined where computed at run time). */
 export function shapeElements(graph: Graph, name: string): (number | undefined)[] | undefined {
@@ -35,15 +32,13 @@ export function shapeElements(graph: Graph, name: string): (number | undefined)[
  * (an Einsum may take the heads from any axis); `logits`: the logits tensor, whose declared shape is the
  * last resort.
  */
-export function inferHeads(
-  graph: Graph, query: string, logitsRank: number | undefined, ranks: Map<string, number>,
-  extra: { queryAxis?: number; logits?: string } = {},
-): HeadInfo {
+export function inferHeads(graph: Graph, query: string, logitsRank: number | undefined, shapes: Shapes,
+  extra: { queryAxis?: number; logits?: string } = {}): HeadInfo {
   if (logitsRank !== 3 && logitsRank !== 4) return { reason: 'rank of the logits unknown' };
   const axis = logitsRank === 4 ? 1 : 0;
   // In [B·H, Tq, Tk] logits the heads are the inner part of axis 0; we look for them at axis 1 of the 4-D source.
   const start = extra.queryAxis ?? (logitsRank === 4 ? 1 : 0);
-  const found = traceHeadAxis(graph, query, start, logitsRank === 3 && extra.queryAxis === undefined, ranks, 0);
+  const found = traceHeadAxis(graph, query, start, logitsRank === 3 && extra.queryAxis === undefined, shapes);
   if (found) return { heads: found.heads, axis, reason: found.reason };
   const declared = logitsRank === 4 && extra.logits ? declaredDim(graph, extra.logits, 1) : undefined;
   if (declared) return { heads: declared, axis, reason: `declared shape of the logits has ${declared} heads at axis 1` };
@@ -55,51 +50,56 @@ export function inferHeads(
 /** A positive static dimension from a declared shape, if the graph has one. */
 export function declaredDim(graph: Graph, name: string, axis: number): number | undefined {
   const dims = graph.valueInfo.get(name)?.type?.tensorType?.shape?.dim;
-  const d = dims?.[axis < 0 ? dims.length + axis : axis];
-  const v = d?.dimValue !== undefined ? Number(typeof d.dimValue === 'number' ? d.dimValue : d.dimValue.toNumber()) : 0;
+  const v = toNumber(dims?.[axis < 0 ? dims.length + axis : axis]?.dimValue);
   return v > 0 ? v : undefined;
 }
 
-function traceHeadAxis(
-  graph: Graph, name: string, axis: number, merged: boolean, ranks: Map<string, number>, depth: number,
-): { heads: number; reason: string } | null {
+interface AxisState { name: string; axis: number; merged: boolean }
+
+type Step = { heads: number; reason: string } | AxisState[] | null;
+
+/** Depth-first, in input order, each (tensor, axis) once: the first Reshape that names the heads wins. */
+function traceHeadAxis(graph: Graph, name: string, axis: number, merged: boolean, shapes: Shapes): { heads: number; reason: string } | null {
+  const stack: AxisState[] = [{ name, axis, merged }];
+  const seen = new Set<string>();
+  while (stack.length) {
+    const state = stack.pop()!;
+    const key = `${state.name}|${state.axis}|${state.merged}`;
+    if (seen.has(key)) continue;
+    seen.add(key);
+    const step = headStep(graph, state, shapes);
+    if (Array.isArray(step)) stack.push(...step.reverse());
+    else if (step) return step;
+  }
+  return null;
+}
+
+/** What one tensor says about the head axis: the head count, where to look next, or nothing. */
+function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shapes): Step {
   const node = graph.producer.get(name);
   if (!node && !merged) {
     const h = declaredDim(graph, name, axis);
     return h ? { heads: h, reason: `declared shape of '${name}' has ${h} heads at axis ${axis}` } : null;
   }
-  if (!node || depth > 24) return null;
+  if (!node) return null;
   if (node.opType === 'Transpose') {
     const perm = attrInts(node, 'perm');
-    if (!perm || merged) return null;
-    return traceHeadAxis(graph, node.input[0], perm[axis], merged, ranks, depth + 1);
+    return !perm || merged ? null : [{ name: node.input[0], axis: perm[axis], merged }];
   }
   if (node.opType === 'Reshape') {
     const shape = shapeElements(graph, node.input[1]);
-    const inRank = ranks.get(node.input[0]);
-    if (merged && shape?.length === 3 && inRank === 4) {
-      // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
-      return traceHeadAxis(graph, node.input[0], 1, false, ranks, depth + 1);
-    }
-    if (!merged && shape && shape.length >= 4) {
-      const h = shape[axis];
-      if (h !== undefined && h > 0) return { heads: h, reason: `Reshape '${node.name || node.output[0]}' splits ${h} heads` };
-    }
-    return null;
+    // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
+    if (merged && shape?.length === 3 && shapes.rank(node.input[0]) === 4) return [{ name: node.input[0], axis: 1, merged: false }];
+    const h = !merged && shape && shape.length >= 4 ? shape[axis] : undefined;
+    return h !== undefined && h > 0 ? { heads: h, reason: `Reshape '${nodeLabel(node)}' splits ${h} heads` } : null;
   }
   if (node.opType === 'Gather' && !merged) {
     // Picking one slot of a packed [B,S,H,3,D] view (BLOOM's fused QKV) removes an axis before the heads' one.
     const index = graph.constValue(node.input[1]);
     const a = attrInt(node, 'axis') ?? 0;
     if (!index || index.dims.length !== 0 || a < 0) return null;
-    return traceHeadAxis(graph, node.input[0], axis >= a ? axis + 1 : axis, merged, ranks, depth + 1);
+    return [{ name: node.input[0], axis: axis >= a ? axis + 1 : axis, merged }];
   }
-  if (passThrough.has(node.opType)) {
-    for (const input of node.input) {
-      if (!input || graph.isConstant(input)) continue;
-      const found = traceHeadAxis(graph, input, axis, merged, ranks, depth + 1);
-      if (found) return found;
-    }
-  }
-  return null;
+  if (!opInfo(node).keepsAxes) return null;
+  return node.input.filter((i) => i && !graph.isConstant(i)).map((i) => ({ name: i, axis, merged }));
 }

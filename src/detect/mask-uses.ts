@@ -4,6 +4,7 @@
  * with their condition.
  */
 import { Graph } from '../graph/graph';
+import { Shapes } from '../graph/shapes';
 import { causalEvidence } from './mask';
 import { Step } from './trace';
 
@@ -13,46 +14,27 @@ export const HIDDEN_BELOW = -9000;
 export type MaskRule = 'additive' | 'subtractive' | 'keep-where' | 'drop-where';
 export type MaskRole = 'causal' | 'padding' | 'combined' | 'other';
 
-export interface MaskUse {
-  tensor: string;
-  rule: MaskRule;
-  role: MaskRole;
-  /** Rank of the view of the logits the mask is applied to. */
-  viewRank?: number;
-}
+/** `viewRank`: the rank of the view of the logits the mask is applied to. */
+export interface MaskUse { tensor: string; rule: MaskRule; role: MaskRole; viewRank?: number }
 
-export function maskUses(graph: Graph, steps: Step[], ranks: Map<string, number>): MaskUse[] {
+export function maskUses(graph: Graph, steps: Step[], shapes: Shapes): MaskUse[] {
   const uses: MaskUse[] = [];
   for (const { node, index } of steps) {
     let use: Omit<MaskUse, 'role'> | undefined;
     if (node.opType === 'Add') use = { tensor: node.input[1 - index], rule: 'additive' };
     else if (node.opType === 'Sub' && index === 0) use = { tensor: node.input[1], rule: 'subtractive' };
     else if (node.opType === 'Where') use = { tensor: node.input[0], rule: index === 1 ? 'keep-where' : 'drop-where' };
-    if (use?.tensor) uses.push({ ...use, role: roleOf(graph, use.tensor), viewRank: ranks.get(node.output[0]) });
+    if (use?.tensor) uses.push({ ...use, role: roleOf(graph, use.tensor), viewRank: shapes.rank(node.output[0]) });
   }
   return uses;
 }
 
 function roleOf(graph: Graph, tensor: string): MaskRole {
   const causal = causalEvidence(graph, tensor) !== null;
-  const fromInput = dependsOnModelInput(graph, tensor);
+  // Values from a graph input (an attention mask), not only from shapes and constants.
+  const fromInput = graph.query.dependsOnInput(tensor);
   if (causal && fromInput) return 'combined';
   if (causal) return 'causal';
   return fromInput ? 'padding' : 'other';
 }
 
-/** True when the mask's values come from a graph input (an attention mask), not only from shapes and constants. */
-function dependsOnModelInput(graph: Graph, tensor: string): boolean {
-  const seen = new Set<string>();
-  const queue = [tensor];
-  while (queue.length && seen.size < 256) {
-    const name = queue.shift()!;
-    if (seen.has(name)) continue;
-    seen.add(name);
-    if (graph.inputs.has(name) && !graph.initializers.has(name)) return true;
-    const node = graph.producer.get(name);
-    if (!node || node.opType === 'Shape' || node.opType === 'Size') continue;
-    queue.push(...node.input.filter(Boolean));
-  }
-  return false;
-}

@@ -2,17 +2,13 @@
  * Tells whether the mask applied to a site's logits is causal, so that `--n auto` can pick n_i = position + 1
  * for causal attention and n = key count otherwise.
  */
-import { Graph } from '../graph/graph';
+import { Graph, nodeLabel } from '../graph/graph';
 import { ConstTensor } from '../graph/tensor';
 import { Step } from './trace';
 
-export interface MaskVerdict {
-  causal: boolean;
-  reason: string;
-}
+export interface MaskVerdict { causal: boolean; reason: string }
 
 const comparisons = new Set(['Less', 'Greater', 'LessOrEqual', 'GreaterOrEqual']);
-const MAX_NODES = 64;
 
 /** The mask tensors a path applies after the insertion point: Add/Sub operands, Where conditions and fills. */
 export function maskOperands(path: Step[]): string[] {
@@ -24,8 +20,9 @@ export function maskOperands(path: Step[]): string[] {
   return masks.filter(Boolean);
 }
 
-export function classifyMasks(graph: Graph, masks: string[]): MaskVerdict {
-  if (masks.length === 0) return { causal: false, reason: 'no mask on the logits' };
+/** `none`: the reason when there is no mask. */
+export function classifyMasks(graph: Graph, masks: string[], none = 'no mask on the logits'): MaskVerdict {
+  if (masks.length === 0) return { causal: false, reason: none };
   for (const m of masks) {
     const why = causalEvidence(graph, m);
     if (why) return { causal: true, reason: why };
@@ -35,30 +32,15 @@ export function classifyMasks(graph: Graph, masks: string[]): MaskVerdict {
 
 /** Searches the mask's ancestry for a triangular constant, a Trilu, or a comparison of two Ranges. */
 export function causalEvidence(graph: Graph, mask: string): string | null {
-  const seen = new Set<string>();
-  const queue = [mask];
-  while (queue.length && seen.size < MAX_NODES) {
-    const name = queue.shift()!;
-    if (seen.has(name)) continue;
-    seen.add(name);
+  return graph.query.first('causal', mask, (name, node) => {
     const value = graph.constValue(name);
     if (value && isTriangular(value)) return `causal: mask derives from triangular constant '${name}'`;
-    const node = graph.producer.get(name);
-    if (!node) continue;
-    if (node.opType === 'Trilu') return `causal: mask built by Trilu '${node.name || node.output[0]}'`;
-    if (comparisons.has(node.opType) && node.input.every((i) => dependsOnRange(graph, i))) {
+    if (node?.opType === 'Trilu') return `causal: mask built by Trilu '${nodeLabel(node)}'`;
+    if (node && comparisons.has(node.opType) && node.input.every((i) => graph.query.reachesOp(i, 'Range'))) {
       return `causal: mask compares positions (${node.opType} of Ranges)`;
     }
-    queue.push(...node.input.filter(Boolean));
-  }
-  return null;
-}
-
-function dependsOnRange(graph: Graph, name: string, depth = 0): boolean {
-  const node = graph.producer.get(name);
-  if (!node || depth > 8) return false;
-  if (node.opType === 'Range') return true;
-  return node.input.some((i) => i && dependsOnRange(graph, i, depth + 1));
+    return value ? null : undefined;
+  }) ?? null;
 }
 
 /** True when the last two axes hold a lower-triangular keep pattern (bool/0-1 keep mask or additive mask). */

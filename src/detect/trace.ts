@@ -1,37 +1,16 @@
 /** Walks along the logits and probabilities of an attention candidate, op by op. */
 import { attrInt, Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { NodeProto } from '../io/onnx';
 
+/** Names of the nodes an earlier run inserted start with this. */
+export const PATCH_PREFIX = 'ssmax/';
+
 /** One step of the path from the QK MatMul to the Softmax: `node` reads the logits at input `index`. */
-export interface Step {
-  node: NodeProto;
-  index: number;
-}
+export interface Step { node: NodeProto; index: number }
 
-/** Ops that carry the logits toward the Softmax, and which inputs may carry them. */
-const logitCarriers: Record<string, number[]> = {
-  Cast: [0], Identity: [0], Reshape: [0], Div: [0], Mul: [0, 1], Add: [0, 1], Sub: [0], Where: [1, 2],
-  Squeeze: [0], Unsqueeze: [0], Max: [0, 1], Min: [0, 1], Tanh: [0], Clip: [0],
-};
-
-const MAX_DEPTH = 12;
-
-/** True when a tensor depends only on constants and tensor shapes, never on activations' values. */
-export function isShapeOrConstant(graph: Graph, name: string, depth = 0): boolean {
-  if (!name) return true;
-  if (graph.isConstant(name)) return true;
-  if (graph.inputs.has(name) || depth > MAX_DEPTH) return false;
-  const node = graph.producer.get(name);
-  if (!node) return false;
-  if (node.opType === 'Shape' || node.opType === 'Size') return true;
-  return node.input.every((i) => isShapeOrConstant(graph, i, depth + 1));
-}
-
-export interface LogitsSource {
-  matmul: NodeProto;
-  /** Steps from the MatMul's consumer up to and including the Softmax. */
-  path: Step[];
-}
+/** `path`: the steps from the MatMul's consumer up to and including the Softmax. */
+export interface LogitsSource { matmul: NodeProto; path: Step[] }
 
 /** The letters of a two-operand Einsum equation (`bhqd,bhkd->bhqk`), without ellipses; null otherwise. */
 export function einsumTerms(node: NodeProto): { a: string; b: string; out: string } | null {
@@ -39,11 +18,6 @@ export function einsumTerms(node: NodeProto): { a: string; b: string; out: strin
   if (!eq) return null;
   const m = /^([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]+)$/.exec(Buffer.from(eq).toString().replace(/\s+/g, ''));
   return m ? { a: m[1], b: m[2], out: m[3] } : null;
-}
-
-/** A product of two operands that can compute query·keyᵀ: MatMul, com.microsoft FusedMatMul, or Einsum. */
-function isProduct(node: NodeProto): boolean {
-  return node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum';
 }
 
 /**
@@ -54,8 +28,7 @@ function isProduct(node: NodeProto): boolean {
 export function einsumQueryOperand(node: NodeProto): number {
   const t = einsumTerms(node);
   if (!t || node.input.length !== 2 || t.out.length < 2) return -1;
-  const key = t.out[t.out.length - 1];
-  const row = t.out[t.out.length - 2];
+  const [row, key] = t.out.slice(-2);
   const contracted = [...t.a].some((c) => t.b.includes(c) && !t.out.includes(c));
   if (!contracted) return -1;
   if (t.b.includes(key) && !t.a.includes(key) && t.a.includes(row) && !t.b.includes(row)) return 0;
@@ -63,68 +36,69 @@ export function einsumQueryOperand(node: NodeProto): number {
   return -1;
 }
 
-/** Finds the MatMul (or Einsum) of two activations whose output reaches `tensor` through logit-carrying ops. */
-export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): LogitsSource | { why: string } {
-  let closest = 'logits not produced by MatMul of two activations';
-  const visit = (name: string, path: Step[], depth: number): LogitsSource | null => {
-    const node = graph.producer.get(name);
-    if (!node || depth > MAX_DEPTH) return null;
-    if (isProduct(node)) {
-      const [a, b] = node.input;
-      if (isShapeOrConstant(graph, a) || isShapeOrConstant(graph, b)) {
-        closest = 'logits come from a MatMul with a constant weight (a projection, not query·key)';
-        return null;
-      }
-      if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
-        closest = 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)';
-        return null;
-      }
-      return { matmul: node, path };
-    }
-    const carriers = logitCarriers[node.opType];
-    if (!carriers) return null;
-    for (const index of carriers) {
-      const input = node.input[index];
-      if (!input || isShapeOrConstant(graph, input)) continue;
-      const found = visit(input, [{ node, index }, ...path], depth + 1);
-      if (found) return found;
-    }
-    return null;
-  };
-  return visit(tensor, [{ node: softmax, index: 0 }], 0) ?? { why: closest };
-}
+/** Where a walk stopped without finding what it looked for, and why. */
+export interface WalkStop { at: NodeProto; reason: string }
 
 /**
- * Ops the probabilities may pass through on their way to the value MatMul: guards like Where(IsNaN(p), 0, p),
- * Dropout, head masks (Mul), Casts back from fp32, reshapes.
+ * Finds the MatMul (or Einsum) of two activations whose output reaches `tensor` through logit-carrying ops,
+ * depth first in input order, each tensor once. Otherwise it says where it stopped: at the last product that
+ * is not query·keyᵀ, else where the logits' path first ended (an op that carries no logits, or a graph input).
  */
-const probabilityCarriers = new Set(['Cast', 'Dropout', 'Identity', 'Reshape', 'Where', 'Squeeze', 'Unsqueeze', 'Mul']);
+export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): LogitsSource | WalkStop {
+  let stop: WalkStop | undefined;
+  let end: NodeProto | undefined;
+  const seen = new Set<string>();
+  const stack: { name: string; path: Step[] }[] = [{ name: tensor, path: [{ node: softmax, index: 0 }] }];
+  while (stack.length) {
+    const { name, path } = stack.pop()!;
+    if (seen.has(name)) continue;
+    seen.add(name);
+    const node = graph.producer.get(name);
+    const info = node ? opInfo(node) : {};
+    if (node && info.product) {
+      if (graph.query.isStatic(node.input[0]) || graph.query.isStatic(node.input[1])) {
+        stop = { at: node, reason: 'logits come from a MatMul with a constant weight (a projection, not query·key)' };
+      } else if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
+        stop = { at: node, reason: 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)' };
+      } else return { matmul: node, path };
+    } else if (node && info.logits) {
+      const carried = info.logits.filter((i) => node.input[i] && !graph.query.isStatic(node.input[i]));
+      for (const index of carried.reverse()) stack.push({ name: node.input[index], path: [{ node, index }, ...path] });
+    } else end ??= node ?? path[0].node; // an op that carries no logits, or a graph input
+  }
+  return stop ?? { at: end ?? softmax, reason: 'logits not produced by MatMul of two activations' };
+}
 
 /** True when `node` multiplies the probabilities `tensor` with values over the key axis. */
 function isValueProduct(graph: Graph, node: NodeProto, tensor: string): boolean {
   if ((node.opType === 'MatMul' || node.opType === 'FusedMatMul') && node.input[0] === tensor) {
     if (node.opType === 'FusedMatMul' && (attrInt(node, 'transA') ?? 0) !== 0) return false;
-    return !isShapeOrConstant(graph, node.input[1]);
+    return !graph.query.isStatic(node.input[1]);
   }
   if (node.opType === 'Einsum' && node.input.length === 2) {
     const t = einsumTerms(node);
     const mine = node.input[0] === tensor ? t?.a : node.input[1] === tensor ? t?.b : undefined;
     const other = node.input[0] === tensor ? node.input[1] : node.input[0];
-    if (!t || !mine || isShapeOrConstant(graph, other)) return false;
+    if (!t || !mine || graph.query.isStatic(other)) return false;
     const key = mine[mine.length - 1];
     return !t.out.includes(key) && (node.input[0] === tensor ? t.b : t.a).includes(key);
   }
   return false;
 }
 
-/** The MatMul that multiplies the probabilities (as its left operand) with values, if any. */
-export function findValueMatMul(graph: Graph, tensor: string, depth = 0): NodeProto | null {
-  if (depth > MAX_DEPTH) return null;
+/**
+ * The MatMul that multiplies the probabilities (as its left operand) with values, if any: the probabilities may
+ * pass through guards like Where(IsNaN(p), 0, p), Dropout, head masks (Mul), Casts back from fp32, reshapes.
+ * `ends` collects the readers where the probabilities' path ended without one.
+ */
+export function findValueMatMul(graph: Graph, tensor: string, ends: NodeProto[] = [], seen = new Set<string>()): NodeProto | null {
+  if (seen.has(tensor)) return null;
+  seen.add(tensor);
   for (const node of graph.consumersOf(tensor)) {
     if (isValueProduct(graph, node, tensor)) return node;
-    if (node.opType === 'MatMul' || node.opType === 'FusedMatMul' || node.opType === 'Einsum') continue;
-    if (probabilityCarriers.has(node.opType)) {
-      const found = findValueMatMul(graph, node.output[0], depth + 1);
+    if (opInfo(node).product || !opInfo(node).probs) ends.push(node);
+    else {
+      const found = findValueMatMul(graph, node.output[0], ends, seen);
       if (found) return found;
     }
   }

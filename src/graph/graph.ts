@@ -7,6 +7,7 @@
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
 /** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
@@ -61,6 +62,8 @@ export class Graph {
   private readonly nodeNames: Set<string>;
   private readonly constantInputs: Set<string>;
   private constCache = new Map<string, ConstTensor | null>();
+  /** Memoised questions about the graph (see query.ts), forgotten on every edit. */
+  readonly query: Query = new Query(this);
 
   constructor(readonly proto: GraphProto, options: GraphOptions = {}) {
     this.parent = options.parent;
@@ -83,6 +86,7 @@ export class Graph {
     this.consumers.clear();
     this.initializers.clear();
     this.constCache.clear();
+    this.query.forget();
     // Names are never released: a name once used stays taken, which is all uniqueName needs.
     this.inputs = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
     this.outputs = new Set(this.proto.output.map((v) => v.name));
@@ -103,6 +107,87 @@ export class Graph {
 
   consumersOf(name: string): NodeProto[] {
     return this.consumers.get(name) ?? [];
+  }
+
+  // ---- Edits: each keeps the index live and forgets remembered answers. The caller sorts the scope afterwards.
+
+  /** Appends a node; its outputs and reads join the index. */
+  insertNode(node: NodeProto): void {
+    this.proto.node.push(node);
+    if (node.name) this.nodeNames.add(node.name);
+    for (const out of node.output) if (out) this.producer.set(out, node);
+    for (const name of node.input) this.addConsumer(name, node);
+    this.edited();
+  }
+
+  /** Points input `index` of `node` at `name`, padding skipped optional inputs with ''. */
+  setInput(node: NodeProto, index: number, name: string): void {
+    while (node.input.length <= index) node.input.push('');
+    const old = node.input[index];
+    node.input[index] = name;
+    if (old && !node.input.includes(old)) this.consumers.set(old, this.consumersOf(old).filter((n) => n !== node));
+    this.addConsumer(name, node);
+    this.edited();
+  }
+
+  /** Removes nodes from the graph and the index. */
+  removeNodes(nodes: ReadonlySet<NodeProto>): void {
+    this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
+    for (const node of nodes) {
+      for (const out of node.output) if (this.producer.get(out) === node) this.producer.delete(out);
+      for (const name of new Set(node.input)) if (name) this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
+    }
+    this.edited();
+  }
+
+  addInitializer(t: TensorProto): void {
+    this.proto.initializer.push(t);
+    this.initializers.set(t.name, t);
+    this.names.add(t.name);
+    this.edited();
+  }
+
+  /** Replaces an initializer in place (same position), e.g. new values for s. */
+  replaceInitializer(t: TensorProto): void {
+    const list = this.proto.initializer;
+    const i = list.findIndex((x) => x.name === t.name);
+    if (i < 0) throw new Error(`replaceInitializer: no initializer '${t.name}'`);
+    list[i] = t;
+    this.initializers.set(t.name, t);
+    this.constCache.delete(t.name);
+    this.edited();
+  }
+
+  removeInitializer(name: string): void {
+    this.proto.initializer = this.proto.initializer.filter((t) => t.name !== name);
+    this.initializers.delete(name);
+    this.constCache.delete(name);
+    this.edited();
+  }
+
+  addInput(v: ValueInfoProto): void {
+    this.proto.input.push(v);
+    this.inputs.add(v.name);
+    this.valueInfo.set(v.name, v);
+    this.names.add(v.name);
+    this.edited();
+  }
+
+  removeInput(name: string): void {
+    this.proto.input = this.proto.input.filter((v) => v.name !== name);
+    this.inputs.delete(name);
+    this.edited();
+  }
+
+  private addConsumer(name: string, node: NodeProto): void {
+    if (!name) return;
+    const list = this.consumersOf(name);
+    if (!list.includes(node)) this.consumers.set(name, [...list, node]);
+  }
+
+  /** Constants stay what they were (their values are remembered: they may be external data); answers are forgotten. */
+  private edited(): void {
+    this.query.forget();
   }
 
   /** A name not yet used by any tensor or node of this graph. */
@@ -162,6 +247,11 @@ export class Graph {
     const shape = this.valueInfo.get(name)?.type?.tensorType?.shape;
     return shape ? shape.dim.length : undefined;
   }
+}
+
+/** How reports and messages name a node: its name, or its op and first output when it has none. */
+export function nodeLabel(node: NodeProto): string {
+  return node.name || `${node.opType}(${node.output[0] ?? ''})`;
 }
 
 export function attr(node: NodeProto, name: string): AttributeProto | undefined {

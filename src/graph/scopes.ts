@@ -5,10 +5,9 @@
  * them share one name registry so that inserted names are unique model-wide.
  */
 import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, toNumber, ValueInfoProto } from '../io/onnx';
-import { Graph, NameRegistry } from './graph';
-import { inferRanks } from './ranks';
+import { Graph, NameRegistry, nodeLabel } from './graph';
+import { Shapes } from './shapes';
 import { topoSort } from './toposort';
-import { inferElemTypes } from './types';
 
 export interface Scope {
   /** Where the graph sits, for reports: `main`, `main/<node>.<attribute>`, `function <domain>:<name>`. */
@@ -17,8 +16,8 @@ export interface Scope {
   graph: Graph;
   /** Default-domain opset in force inside this scope. */
   opset: number;
-  ranks: Map<string, number>;
-  types: Map<string, number>;
+  /** Shapes, ranks and element types of the scope's tensors (and those it reads from enclosing scopes). */
+  shapes: Shapes;
   fn?: FunctionProto;
   /** For subgraphs: the node holding it, and that node's scope. */
   owner?: { node: NodeProto; scope: Scope };
@@ -40,10 +39,6 @@ export function calledFunction(model: ModelProto, node: NodeProto): FunctionProt
   return model.functions.find((f) => f.name === node.opType && f.domain === node.domain);
 }
 
-export function nodeLabel(node: NodeProto): string {
-  return node.name || `${node.opType}(${node.output[0]})`;
-}
-
 export function modelScopes(model: ModelProto): Scope[] {
   const registry = collectNames(model);
   const opset = defaultOpsetOf(model.opsetImport);
@@ -63,8 +58,7 @@ function graphScope(path: string, kind: Scope['kind'], proto: GraphProto, opset:
   const graph = new Graph(proto, { parent: parent?.graph, registry });
   return {
     path, kind, graph, opset, owner,
-    ranks: inferRanks(graph, parent?.ranks),
-    types: inferElemTypes(graph, parent?.types),
+    shapes: new Shapes(graph, parent?.shapes),
     commit: () => topoSort(proto),
   };
 }
@@ -99,7 +93,7 @@ function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], r
   const opset = defaultOpsetOf(fn.opsetImport, defaultOpsetOf(model.opsetImport));
   return {
     path: `function ${functionKey(fn.domain, fn.name)}`, kind: 'function', graph, opset, fn,
-    ranks: inferRanks(graph), types: inferElemTypes(graph),
+    shapes: new Shapes(graph),
     commit: () => {
       topoSort(shim);
       fn.node = shim.node;

@@ -43,7 +43,7 @@ function readRaw(raw: Uint8Array, dataType: number, count: number): number[] | n
       case DataType.INT8: out.push(view.getInt8(o)); break;
       case DataType.BOOL: case DataType.UINT8: out.push(view.getUint8(o)); break;
       case DataType.FLOAT16: out.push(float16ToNumber(view.getUint16(o, true))); break;
-      case DataType.BFLOAT16: out.push(new Float32Array(new Uint32Array([view.getUint16(o, true) << 16]).buffer)[0]); break;
+      case DataType.BFLOAT16: out.push(bfloat16ToNumber(view.getUint16(o, true))); break;
     }
   }
   return out;
@@ -82,16 +82,48 @@ function externalBytes(t: TensorProto): Uint8Array | null {
   }
 }
 
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+/** The fp16 nearest to x (ties to even), subnormals included, as its 16 bits. */
 export function float32ToFloat16Bits(x: number): number {
-  const f32 = new Float32Array([x]);
-  const u = new Uint32Array(f32.buffer)[0];
+  f32[0] = x;
+  const u = u32[0];
   const sign = (u >>> 16) & 0x8000;
-  const exp = ((u >>> 23) & 0xff) - 127 + 15;
+  const exp = (u >>> 23) & 0xff;
   const mant = u & 0x7fffff;
-  if (exp <= 0) return sign;
-  if (exp >= 31) return sign | 0x7c00;
-  const rounded = (exp << 10) | (mant >>> 13);
-  return sign | (rounded + ((mant >>> 12) & 1));
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  const e = exp - 127 + 15;
+  if (e >= 31) return sign | 0x7c00;
+  if (e <= 0) {
+    // Subnormal (or zero): the mantissa with its implicit 1, shifted right by 14 − e, rounded to even.
+    if (e < -10) return sign;
+    const full = mant | 0x800000;
+    const shift = 14 - e;
+    return sign | roundShift(full, shift);
+  }
+  return sign | ((e << 10) + roundShift(mant, 13));
+}
+
+/** x >> shift rounded to nearest, ties to even (a carry out of the mantissa correctly bumps the exponent). */
+function roundShift(x: number, shift: number): number {
+  const kept = Math.floor(x / 2 ** shift);
+  const rest = x - kept * 2 ** shift;
+  const half = 2 ** (shift - 1);
+  return rest > half || (rest === half && (kept & 1) === 1) ? kept + 1 : kept;
+}
+
+/** The bf16 nearest to x (ties to even), as its 16 bits. */
+export function float32ToBfloat16Bits(x: number): number {
+  f32[0] = x;
+  const u = u32[0];
+  if ((u & 0x7f800000) === 0x7f800000 && (u & 0x7fffff)) return (u >>> 16) | 0x40;
+  return ((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+export function bfloat16ToNumber(h: number): number {
+  u32[0] = h << 16;
+  return f32[0];
 }
 
 /** A TensorProto holding `values` as raw little-endian bytes. */
@@ -108,7 +140,7 @@ export function makeTensor(name: string, dataType: number, dims: number[], value
     else if (dataType === DataType.INT64) view.setBigInt64(o, BigInt(Math.trunc(v)), true);
     else if (dataType === DataType.INT32) view.setInt32(o, v, true);
     else if (dataType === DataType.FLOAT16) view.setUint16(o, float32ToFloat16Bits(v), true);
-    else view.setUint16(o, new Uint32Array(new Float32Array([v]).buffer)[0] >>> 16, true);
+    else view.setUint16(o, float32ToBfloat16Bits(v), true);
   });
   return {
     name, dataType, dims: dims as Int64[], rawData: raw, floatData: [], int32Data: [], int64Data: [], doubleData: [],

@@ -3,9 +3,9 @@
  * defined somewhere, nodes in topological order, no cycles, graph outputs produced. Each problem is one
  * InputError naming the node and tensor involved.
  */
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { GraphProto, NodeProto } from '../io/onnx';
-import { subgraphsOf } from './graph';
+import { nodeLabel, subgraphsOf } from './graph';
 import { readsOf, topoSort } from './toposort';
 
 export interface ValidateOptions {
@@ -17,23 +17,21 @@ export function validateGraph(graph: GraphProto, options: ValidateOptions = {}):
   check(graph, new Set(), 'the graph', options);
 }
 
-const label = (n: NodeProto): string => n.name || `${n.opType}(${n.output[0] ?? ''})`;
-
 function check(g: GraphProto, outer: Set<string>, where: string, options: ValidateOptions): void {
   const producer = definitions(g, where);
   const available = new Set<string>([...outer, ...g.input.map((v) => v.name), ...g.initializer.map((t) => t.name)]);
   const visible = new Set<string>([...available, ...producer.keys()]);
   let unsorted: string | null = null;
   g.node.forEach((node, i) => {
-    if (!node.opType) throw new InputError(`${where}: node #${i} ('${label(node)}') has no op_type`);
+    if (!node.opType) throw new InputError(`${where}: node #${i} ('${nodeLabel(node)}') has no op_type`);
     for (const name of readsOf(node)) {
       if (available.has(name)) continue;
       const p = producer.get(name);
-      if (!p) throw new InputError(`${where}: node '${label(node)}' reads '${name}', which no node, initializer or input defines`);
-      unsorted ??= `node '${label(node)}' reads '${name}' before node '${label(p)}' produces it`;
+      if (!p) throw new InputError(`${where}: node '${nodeLabel(node)}' reads '${name}', which no node, initializer or input defines`);
+      unsorted ??= `node '${nodeLabel(node)}' reads '${name}' before node '${nodeLabel(p)}' produces it`;
     }
     for (const o of node.output) if (o) available.add(o);
-    for (const sub of subgraphsOf(node)) check(sub, visible, `subgraph of '${label(node)}'`, options);
+    for (const sub of subgraphsOf(node)) check(sub, visible, `subgraph of '${nodeLabel(node)}'`, options);
   });
   for (const v of g.output) {
     if (!available.has(v.name)) throw new InputError(`${where}: output '${v.name}' is not produced by any node, initializer or input`);
@@ -41,7 +39,7 @@ function check(g: GraphProto, outer: Set<string>, where: string, options: Valida
   if (unsorted) {
     topoSort({ ...g, node: [...g.node] });
     if (!options.allowUnsorted) {
-      throw new InputError(`${where}: nodes are not in topological order (${unsorted}); ONNX requires it: pass --sort-nodes to sort them`);
+      throw new InputError(`${where}: nodes are not in topological order (${unsorted}); ONNX requires it: ${opt('sortNodes')} sorts them`);
     }
   }
 }
@@ -63,9 +61,9 @@ function definitions(g: GraphProto, where: string): Map<string, NodeProto> {
     for (const o of node.output) {
       if (!o) continue;
       const other = producer.get(o);
-      if (other) throw new InputError(`${where}: tensor '${o}' is produced twice (by '${label(other)}' and '${label(node)}')`);
+      if (other) throw new InputError(`${where}: tensor '${o}' is produced twice (by '${nodeLabel(other)}' and '${nodeLabel(node)}')`);
       if (inputs.has(o) || initializers.has(o)) {
-        throw new InputError(`${where}: node '${label(node)}' produces '${o}', which is already ${inputs.has(o) ? 'a graph input' : 'an initializer'}`);
+        throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already ${inputs.has(o) ? 'a graph input' : 'an initializer'}`);
       }
       producer.set(o, node);
     }

@@ -5,7 +5,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { InputError, SsmaxError } from '../errors';
+import { InputError, SsmaxError, opt } from '../errors';
 import { emitModel, Out, toBytes } from './emit';
 import { checkExternalData, externalFiles, isInside } from './external';
 import type { ModelProto } from './onnx';
@@ -179,7 +179,7 @@ function guardTarget(label: string, target: string, inputs: string[], force?: bo
     return;
   }
   if (st.isDirectory()) throw new InputError(`${label}: is a folder`);
-  if (!force) throw new InputError(`${label}: already exists (use --force to overwrite)`);
+  if (!force) throw new InputError(`${label}: already exists (${opt('overwrite')} overwrites it)`);
 }
 
 function checkFolder(label: string, dir: string): void {
@@ -211,7 +211,7 @@ function placeExternalData(model: ModelProto, outDir: string, mode: ExternalData
       placed.report.push({ file: f.file, how: 'referenced' });
     } else {
       if (!isInside(outDir, dest)) {
-        throw new InputError(`external data '${f.location}' lies outside its model's folder: it cannot be placed beside the output (use --external-data reference)`);
+        throw new InputError(`external data '${f.location}' lies outside its model's folder: it cannot be placed beside the output (use ${opt('externalData', 'reference')})`);
       }
       if (sameFile(dest, f.file)) {
         placed.report.push({ file: dest, how: 'already there' });
@@ -250,7 +250,7 @@ function sameFile(a: string, b: string): boolean {
 const errnoText: Record<string, string> = {
   ENOSPC: 'no space left on the device', EDQUOT: 'disk quota exceeded', EACCES: 'permission denied',
   EPERM: 'operation not permitted', EROFS: 'read-only file system', EFBIG: 'file too large for the file system',
-  ENOENT: 'no such file or folder', EXDEV: 'on another file system: use --external-data copy', EIO: 'input/output error',
+  ENOENT: 'no such file or folder', EXDEV: `on another file system: use ${opt('externalData', 'copy')}`, EIO: 'input/output error',
   EISDIR: 'is a folder', ENOTDIR: 'not a folder', EMFILE: 'too many open files',
 };
 

@@ -4,11 +4,13 @@
  * Written from the ONNX IR specification rather than generated, so that the tool carries the current
  * fields (functions, metadata on nodes and graphs, overloads, device configurations) without a build step.
  */
-type Field = { rule?: 'repeated'; type: string; id: number };
+type Field = { rule?: 'repeated'; type: string; id: number; options?: { packed: false } };
 type Fields = Record<string, Field>;
 
+const NUMERIC = new Set(['int64', 'int32', 'uint64', 'float', 'double']);
 const f = (type: string, id: number): Field => ({ type, id });
-const r = (type: string, id: number): Field => ({ rule: 'repeated', type, id });
+/** onnx.proto is proto2: repeated numbers are written unpacked, as onnx itself writes them (both are read). */
+const r = (type: string, id: number): Field => ({ rule: 'repeated', type, id, ...(NUMERIC.has(type) ? { options: { packed: false } } : {}) });
 
 const messages: Record<string, { fields: Fields; oneofs?: Record<string, { oneof: string[] }>; nested?: object }> = {
   AttributeProto: {

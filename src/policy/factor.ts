@@ -5,7 +5,7 @@
  *   qwen-logn  c = max(1, ln n / ln L) = max(1, s·ln n)      s = 1/ln L, n the 1-based position (Qwen use_logn_attn)
  *   llama4     c = ln(⌊n / floor_scale⌋ + 1)·attn_scale + 1  n = pos + 1 (Llama 4 attention temperature tuning)
  */
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { scaleFromTrainLen } from './scale';
 
 export type Preset =
@@ -25,22 +25,22 @@ export interface PresetOptions {
 
 export function resolvePreset(o: PresetOptions): Preset {
   const name = o.preset ?? 'ssmax';
-  if (name !== 'ssmax' && o.b !== undefined) throw new InputError('--b applies to --preset ssmax only');
+  if (name !== 'ssmax' && o.b !== undefined) throw new InputError(`${opt('b')} applies to ${opt('preset', 'ssmax')} only`);
   if (name === 'ssmax') {
-    if (o.b !== undefined && !Number.isFinite(o.b)) throw new InputError(`--b must be a finite number, got ${o.b}`);
+    if (o.b !== undefined && !Number.isFinite(o.b)) throw new InputError(`${opt('b')} must be a finite number, got ${o.b}`);
     return o.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: o.b };
   }
   if (name === 'qwen-logn') {
-    if (o.trainLen === undefined) throw new InputError('--preset qwen-logn needs --train-len');
+    if (o.trainLen === undefined) throw new InputError(`${opt('preset', 'qwen-logn')} needs ${opt('trainLen')}`);
     return { kind: 'qwen-logn', trainLen: o.trainLen };
   }
   if (name === 'llama4') {
     const floorScale = o.floorScale ?? 8192;
     const attnScale = o.attnScale ?? 0.1;
-    if (!(floorScale >= 1) || !(attnScale > 0)) throw new InputError('--floor-scale must be ≥ 1 and --attn-scale > 0');
+    if (!(floorScale >= 1) || !(attnScale > 0)) throw new InputError(`${opt('floorScale')} must be ≥ 1 and ${opt('attnScale')} > 0`);
     return { kind: 'llama4', floorScale, attnScale };
   }
-  throw new InputError(`--preset must be ssmax, qwen-logn or llama4, got '${name}'`);
+  throw new InputError(`${opt('preset')} must be ssmax, qwen-logn or llama4, got '${name}'`);
 }
 
 /** The s a preset stores in the model (its learnable or tunable scale). */

@@ -2,7 +2,7 @@
  * Which n each site uses. Shape-based forms (keys, causal) cost a few scalar ops per distinct shape; mask-based
  * forms count the keys each row may see from the mask actually applied to the logits.
  */
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { MaskUse } from '../detect/mask-uses';
 
 /**
@@ -24,13 +24,13 @@ export interface NChoice {
 
 export function parseNOption(v: string): NOption {
   if ((N_OPTIONS as readonly string[]).includes(v)) return v as NOption;
-  throw new InputError(`--n must be one of ${N_OPTIONS.join(', ')}; got '${v}'`);
+  throw new InputError(`${opt('n')} must be one of ${N_OPTIONS.join(', ')}; got '${v}'`);
 }
 
 /** `where` names the site in errors, e.g. "layer 3". */
 export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, where = 'this site'): NChoice {
   if (option === 'padding' || option === 'causal-padding') checkPaddingMask(option, uses, where);
-  if (option !== 'auto') return { mode: option, reason: `--n ${option}` };
+  if (option !== 'auto') return { mode: option, reason: `n mode ${option} as asked` };
   const roles = new Set(uses.filter((u) => !(u.role === 'other' && u.rule === 'additive')).map((u) => u.role));
   if (roles.size === 0) {
     return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
@@ -50,7 +50,7 @@ export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, 
 function checkPaddingMask(option: NOption, uses: MaskUse[], where: string): void {
   if (uses.some((u) => u.role === 'padding')) return;
   const found = uses.length ? `its masks are ${[...new Set(uses.map((u) => u.role))].join(', ')}` : 'it has no mask';
-  throw new InputError(`--n ${option} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use --n mask or auto`);
+  throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`);
 }
 
 /** Masks can be counted when all are applied to 3-D or 4-D logits of one rank. */
@@ -61,7 +61,7 @@ function countable(uses: MaskUse[]): boolean {
 
 /** The per-row n the presets defined on positions need, whatever the mask. */
 export function positionN(option: NOption): NChoice {
-  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: --n ${option} does not apply`);
+  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: ${opt('n', option)} does not apply`);
   return { mode: 'causal', reason: 'preset: n is the 1-based position' };
 }
 

@@ -2,7 +2,7 @@
  * Where s comes from (--s, --train-len, --s-file) and what it becomes per layer: one value or one per head.
  */
 import * as fs from 'node:fs';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 
 /** s for one layer: a scalar for all heads, or one value per head. */
 export type LayerScale = number | number[];
@@ -28,13 +28,13 @@ export function scaleFromTrainLen(trainLen: number): number {
  */
 export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
   if (options.s === undefined && options.trainLen === undefined && options.sFile === undefined) {
-    throw new InputError('give one of --s, --train-len or --s-file');
+    throw new InputError(`give one of ${opt('s')}, ${opt('trainLen')} or ${opt('sFile')}`);
   }
-  if (options.s !== undefined && options.sFile !== undefined) throw new InputError('--s and --s-file are exclusive: give one');
+  if (options.s !== undefined && options.sFile !== undefined) throw new InputError(`${opt('s')} and ${opt('sFile')} are exclusive: give one`);
   if (options.trainLen !== undefined && (!Number.isInteger(options.trainLen) || options.trainLen < 2)) {
-    throw new InputError(`--train-len must be an integer ≥ 2, got ${options.trainLen}`);
+    throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`);
   }
-  if (options.s !== undefined) return { kind: 'scalar', s: checkS(options.s, '--s'), from: '--s' };
+  if (options.s !== undefined) return { kind: 'scalar', s: checkS(options.s, opt('s')), from: 'given' };
   if (options.sFile !== undefined) return readScaleFile(options.sFile);
   return { kind: 'scalar', s: scaleFromTrainLen(options.trainLen!), from: `1/ln ${options.trainLen}` };
 }
@@ -51,15 +51,15 @@ export function readScaleFile(file: string): ScaleSpec {
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch {
-    throw new InputError(`--s-file ${file}: cannot read`);
+    throw new InputError(`${opt('sFile', file)}: cannot read`);
   }
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch {
-    throw new InputError(`--s-file ${file}: not valid JSON`);
+    throw new InputError(`${opt('sFile', file)}: not valid JSON`);
   }
-  return parseScaleJson(json, `--s-file ${file}`);
+  return parseScaleJson(json, opt('sFile', file));
 }
 
 export function parseScaleJson(json: unknown, where: string): ScaleSpec {

@@ -1,7 +1,11 @@
-/** Adds nodes and constants to a graph under one name prefix, so every inserted name is unique and findable. */
+/**
+ * Adds nodes and constants to one scope under one name prefix, so every inserted name is unique, through the
+ * scope's journalled editor, so every addition can be undone.
+ */
 import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
 import { AttributeProto, AttributeType, DataType, NodeProto, TensorProto } from '../io/onnx';
+import { Editor } from './journal';
 
 export type AttrValue = number | number[] | string | TensorProto;
 
@@ -11,19 +15,23 @@ export interface BuilderOptions {
 }
 
 export class Builder {
-  readonly added: NodeProto[] = [];
+  /** The node added last (the apply Mul, for callers that name it in the record). */
+  last?: NodeProto;
 
-  constructor(readonly graph: Graph, readonly prefix: string, private readonly irVersion: number,
+  constructor(readonly editor: Editor, readonly prefix: string, private readonly irVersion: number,
     private readonly options: BuilderOptions = {}) {}
+
+  get graph(): Graph {
+    return this.editor.graph;
+  }
 
   /** Adds one node and returns its (first) output name. */
   op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string): string {
     const output = this.graph.uniqueName(`${this.prefix}${outName ?? opType.toLowerCase()}`);
-    const node: NodeProto = {
+    this.insert({
       opType, domain: '', input: inputs, output: [output], name: this.graph.uniqueNodeName(`${this.prefix}${outName ?? opType}`),
       attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
-    };
-    this.added.push(node);
+    });
     return output;
   }
 
@@ -37,18 +45,28 @@ export class Builder {
 
   addInitializer(t: TensorProto): string {
     if (this.options.constantNodes) {
-      this.added.push({
+      this.insert({
         opType: 'Constant', domain: '', input: [], output: [t.name], name: this.graph.uniqueNodeName(`${t.name}/Constant`),
         attribute: [makeAttribute('value', { ...t, name: '' })],
       });
       return t.name;
     }
-    this.graph.proto.initializer.push(t);
+    this.editor.addInitializer(t);
     if (this.irVersion < 4) {
       // IR < 4 requires every initializer to be declared as a graph input as well.
-      this.graph.proto.input.push({ name: t.name, type: { tensorType: { elemType: t.dataType, shape: { dim: t.dims.map((d) => ({ dimValue: d })) } } } });
+      this.editor.addInput({ name: t.name, type: { tensorType: { elemType: t.dataType, shape: { dim: t.dims.map((d) => ({ dimValue: d })) } } } });
     }
     return t.name;
+  }
+
+  /** Points an input of an existing node at a tensor this builder made. */
+  rewire(node: NodeProto, index: number, name: string): void {
+    this.editor.setInput(node, index, name);
+  }
+
+  private insert(node: NodeProto): void {
+    this.editor.insert(node);
+    this.last = node;
   }
 }
 

@@ -18,7 +18,7 @@ export interface Applied {
 export function applyFactor(b: Builder, x: string, factor: string, xType: number | undefined, opset: number, name = 'apply'): Applied {
   const mul = (lhs: string, rhs: string): { output: string; apply: string } => {
     const output = b.op('Mul', [lhs, rhs], {}, name);
-    return { output, apply: b.added[b.added.length - 1].name };
+    return { output, apply: b.last!.name };
   };
   if (xType === DataType.FLOAT16 || xType === DataType.BFLOAT16) {
     const wide = b.op('Cast', [x], { to: DataType.FLOAT }, `${name}_in`);

@@ -175,7 +175,7 @@ function scaleBsd(b: Builder, site: FusedSite, input: number, sName: string, lnN
   const c = factorRowsHeads(b, sName, lnN, perHead, opset);
   const applied = scaleRows(b, q, c, perHead, site.heads.heads, qType, opset);
   const out = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
-  site.node.input[input] = out;
+  b.rewire(site.node, input, out);
   return { ...applied, output: out };
 }
 
@@ -187,7 +187,7 @@ function foldQueryBias(b: Builder, site: FusedSite, q: string, biasIndex: number
   const biasQ = b.op('Slice', [bias, zero1, width, zero1], {}, 'bias_q');
   const rest = b.op('Slice', [bias, width, b.int64('end', [INT64_MAX]), zero1], {}, 'bias_kv');
   const zeros = b.op('Sub', [biasQ, biasQ], {}, 'bias_q_zero');
-  site.node.input[biasIndex] = b.op('Concat', [zeros, rest], { axis: 0 }, 'bias');
+  b.rewire(site.node, biasIndex, b.op('Concat', [zeros, rest], { axis: 0 }, 'bias'));
   const wide = qType === DataType.FLOAT16 || qType === DataType.BFLOAT16;
   if (!wide) return { q: b.op('Add', [q, biasQ], {}, 'q_biased'), qType };
   const qf = b.op('Cast', [q], { to: DataType.FLOAT }, 'q_f32');
@@ -211,7 +211,7 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
   const applied = scaleRows(b, qIn, c, perHead, site.heads.heads, qType, opset);
   const scaled = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
   const out = b.op('Concat', [scaled, rest], { axis: 2 }, 'qkv_scaled');
-  site.node.input[q.input] = out;
+  b.rewire(site.node, q.input, out);
   return { ...applied, output: out };
 }
 
@@ -220,7 +220,7 @@ function scaleBnsd(b: Builder, site: FusedSite, input: number, sName: string, ln
   const ln4 = unsqueeze(b, lnN, [1, 3], opset, 'ln_n_4d');
   const c = b.op('Mul', [ln4, sName], {}, 'factor');
   const applied = applyFactor(b, site.node.input[input], c, site.queryType, opset);
-  site.node.input[input] = applied.output;
+  b.rewire(site.node, input, applied.output);
   return applied;
 }
 
@@ -233,7 +233,7 @@ function scaleBsn3h(b: Builder, site: FusedSite, input: number, sName: string, l
   const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
   const f = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
   const applied = applyFactor(b, site.node.input[input], f, site.queryType, opset);
-  site.node.input[input] = applied.output;
+  b.rewire(site.node, input, applied.output);
   return applied;
 }
 
@@ -256,10 +256,10 @@ function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query']
   const kvCols = b.op('ConstantOfShape', [b.op('Sub', [width, qWidth], {}, 'kv_width')], { value: oneTensor() }, 'kv_cols');
   const cols = b.op('Concat', [qCols, kvCols], { axis: 0 }, 'factor_cols');
   const applied = applyFactor(b, weights, cols, site.queryType, opset);
-  site.node.input[q.weights] = applied.output;
+  b.rewire(site.node, q.weights, applied.output);
   if (q.bias !== undefined) {
     const biased = applyFactor(b, site.node.input[q.bias], cols, site.queryType, opset);
-    site.node.input[q.bias] = biased.output;
+    b.rewire(site.node, q.bias, biased.output);
   }
   return applied;
 }

@@ -13,6 +13,7 @@ import { MaskUse } from '../detect/mask-uses';
 import { Step } from '../detect/trace';
 import { InputError } from '../errors';
 import { Graph } from '../graph/graph';
+import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { NChoice } from '../policy/n-mode';
@@ -26,8 +27,7 @@ export interface ScaleContext {
   sources: NSources;
   preset: Preset;
   opset: number;
-  ranks: Map<string, number>;
-  types: Map<string, number>;
+  shapes: Shapes;
 }
 
 export type Target = 'query' | 'logits';
@@ -71,16 +71,16 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   let factor = factorOf(ctx, b, source, sTensor);
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
-  target.consumer.node.input[target.consumer.index] = scaled;
+  b.rewire(target.consumer.node, target.consumer.index, scaled);
   return { sName, factor, apply, factorType, target: target.where, nKey: source.key };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {
   const query = site.qkMatMul.input[0];
-  const queryType = ctx.types.get(query);
+  const queryType = ctx.shapes.type(query);
   const samePrecision = queryType === site.logitsType;
-  const rank = ctx.ranks.get(query);
-  const masksFromLogits = uses.some((u) => dependsOn(ctx.graph, u.tensor, site.qkMatMul.output[0]));
+  const rank = ctx.shapes.rank(query);
+  const masksFromLogits = uses.some((u) => ctx.graph.query.dependsOn(u.tensor, site.qkMatMul.output[0]));
   const plainMatMul = site.qkMatMul.opType === 'MatMul' && linearFromMatMul(ctx.graph, site);
   if (plainMatMul && samePrecision && (rank === 3 || rank === 4) && !masksFromLogits) {
     return { where: 'query', tensor: query, consumer: { node: site.qkMatMul, index: 0 }, rank, type: queryType };
@@ -127,23 +127,9 @@ function linearFromMatMul(graph: Graph, site: AttentionSite): boolean {
   for (let name = site.logits; name !== qk;) {
     const node = graph.producer.get(name);
     if (!node || !['Div', 'Mul', 'Cast', 'Identity'].includes(node.opType)) return false;
-    const next = node.opType === 'Mul' ? node.input.find((i) => dependsOn(graph, i, qk)) : node.input[0];
+    const next = node.opType === 'Mul' ? node.input.find((i) => graph.query.dependsOn(i, qk)) : node.input[0];
     if (!next) return false;
     name = next;
   }
   return true;
-}
-
-function dependsOn(graph: Graph, tensor: string, ancestor: string): boolean {
-  const seen = new Set<string>();
-  const stack = [tensor];
-  while (stack.length) {
-    const name = stack.pop()!;
-    if (name === ancestor) return true;
-    if (seen.has(name)) continue;
-    seen.add(name);
-    const node = graph.producer.get(name);
-    if (node) stack.push(...node.input.filter(Boolean));
-  }
-  return false;
 }

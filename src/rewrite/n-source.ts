@@ -8,8 +8,9 @@
  */
 import { AttentionSite } from '../detect/find-attention';
 import { HIDDEN_BELOW, MaskUse } from '../detect/mask-uses';
-import { InputError } from '../errors';
-import { constantOf, show, SymbolicShapes } from '../graph/symbolic';
+import { InputError, opt } from '../errors';
+import { constantOf, show } from '../graph/poly';
+import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { NMode } from '../policy/n-mode';
 import { Builder } from './builder';
@@ -39,7 +40,7 @@ function shapeSources(site: AttentionSite): [string, string] {
 export class NSources {
   private readonly cache = new Map<string, NTensor>();
 
-  constructor(private readonly b: Builder, private readonly sym: SymbolicShapes, private readonly opset: number) {}
+  constructor(private readonly b: Builder, private readonly sym: Shapes, private readonly opset: number) {}
 
   /** n for a site in the given mode; `uses` are the masks on its logits (for mask-based modes). */
   get(site: AttentionSite, mode: NMode, uses: MaskUse[]): NTensor {
@@ -93,7 +94,7 @@ export class NSources {
 
   /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
   private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
-    if (uses.length === 0) throw new InputError(`layer ${site.layer}: --n mask needs a mask on the logits`);
+    if (uses.length === 0) throw new InputError(`layer ${site.layer}: ${opt('n', 'mask')} needs a mask on the logits`);
     const rank = uses[0].viewRank;
     if ((rank !== 3 && rank !== 4) || uses.some((u) => u.viewRank !== rank)) {
       throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to 3-D or 4-D logits of one rank`);

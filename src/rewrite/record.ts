@@ -1,6 +1,7 @@
 /** The record of a patch kept in metadata_props, and finding an earlier patch's s in the graph. */
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
+import { ScopeEdits } from './journal';
 
 export const RECORD_KEY = 'ssmax_patch';
 
@@ -34,6 +35,8 @@ export interface PatchRecord {
   floorScale?: number;
   attnScale?: number;
   sites: SiteRecord[];
+  /** Every edit the patch made, scope by scope (absent in records written before the journal). */
+  journal?: ScopeEdits[];
 }
 
 export function writeRecord(model: ModelProto, record: PatchRecord): void {
@@ -84,14 +87,8 @@ export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.i
   if (floats.length === 1) return floats[0];
   // Several constants (mask thresholds, ones): s is the one multiplying a logarithm.
   const scales = floats.filter((name) => graph.consumersOf(name).some((c) => c.opType === 'Mul'
-    && c.input.some((i) => i !== name && dependsOnLog(graph, i))));
+    && c.input.some((i) => i !== name && graph.query.reachesOp(i, 'Log'))));
   return scales.length === 1 ? scales[0] : null;
-}
-
-function dependsOnLog(graph: Graph, name: string, depth = 0): boolean {
-  const node = graph.producer.get(name);
-  if (!node || depth > 6) return false;
-  return node.opType === 'Log' || node.input.some((i) => dependsOnLog(graph, i, depth + 1));
 }
 
 export const findScaleInitializer = findScaleTensor;

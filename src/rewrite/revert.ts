@@ -1,18 +1,25 @@
 /**
- * Removes an SSMax patch: every consumer of a factor's product reads the original logits again, the nodes
- * and initializers the factor used alone are removed, and the metadata record goes. On a model this tool
- * patched, the result is the original model, node order and bytes included.
+ * Removes an SSMax patch. A model whose record carries the patch journal gets every edit undone in reverse, in
+ * every scope (graphs, subgraphs, functions, fused sites): each rewired input reads what it read before, and
+ * every inserted node, initializer and input goes. On a model this tool patched, the result is the original
+ * model, node order and bytes included. Without a journal (a record written by an older version, or no record),
+ * the patch is found from the main graph's structure instead.
  */
 import { InputError } from '../errors';
-import { Graph, subgraphsOf } from '../graph/graph';
+import { Graph, nodeLabel, subgraphsOf } from '../graph/graph';
+import { modelScopes, Scope } from '../graph/scopes';
+import { validateGraph } from '../graph/validate';
 import { GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
-import { findScaleInitializer, removeRecord } from './record';
+import { nodeKey, ScopeEdits } from './journal';
+import { findScaleInitializer, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
 
 export interface RevertedSite {
-  /** Layer from the node names, or the site's position when names were changed. */
+  /** Layer from the record or the node names, or the site's position when names were changed. */
   layer: number;
+  /** The graph the site is in, when not the main graph. */
+  scope?: string;
   apply: string;
   softmax: string | null;
   /** s as it was in the model (one value, or one per head). */
@@ -25,6 +32,10 @@ export interface RevertReport {
   sites: RevertedSite[];
   /** Whether the model carried the metadata record (it is removed either way). */
   hadRecord: boolean;
+  /** How the patch was found: replaying its journal, or from the graph's structure. */
+  method: 'journal' | 'structure';
+  /** Why the journal could not be replayed, when the structure was used although the record has one. */
+  note?: string;
 }
 
 export interface RevertOptions {
@@ -35,6 +46,108 @@ export interface RevertOptions {
 export function revertModel(model: ModelProto, options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
   const out = cloneModel(model);
   prepareGraph(out.graph!, options.sortNodes);
+  const record = readRecord(out);
+  if (!record?.journal?.length) return revertByStructure(out);
+  try {
+    const sites = undoJournal(out, record, record.journal);
+    removeRecord(out);
+    return { model: out, report: { sites, hadRecord: true, method: 'journal' } };
+  } catch (e) {
+    if (!(e instanceof StaleJournal)) throw e;
+    const fallback = cloneModel(model);
+    prepareGraph(fallback.graph!, options.sortNodes);
+    try {
+      const result = revertByStructure(fallback);
+      return { ...result, report: { ...result.report, note: e.message } };
+    } catch {
+      throw new InputError(`cannot revert: ${e.message}, and no patch is recognisable from the graph's structure`);
+    }
+  }
+}
+
+/** The journal names something the model no longer has: it was edited after patching. */
+class StaleJournal extends Error {}
+
+function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits[]): RevertedSite[] {
+  const scopes = modelScopes(model);
+  const byPath = new Map(scopes.map((s) => [s.path, s]));
+  const scopeOf = (path: string): Scope => byPath.get(path) ?? stale(`the journal names scope '${path}', which the model does not have`);
+  const sites = record.sites.map((site): RevertedSite => {
+    const value = scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer);
+    return {
+      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply, softmax: site.softmax,
+      s: value ? (value.values.length === 1 && value.dims.length === 0 ? value.values[0] : value.values) : null,
+      removedNodes: 0, removedInitializers: [],
+    };
+  });
+  const touched = new Set<Scope>();
+  for (const edits of [...journal].reverse()) {
+    const scope = scopeOf(edits.scope);
+    undoEdits(scope.graph, edits);
+    touched.add(scope);
+    const site = sites.find((s) => (s.scope ?? 'main') === edits.scope && `L${s.layer}` === edits.owner);
+    if (site) {
+      site.removedNodes += edits.nodes.length;
+      site.removedInitializers.push(...edits.initializers);
+    }
+  }
+  for (const edits of journal.filter((e) => e.order)) restoreOrder(scopeOf(edits.scope).graph, edits.order!);
+  for (const scope of touched) if (scope.kind === 'function') scope.commit();
+  checkReads(model);
+  return sites;
+}
+
+function stale(why: string): never {
+  throw new StaleJournal(why);
+}
+
+/** Undoes one journal entry: rewired inputs first (last edit first), then the additions. */
+function undoEdits(graph: Graph, edits: ScopeEdits): void {
+  const byOutput = new Map(graph.nodes.flatMap((n) => n.output.map((o) => [o, n] as [string, NodeProto])));
+  for (const r of [...edits.rewired].reverse()) {
+    const node = byOutput.get(r.node);
+    if (!node || node.input[r.input] !== r.to) stale(`input ${r.input} of the node producing '${r.node}' no longer reads '${r.to}'`);
+    graph.setInput(node, r.input, r.from);
+    if (node.input.length > r.length) node.input.length = r.length;
+  }
+  const names = new Set(edits.nodes);
+  const inserted = new Set(graph.nodes.filter((n) => names.has(n.name)));
+  if (inserted.size !== names.size) stale(`${names.size - inserted.size} of the inserted nodes of ${edits.owner} in ${edits.scope} are not in the model`);
+  const produced = new Set([...inserted].flatMap((n) => n.output));
+  graph.removeNodes(inserted);
+  for (const name of edits.initializers) {
+    if (!graph.proto.initializer.some((t) => t.name === name)) stale(`initializer '${name}' is not in ${edits.scope}`);
+    graph.removeInitializer(name);
+  }
+  for (const name of edits.inputs) graph.removeInput(name);
+  const gone = new Set([...produced, ...edits.initializers, ...edits.inputs]);
+  graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !gone.has(v.name));
+}
+
+/** Puts the original nodes back in the order the journal noted before the patch's sort moved some of them. */
+function restoreOrder(graph: Graph, order: string[]): void {
+  const byKey = new Map(graph.nodes.map((n) => [nodeKey(n), n]));
+  const nodes = order.map((k) => byKey.get(k));
+  if (nodes.length !== graph.nodes.length || nodes.some((n) => !n)) stale('the nodes the journal lists in their original order are not the model\'s');
+  graph.proto.node = nodes as NodeProto[];
+}
+
+/** Every name a node reads is still defined: nothing the model kept depended on what the patch added. */
+function checkReads(model: ModelProto): void {
+  try {
+    validateGraph(model.graph!, { allowUnsorted: true });
+  } catch (e) {
+    stale(`after undoing the journal, ${(e as Error).message}`);
+  }
+  for (const fn of model.functions) {
+    const defined = new Set([...fn.input, ...fn.node.flatMap((n) => n.output)]);
+    const missing = fn.node.flatMap((n) => n.input).find((i) => i && !defined.has(i));
+    if (missing) stale(`after undoing the journal, function '${fn.name}' reads '${missing}', which nothing defines`);
+  }
+}
+
+/** Finds the factors from the main graph's structure (names, or the shape of a factor), and removes them. */
+function revertByStructure(out: ModelProto): { model: ModelProto; report: RevertReport } {
   const graph = new Graph(out.graph!);
   const factors = findFactors(graph);
   if (factors.length === 0) {
@@ -52,7 +165,7 @@ export function revertModel(model: ModelProto, options: RevertOptions = {}): { m
     sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => dropped.has(n));
   }
   const hadRecord = removeRecord(out);
-  return { model: out, report: { sites, hadRecord } };
+  return { model: out, report: { sites, hadRecord, method: 'structure' } };
 }
 
 function describe(graph: Graph, f: Factor, index: number): RevertedSite {
@@ -60,7 +173,7 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
   const value = sName ? graph.constValue(sName) : null;
   const s = value ? (value.values.length === 1 ? value.values[0] : value.values) : null;
   return {
-    layer: f.layer ?? index, apply: f.apply.name || f.apply.output[0], softmax: f.softmax ? f.softmax.name || f.softmax.output[0] : null,
+    layer: f.layer ?? index, apply: nodeLabel(f.apply), softmax: f.softmax ? nodeLabel(f.softmax) : null,
     s, removedNodes: 0, removedInitializers: [],
   };
 }

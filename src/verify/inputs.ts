@@ -4,8 +4,9 @@
  * key/values, encoder states and pixels; bf16 inputs as float32. User-given inputs are used as they are.
  */
 import { Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { toNumber } from '../io/onnx';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
 
@@ -75,7 +76,7 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
   switch (spec.role) {
     case 'lengths':
       // Per-item key counts or totals have model-specific meanings (total, total − 1, per-item padding).
-      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with --input ${spec.name}=FILE`);
+      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
     case 'ids': {
       const vocab = vocabSize(graph, spec.name);
       for (let i = 0; i < count; i++) values[i] = Math.floor(random() * vocab);
@@ -106,14 +107,13 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */
-function vocabSize(graph: Graph, input: string, depth = 0): number {
+function vocabSize(graph: Graph, input: string): number {
   for (const node of graph.consumersOf(input)) {
     if (node.opType === 'Gather' && node.input[1] === input && graph.initializers.has(node.input[0])) {
       return toNumber(graph.initializers.get(node.input[0])!.dims[0]);
     }
-    if (depth < 3 && ['Cast', 'Reshape', 'Unsqueeze', 'Squeeze', 'Flatten'].includes(node.opType)) {
-      return vocabSize(graph, node.output[0], depth + 1);
-    }
+    // The same ids in another shape or type (no cycles: the graph was validated).
+    if (opInfo(node).view) return vocabSize(graph, node.output[0]);
   }
   return 2;
 }

@@ -4,6 +4,7 @@
  * tables (indices clamped with Min/Log/Where) are not limits and are left alone.
  */
 import { Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { toNumber } from '../io/onnx';
 import { InputSpec } from './signature';
 
@@ -11,12 +12,6 @@ export interface LengthLimit {
   length: number;
   reason: string;
 }
-
-/** Ops through which a position index keeps being a position (arange, offsets, reshapes, cumsum of a mask). */
-const POSITION_OPS = new Set([
-  'Range', 'Add', 'Sub', 'Mul', 'Slice', 'Unsqueeze', 'Squeeze', 'Reshape', 'Expand', 'Cast', 'Identity',
-  'Constant', 'ConstantOfShape', 'CumSum', 'Gather', 'Concat', 'Tile', 'Flatten', 'Shape',
-]);
 
 export function positionLimit(graph: Graph, specs: InputSpec[]): LengthLimit | null {
   const roles = new Map(specs.map((s) => [s.name, s.role]));
@@ -50,8 +45,8 @@ function isPositionIndex(graph: Graph, name: string, roles: Map<string, string>)
     if (graph.initializers.has(t)) continue;
     const node = graph.producer.get(t);
     if (!node) continue;
-    if (!POSITION_OPS.has(node.opType)) return false;
-    if (node.opType === 'Shape') { lengthDependent = true; continue; } // a shape tells sizes, not values
+    if (!opInfo(node).position) return false;
+    if (opInfo(node).shapeOnly) { lengthDependent = true; continue; } // a shape tells sizes, not values
     stack.push(...node.input.filter(Boolean));
   }
   return lengthDependent;

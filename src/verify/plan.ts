@@ -57,7 +57,7 @@ export function makePlan(p: PlanInput): Plan {
   const maxLen = p.maxLen ?? DEFAULT_MAX_LEN;
   const cap = Math.min(maxLen, p.limit?.length ?? Infinity);
   const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason
-    : p.maxLen === undefined ? `the default --max-len ${DEFAULT_MAX_LEN}; raise it to run longer` : `--max-len ${maxLen}`;
+    : p.maxLen === undefined ? `the default longest length ${DEFAULT_MAX_LEN}; raise it to run longer` : `the longest length ${maxLen} asked for`;
   const batch = p.pinned.batch ?? p.batch;
   const seqOf = (want: number): number => p.pinned.seq ?? want;
   const pastOf = (want: number): number => p.pinned.past ?? want;
@@ -77,7 +77,7 @@ export function makePlan(p: PlanInput): Plan {
   let sweep: number[] = [];
   if (!p.seqFree) {
     notes.push(p.pinned.seq !== undefined
-      ? `sequence length fixed at ${p.pinned.seq} (by --dim or --input): no length sweep`
+      ? `sequence length fixed at ${p.pinned.seq} (by a given dim or input): no length sweep`
       : "the model's inputs have no dynamic sequence axis: no length sweep");
   } else {
     const wanted = p.lengths ?? defaultSweep(p.trainLen);
@@ -109,7 +109,7 @@ export function retrofitRuns(plan: Plan, mode: 'keys' | 'causal', L: number, o: 
     ids.push(id);
   };
   if (mode === 'causal') {
-    if (!o.pastFree) return 'causal n without a KV cache: no length puts every row at n = L (use --n keys to check)';
+    if (!o.pastFree) return 'causal n without a KV cache: no length puts every row at n = L (patch with n mode keys to check)';
     if ((o.pinned.seq ?? 1) !== 1) return `causal n needs one new token after L − 1 cached ones; the sequence length is fixed at ${o.pinned.seq}`;
     want(1, L - 1);
     return ids;

@@ -7,7 +7,7 @@
  * probe names the wiring its numbers do match: the other n mode, n = Tq, per-head s reversed, the factor
  * indexed by key, another layer's s, or no factor at all.
  */
-import { float16ToNumber, float32ToFloat16Bits } from '../graph/tensor';
+import { bfloat16ToNumber, float16ToNumber, float32ToBfloat16Bits, float32ToFloat16Bits } from '../graph/tensor';
 import { DataType } from '../io/onnx';
 import { SiteRecord } from '../rewrite/record';
 import { OutputTensor } from './run';
@@ -211,10 +211,7 @@ export class SiteProbe {
 
 function roundTo(type: number, f: number): number {
   if (type === DataType.FLOAT16) return float16ToNumber(float32ToFloat16Bits(f));
-  if (type !== DataType.BFLOAT16) return f;
-  const u = new Uint32Array(new Float32Array([f]).buffer)[0];
-  const rounded = (u + 0x7fff + ((u >>> 16) & 1)) & 0xffff0000;
-  return new Float32Array(new Uint32Array([rounded >>> 0]).buffer)[0];
+  return type === DataType.BFLOAT16 ? bfloat16ToNumber(float32ToBfloat16Bits(f)) : f;
 }
 
 function fmt(x: number): string {

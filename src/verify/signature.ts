@@ -3,10 +3,11 @@
  * name, element type and shape, and how big each of its dims is for a given run: symbolic dims are matched
  * by name (batch, past, total, sequence) or fixed by --dim and by user-given inputs.
  */
-import { attrInts, Graph } from '../graph/graph';
-import { shapeElements } from '../detect/heads';
+import { Graph } from '../graph/graph';
+import { constantOf } from '../graph/poly';
+import { Shapes } from '../graph/shapes';
 import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 
 export type InputRole =
   | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
@@ -40,42 +41,29 @@ export function realInputs(graph: Graph): ValueInfoProto[] {
 }
 
 export function describeInputs(graph: Graph): InputSpec[] {
+  let shapes: Shapes | undefined;
   return realInputs(graph).map((v) => {
     const tensor = v.type?.tensorType;
-    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with --input ${v.name}=FILE)`);
+    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`);
     const dims = (tensor.shape?.dim ?? []).map(dimSpec);
     const role = roleOf(v.name, tensor.elemType);
-    const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name) : undefined;
+    const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name, shapes ??= new Shapes(graph)) : undefined;
     return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
   });
 }
 
 /**
  * A cached key or value is concatenated with the new one, which the graph builds by a Reshape to a constant
- * head count and head size and a Transpose: those give the past input's heads and head size.
+ * head count and head size (and a Transpose): the new one's static dims give the past input's heads and head size.
  */
-function pastDimsFromGraph(graph: Graph, input: string): (number | undefined)[] | undefined {
+function pastDimsFromGraph(graph: Graph, input: string, shapes: Shapes): (number | undefined)[] | undefined {
   for (const node of graph.consumersOf(input)) {
     if (node.opType !== 'Concat') continue;
     for (const other of node.input) {
-      const dims = other && other !== input ? knownDims(graph, other, 0) : undefined;
-      if (dims) return dims;
+      const dims = other && other !== input ? shapes.shape(other)?.map((d) => constantOf(d)).map((d) => (d !== undefined && d > 0 ? d : undefined)) : undefined;
+      if (dims?.some((d) => d !== undefined)) return dims;
     }
   }
-  return undefined;
-}
-
-function knownDims(graph: Graph, name: string, depth: number): (number | undefined)[] | undefined {
-  const node = graph.producer.get(name);
-  if (!node || depth > 8) return undefined;
-  if (node.opType === 'Transpose') {
-    const inner = knownDims(graph, node.input[0], depth + 1);
-    const perm = attrInts(node, 'perm');
-    return inner && perm ? perm.map((p) => inner[p]) : undefined;
-  }
-  if (node.opType === 'Reshape') return shapeElements(graph, node.input[1])?.map((d) => (d !== undefined && d > 0 ? d : undefined));
-  // Casts and rotary embeddings (k·cos + rotate(k)·sin) keep the shape of their first input.
-  if (['Cast', 'Identity', 'Add', 'Mul', 'Sub'].includes(node.opType)) return knownDims(graph, node.input[0], depth + 1);
   return undefined;
 }
 
@@ -113,11 +101,11 @@ export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixe
     const r = resolveParam(d.param, shape, fixed);
     if (r) return r;
     if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
-    throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with --dim ${d.param}=N or give the input with --input ${input.name}=FILE`);
+    throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with ${opt('dims', `${d.param}=N`)} or give the input with ${opt('inputFiles', `${input.name}=FILE`)}`);
   }
   const r = unnamedDim(input, axis, shape) ?? (fromGraph !== undefined ? { size: fromGraph, source: 'fixed' as const } : null);
   if (r) return r;
-  throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with --input ${input.name}=FILE.npy|.json|.pb`);
+  throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with ${opt('inputFiles', `${input.name}=FILE.npy|.json|.pb`)}`);
 }
 
 function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {
@@ -181,21 +169,21 @@ export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShap
 export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: number[] }>, fixed: Map<string, number>, origin: Map<string, string>): void {
   for (const [name, tensor] of Object.entries(given)) {
     const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`--input ${name}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
     const shape = `[${tensor.dims.join(', ')}]`;
     if (spec.dims.length && tensor.dims.length !== spec.dims.length) {
-      throw new InputError(`--input ${name}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
+      throw new InputError(`${opt('inputFiles', name)}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
     }
     spec.dims.forEach((d, axis) => {
       const size = tensor.dims[axis];
-      if ('value' in d && d.value !== size) throw new InputError(`--input ${name}: dim ${axis} is ${size}, the model declares ${d.value}`);
+      if ('value' in d && d.value !== size) throw new InputError(`${opt('inputFiles', name)}: dim ${axis} is ${size}, the model declares ${d.value}`);
       if (!('param' in d)) return;
       const known = fixed.get(d.param);
       if (known !== undefined && known !== size) {
-        throw new InputError(`--input ${name}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`);
+        throw new InputError(`${opt('inputFiles', name)}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`);
       }
       fixed.set(d.param, size);
-      origin.set(d.param, `--input ${name}`);
+      origin.set(d.param, opt('inputFiles', name));
     });
   }
 }

@@ -9,7 +9,7 @@ import * as protobuf from 'protobufjs';
 import { float16ToNumber, readTensor } from '../graph/tensor';
 import { DataType, TensorProto } from '../io/onnx';
 import { onnxSchema } from '../io/schema';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { elementCount, HostTensor, hostTypeOf, makeHost } from './tensors';
 
 interface RawTensor {
@@ -24,9 +24,9 @@ export function readTensorFile(file: string, name: string, elemType: number): Ho
     bytes = fs.readFileSync(file);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
-    throw new InputError(`--input ${name}=${file}: ${code === 'ENOENT' ? 'no such file' : `cannot read (${code ?? 'error'})`}`);
+    throw new InputError(`${opt('inputFiles', `${name}=${file}`)}: ${code === 'ENOENT' ? 'no such file' : `cannot read (${code ?? 'error'})`}`);
   }
-  const where = `--input ${name}=${file}`;
+  const where = opt('inputFiles', `${name}=${file}`);
   const ext = path.extname(file).toLowerCase();
   const raw = ext === '.npy' ? parseNpy(bytes, where) : ext === '.json' ? parseJson(bytes, where) : ext === '.pb' ? parsePb(bytes, where)
     : unknownExtension(where);

@@ -10,7 +10,7 @@
  */
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto } from '../io/onnx';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
 import { PatchRecord, readRecord } from '../rewrite/record';
 import { scaleFromTrainLen } from '../policy/scale';
 import { withMasksOfOnes } from '../policy/n-mode';
@@ -126,7 +126,7 @@ function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptio
   const checks = new Set(options.checks ?? CHECK_IDS);
   const given = readGivenInputs(specs, options.inputFiles ?? {});
   const fixed = new Map(Object.entries(options.dims ?? {}));
-  const origin = new Map([...fixed.keys()].map((k) => [k, `--dim ${k}`]));
+  const origin = new Map([...fixed.keys()].map((k) => [k, opt('dims', k)]));
   bindGivenDims(specs, given, fixed, origin);
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
@@ -157,7 +157,7 @@ function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Fee
   const given: Feeds = {};
   for (const [name, file] of Object.entries(files)) {
     const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`--input ${name}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
     given[name] = readTensorFile(file, name, spec.elemType);
   }
   return given;
@@ -165,8 +165,8 @@ function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Fee
 
 function trainLength(option: number | undefined, record: PatchRecord): { L: number; known: boolean; source: string } {
   if (option !== undefined) {
-    if (!Number.isInteger(option) || option < 2) throw new InputError(`--train-len must be an integer ≥ 2, got ${option}`);
-    return { L: option, known: true, source: '--train-len' };
+    if (!Number.isInteger(option) || option < 2) throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${option}`);
+    return { L: option, known: true, source: 'the given train length' };
   }
   if (record.trainLen) return { L: record.trainLen, known: true, source: 'the patch record' };
   const all = record.sites.flatMap((s) => (Array.isArray(s.s) ? s.s : [s.s]));
@@ -180,7 +180,7 @@ function planRetrofit(setup: Setup): Setup['retrofit'] {
   const criterion = `at n = L = ${L} every output equals the original's (atol ${setup.tolerance.atol}, rtol ${setup.tolerance.rtol})`;
   const skip = (why: string): Setup['retrofit'] => ({ ids: new Set(), skip: why, criterion });
   if (!setup.checks.has('retrofit')) return skip('not selected (--checks)');
-  if (!setup.trainLenKnown) return skip('needs --train-len (the patch record has no train length)');
+  if (!setup.trainLenKnown) return skip('needs the train length (the patch record has none)');
   const expected = scaleFromTrainLen(L);
   if (!record.sites.every((s) => (Array.isArray(s.s) ? s.s : [s.s]).every((v) => Math.abs(v - expected) < 1e-9))) {
     return skip(`s is not 1/ln ${L} at every site: no length gives factor 1`);
@@ -270,7 +270,7 @@ async function execute(setup: Setup, sessions: Sessions, progress: (l: string) =
     collected.runs.push(report);
     if (errors.original) {
       if (spec === setup.plan.runs[0]) {
-        throw new InputError(`the original model fails on the synthesised inputs (${spec.id}): ${errors.original}; set sizes with --dim NAME=N or give inputs with --input NAME=FILE`);
+        throw new InputError(`the original model fails on the synthesised inputs (${spec.id}): ${errors.original}; set sizes with ${opt('dims', 'NAME=N')} or give inputs with ${opt('inputFiles', 'NAME=FILE')}`);
       }
       if (spec.kind === 'sweep') sweepStopped = true;
       setup.plan.notes.push(spec.kind === 'sweep'
@@ -375,7 +375,7 @@ function curveOf(setup: Setup, sessions: Sessions, points: SharpnessPoint[]): { 
   if (points.length < 2) return { why: `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${points.length}`})` };
   const curve = sharpnessCurve(setup.L, points);
   if (curve.points[curve.points.length - 1].length <= setup.L) {
-    return { why: `no length beyond L = ${setup.L} ran (${setup.plan.notes[0] ?? 'see --lengths'})` };
+    return { why: `no length beyond L = ${setup.L} ran (${setup.plan.notes[0] ?? 'see the lengths option'})` };
   }
   return { curve, why: null };
 }

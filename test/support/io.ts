@@ -7,6 +7,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { smallTransformer } from '../../bench/transformer';
+import { SsmaxError } from '../../src/errors';
 import { ModelProto, TensorProto } from '../../src/io/onnx';
 import { decodeAs, encodeAs } from '../../src/io/proto';
 import { concatBytes, lenHeader, varintField } from '../../src/io/wire';
@@ -43,6 +44,11 @@ export function snapshot(dir: string): string[] {
     if (e.isDirectory()) return snapshot(p).map((s) => `${e.name}/${s}`);
     return [`${e.name}:${e.isFile() ? sha(p) : 'other'}`];
   }).sort();
+}
+
+/** For assert.throws: an error of this tool whose message, as the CLI prints it, matches. */
+export function cliError(pattern: RegExp): (e: unknown) => boolean {
+  return (e) => e instanceof SsmaxError && pattern.test(e.cliMessage);
 }
 
 export function assertOneLineError(r: CliResult, code: number, pattern: RegExp): void {

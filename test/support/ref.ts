@@ -5,6 +5,18 @@ import { Feeds, HostTensor } from '../../src/verify/inputs';
 
 export const FIXTURES = path.resolve(__dirname, '../../../fixtures');
 export const TORCH = path.join(FIXTURES, 'torch');
+/** The shared corpus of real models beside the project (absent on some machines: tests over it skip). */
+export const CORPUS = path.resolve(__dirname, '../../../../shared/corpus');
+
+/** Every .onnx file below a folder, recursively; none when the folder is absent. */
+export function onnxFiles(dir: string): string[] {
+  if (!fs.existsSync(dir)) return [];
+  return fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) return onnxFiles(p);
+    return e.name.endsWith('.onnx') ? [p] : [];
+  });
+}
 
 interface RefTensor { dtype: 'int64' | 'float32'; dims: number[]; data: string }
 export interface RefCase {

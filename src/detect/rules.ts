@@ -1,0 +1,68 @@
+/**
+ * Detection as named rules, after onnxscript's rewriter: each exporter pattern and fused operator is a rule whose
+ * `match` gives the site, or the node where it stopped and why. The rules tried on a candidate make its trace; a
+ * candidate no rule matches is reported with its closest rule (the one that passed most checks) and its stop.
+ * Adding a pattern means adding a rule to RULES, its row in the README's rule table, and a test.
+ */
+import { nodeLabel } from '../graph/graph';
+import { calledFunction, Scope } from '../graph/scopes';
+import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
+import type { AttentionSite } from './find-attention';
+import { FusedSite, msAttention, msDmmha, msGqa, msMultiHead, onnxAttention, unsupportedFused } from './fused';
+import { einsumQk, matmulQk, opset11Reshape } from './softmax';
+
+/** `forced`: the user accepts this node's refusal (--force-site). */
+export interface RuleContext { model: ModelProto; scope: Scope; forced: boolean }
+
+/** The site as detection reports it, before layers and scopes are numbered. */
+export type Found =
+  | { kind: 'softmax'; site: Omit<AttentionSite, 'layer' | 'scope' | 'rule'> }
+  | { kind: 'fused'; site: Omit<FusedSite, 'layer' | 'scope' | 'rule'> }
+  | { kind: 'call'; node: NodeProto; fn: FunctionProto };
+
+/** `steps`: checks passed before the stop; `attention`: refused attention, not some other Softmax. */
+export interface Stop { at: NodeProto; reason: string; steps: number; attention?: boolean; forcible?: boolean }
+
+/** `name`: stable, a row of the README's rule table; `applies`: a cheap test on the node; `match`: the site or a stop. */
+export interface Rule { name: string; applies(node: NodeProto, ctx: RuleContext): boolean; match(ctx: RuleContext, node: NodeProto): Found | Stop }
+
+/** onnxruntime's fused Add + Softmax: the logits are inside the kernel with no query to scale. */
+const biasSoftmax: Rule = {
+  name: 'guard/bias-softmax',
+  applies: (node) => node.opType === 'BiasSoftmax' && node.domain === 'com.microsoft',
+  match: (_ctx, node) => ({ at: node, steps: 0, attention: true,
+    reason: 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation' }),
+};
+
+/** A call of a model-local function holding a Softmax or attention operator; the body is its own scope. */
+const callFunction: Rule = {
+  name: 'call/function',
+  applies: (node, ctx) => calledFunction(ctx.model, node)?.node.some((n) => /^Softmax$|Attention$/.test(n.opType)) ?? false,
+  match: (ctx, node) => ({ kind: 'call', node, fn: calledFunction(ctx.model, node)! }),
+};
+
+/** Every rule, in the order they are tried on a node. */
+export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, msMultiHead, msGqa, msDmmha, msAttention, onnxAttention,
+  unsupportedFused, biasSoftmax, callFunction];
+
+export interface RuleAttempt { rule: string; matched: boolean; steps?: number; stoppedAt?: string; reason?: string }
+
+/** `rule`: the rule that matched, or the closest one. */
+export interface CandidateTrace { node: string; op: string; scope: string; rule: string; matched: boolean; attempts: RuleAttempt[] }
+
+/** Tries the rules that apply to `node` in list order until one matches; null when none applies. */
+export function runRules(ctx: RuleContext, node: NodeProto): { trace: CandidateTrace; found?: Found; stop?: Stop } | null {
+  const tried = RULES.filter((r) => r.applies(node, ctx));
+  if (tried.length === 0) return null;
+  const op = node.domain && node.domain !== 'ai.onnx' ? `${node.domain}.${node.opType}` : node.opType;
+  const trace: CandidateTrace = { node: nodeLabel(node), op, scope: ctx.scope.path, rule: '', matched: false, attempts: [] };
+  let stop: Stop | undefined;
+  for (const { name, match } of tried) {
+    const r = match(ctx, node);
+    const matched = 'kind' in r;
+    trace.attempts.push(matched ? { rule: name, matched } : { rule: name, matched, steps: r.steps, stoppedAt: nodeLabel(r.at), reason: r.reason });
+    if (matched) return { trace: { ...trace, rule: name, matched }, found: r };
+    if (!stop || r.steps > stop.steps) [stop, trace.rule] = [r, name]; // ties go to the rule listed first
+  }
+  return { trace, stop };
+}

@@ -1,0 +1,90 @@
+/**
+ * Plain-op attention: a Softmax over the key axis alone whose logits come from a product of two activations
+ * (query · keyᵀ) and whose probabilities reach a product with values. The rules share the walks of trace.ts and
+ * differ in the product they accept and the Softmax form they apply to. Their checks, in order: the key axis (when
+ * the rest matches, a failure there is a refusal --force-site accepts), the logits, the values.
+ */
+import { attrInt, Graph } from '../graph/graph';
+import { NodeProto } from '../io/onnx';
+import { HeadInfo, inferHeads } from './heads';
+import { classifyMasks, maskOperands } from './mask';
+import type { Found, Rule, RuleContext, Stop } from './rules';
+import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, PATCH_PREFIX, Step } from './trace';
+
+/** `products`: the product ops the rule accepts (any when absent); `flat`: the opset < 13 form, whose axis ≠ −1. */
+const softmaxRule = (name: string, flat: boolean, products?: string[]): Rule => ({
+  name, match: (ctx, node) => matchSite(ctx, node, products),
+  applies: (node, { scope }) => node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')
+    && (scope.opset < 13 && (attrInt(node, 'axis') ?? 1) !== -1) === flat,
+});
+
+/** MatMul(q, kᵀ) or com.microsoft FusedMatMul → masks, biases, casts → Softmax → MatMul(v). */
+export const matmulQk = softmaxRule('softmax/matmul-qk', false, ['MatMul', 'FusedMatMul']);
+/** An Einsum whose rows come from one operand and keys from the other (either order) → Softmax → Einsum(v). */
+export const einsumQk = softmaxRule('softmax/einsum-qk', false, ['Einsum']);
+/** Opset < 13 Softmax(axis=k) flattens to 2-D around k: per row only when k = rank − 1 (a Reshape to [B·N·S, T]). */
+export const opset11Reshape = softmaxRule('softmax/opset11-reshape', true);
+
+function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | undefined): Found | Stop {
+  const { graph, shapes, opset } = ctx.scope;
+  const rank = shapes.rank(softmax.input[0]);
+  const axisProblem = checkAxis(softmax, opset, rank);
+  const passed = axisProblem ? 0 : 1;
+  // An axis problem is the first failed check, whatever the later ones say.
+  const stop = (at: NodeProto, reason: string, steps: number): Stop => (axisProblem ? { at: softmax, reason: axisProblem, steps } : { at, reason, steps });
+  const source = findLogitsMatMul(graph, softmax.input[0], softmax);
+  if ('reason' in source) return stop(source.at, source.reason, passed);
+  const product = source.matmul;
+  if (products && !products.includes(product.opType)) return stop(product, `logits come from ${product.opType}, not ${products.join(' or ')}`, passed);
+  const ends: NodeProto[] = [];
+  const valueMatMul = findValueMatMul(graph, softmax.output[0], ends);
+  if (!valueMatMul) return stop(ends[0] ?? softmax, 'probabilities do not reach a MatMul with values', passed + 1);
+  if (axisProblem && !ctx.forced) return { at: softmax, reason: axisProblem, steps: 2, attention: true, forcible: true };
+  const point = insertionPoint(graph, product, source.path);
+  const logitsRank = shapes.rank(point.logits) ?? rank;
+  // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
+  const patched = [graph.producer.get(product.input[0]), ...source.path.map((s) => s.node)]
+    .filter((n): n is NodeProto => Boolean(n?.name.startsWith(PATCH_PREFIX)));
+  const after = source.path.slice(point.offset);
+  return { kind: 'softmax', site: {
+    softmax, qkMatMul: product, valueMatMul, logits: point.logits, consumer: point.consumer, afterLogits: after, logitsRank,
+    logitsType: shapes.type(point.logits), heads: headsOf(ctx, product, logitsRank, point.logits),
+    mask: classifyMasks(graph, maskOperands(after)), patchedBy: patched.find((n) => /\/apply(_\d+)?$/.test(n.name)) ?? patched[0],
+    ...(axisProblem ? { forced: axisProblem } : {}),
+  } };
+}
+
+/** Heads traced from the query operand (for an Einsum: the operand and axis the logits' head axis comes from). */
+function headsOf({ scope }: RuleContext, product: NodeProto, logitsRank: number | undefined, logits: string): HeadInfo {
+  if (product.opType !== 'Einsum') return inferHeads(scope.graph, product.input[0], logitsRank, scope.shapes, { logits });
+  const q = einsumQueryOperand(product);
+  const t = einsumTerms(product)!;
+  const axis = logitsRank === 4 ? (q === 0 ? t.a : t.b).indexOf(t.out[1]) : -1;
+  return inferHeads(scope.graph, product.input[q], logitsRank, scope.shapes, { logits, ...(axis >= 0 ? { queryAxis: axis } : {}) });
+}
+
+/**
+ * Softmax must normalise over the key axis alone. At opset < 13 it flattens the input to 2-D around `axis`
+ * (default 1), which equals a last-axis Softmax only when axis = rank − 1 (e.g. a rank-2 view made by a Reshape).
+ */
+function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined): string | null {
+  const axis = attrInt(softmax, 'axis') ?? (opset >= 13 ? -1 : 1);
+  if (axis === -1) return opset >= 13 || rank === undefined || rank >= 2 ? null : 'Softmax over a 1-D tensor';
+  if (rank === undefined) return `Softmax axis ${axis} with logits of unknown rank: cannot tell it is the key axis`;
+  return axis === rank - 1 ? null : `Softmax over axis ${axis} of a rank-${rank} tensor, not over the last (key) axis`;
+}
+
+/**
+ * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final content
+ * logits in the Softmax's precision, but stops before any mask or reshape. A softcap (Div → Tanh → Mul, Gemma 2) is
+ * passed too: the capped logits are what the Softmax normalises, so the factor after the cap is exactly SSMax.
+ */
+function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits: string; consumer: Step; offset: number } {
+  let offset = 0;
+  for (; offset < path.length - 1; offset++) {
+    const { node, index } = path[offset];
+    const scaling = ((node.opType === 'Div' && index === 0) || node.opType === 'Mul') && graph.query.isStatic(node.input[1 - index]);
+    if (!(scaling || ['Cast', 'Identity', 'Tanh'].includes(node.opType)) || node.name.startsWith(PATCH_PREFIX)) break;
+  }
+  return { logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset };
+}

@@ -1,0 +1,102 @@
+/**
+ * What this tool knows about each op, in one table every stage reads:
+ *   shape     how the output shapes follow from the inputs (shape-rules.ts; the shape pass and ranks);
+ *   type      the output element type when it is not input 0's (the dtype of inserted ops);
+ *   logits    inputs through which attention logits flow toward the Softmax (detection, finding a patch);
+ *   probs     carries attention probabilities on to the product with the values (detection);
+ *   keepsAxes the output's axes are input 0's, element for element (tracing the head axis);
+ *   position  a position index stays a position through it (the longest context a model can run);
+ *   view      the same values, maybe in another shape or type (following token ids to their embedding);
+ *   shapeOnly reads the shape of its input, never the values (dependency queries stop there);
+ *   product   a product of two operands that can compute query·keyᵀ or probabilities·values.
+ * Ops not in the table are opaque: unknown shape, type of input 0, no role.
+ */
+import { DataType, NodeProto } from '../io/onnx';
+import { attr, attrInt, Graph } from './graph';
+import * as R from './shape-rules';
+
+export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: Graph) => number | undefined);
+
+export interface OpInfo {
+  shape?: R.ShapeRule;
+  type?: TypeRule;
+  logits?: number[];
+  probs?: boolean;
+  keepsAxes?: boolean;
+  position?: boolean;
+  view?: boolean;
+  shapeOnly?: boolean;
+  product?: boolean;
+}
+
+const unary: OpInfo = { shape: R.unary };
+const elementwise: OpInfo = { shape: R.elementwise };
+const compare: OpInfo = { shape: R.elementwise, type: 'bool' };
+
+export const OPS: Readonly<Record<string, OpInfo>> = {
+  // Carriers of logits, probabilities, heads and positions.
+  Cast: { shape: R.unary, type: (n) => attrInt(n, 'to'), logits: [0], probs: true, keepsAxes: true, position: true, view: true },
+  CastLike: { shape: R.unary, type: (n, typeOf) => typeOf(n.input[1]) },
+  Identity: { shape: R.unary, logits: [0], probs: true, keepsAxes: true, position: true, view: true },
+  Reshape: { shape: R.reshape, logits: [0], probs: true, position: true, view: true },
+  Squeeze: { shape: R.squeeze, logits: [0], probs: true, position: true, view: true },
+  Unsqueeze: { shape: R.unsqueeze, logits: [0], probs: true, position: true, view: true },
+  Flatten: { shape: R.flatten, position: true, view: true },
+  Dropout: { shape: R.unary, probs: true },
+  Where: { shape: R.elementwise, type: (n, typeOf) => typeOf(n.input[1]) ?? typeOf(n.input[2]), logits: [1, 2], probs: true },
+  Mul: { shape: R.elementwise, logits: [0, 1], probs: true, keepsAxes: true, position: true },
+  Div: { shape: R.elementwise, logits: [0], keepsAxes: true },
+  Add: { shape: R.elementwise, logits: [0, 1], keepsAxes: true, position: true },
+  Sub: { shape: R.elementwise, logits: [0], keepsAxes: true, position: true },
+  Max: { shape: R.elementwise, logits: [0, 1] },
+  Min: { shape: R.elementwise, logits: [0, 1] },
+  Tanh: { shape: R.unary, logits: [0] },
+  Clip: { shape: R.unary, logits: [0] },
+  Neg: { shape: R.unary, keepsAxes: true },
+  Concat: { shape: R.concat, keepsAxes: true, position: true },
+  Slice: { shape: R.slice, keepsAxes: true, position: true },
+  Gather: { shape: R.gather, position: true },
+  Expand: { shape: R.expand, position: true },
+  Tile: { shape: R.tile, position: true },
+  CumSum: { shape: R.unary, position: true },
+  Range: { shape: R.range, position: true },
+  Constant: { type: (n, _t, g) => g.constValue(n.output[0])?.dataType, position: true },
+  ConstantOfShape: { shape: R.constantOfShape, type: (n) => attr(n, 'value')?.t?.dataType ?? DataType.FLOAT, position: true },
+  Shape: { shape: R.shapeOf, type: 'int64', position: true, shapeOnly: true },
+  Size: { shape: R.size, type: 'int64', shapeOnly: true },
+  MatMul: { shape: R.matmul, product: true },
+  FusedMatMul: { shape: R.matmul, product: true },
+  Einsum: { shape: R.einsum, product: true },
+  // Shape and type only.
+  Softmax: unary, LogSoftmax: unary, Relu: unary, Gelu: unary, FastGelu: unary, Sigmoid: unary, Erf: unary, Sqrt: unary,
+  Exp: unary, Log: unary, Abs: unary, Reciprocal: unary, LayerNormalization: unary, SimplifiedLayerNormalization: unary,
+  SkipLayerNormalization: unary, SkipSimplifiedLayerNormalization: unary, RotaryEmbedding: unary, Softplus: unary,
+  Trilu: unary, Round: unary, Floor: unary, Ceil: unary, Sin: unary, Cos: unary, HardSigmoid: unary, Mish: unary,
+  ScatterND: unary, ScatterElements: unary,
+  IsNaN: { shape: R.unary, type: 'bool' }, IsInf: { shape: R.unary, type: 'bool' }, Not: { shape: R.unary, type: 'bool' },
+  Pow: elementwise, Mod: elementwise, BitShift: elementwise, Sum: elementwise, Mean: elementwise, PRelu: elementwise,
+  Equal: compare, Less: compare, Greater: compare, LessOrEqual: compare, GreaterOrEqual: compare, And: compare,
+  Or: compare, Xor: compare,
+  Transpose: { shape: R.transpose },
+  Pad: { shape: R.sameRank },
+  GatherElements: { shape: R.likeInput1 },
+  Gemm: { shape: R.gemm },
+  Split: { shape: R.split },
+  ReduceMean: { shape: R.reduce }, ReduceSum: { shape: R.reduce }, ReduceMax: { shape: R.reduce }, ReduceMin: { shape: R.reduce },
+  ReduceProd: { shape: R.reduce }, ReduceL2: { shape: R.reduce },
+  NonZero: { shape: R.nonZero, type: 'int64' },
+  ArgMax: { type: 'int64' }, ArgMin: { type: 'int64' },
+};
+
+const OPAQUE: OpInfo = {};
+
+/** What the table says about a node's op (ops of other domains than the default and com.microsoft are opaque). */
+export function opInfo(node: NodeProto): OpInfo {
+  if (node.domain && node.domain !== 'ai.onnx' && node.domain !== 'com.microsoft') return OPAQUE;
+  return Object.prototype.hasOwnProperty.call(OPS, node.opType) ? OPS[node.opType] : OPAQUE;
+}
+
+/** The same question for an op type alone. */
+export function opOf(opType: string): OpInfo {
+  return Object.prototype.hasOwnProperty.call(OPS, opType) ? OPS[opType] : OPAQUE;
+}

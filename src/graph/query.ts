@@ -1,0 +1,84 @@
+/**
+ * Questions about where a tensor's value comes from, each answered by one walk up the graph that remembers every
+ * tensor it passed: asking again, or about a tensor the walk already passed, costs nothing. The answers stay valid
+ * until the graph is edited (Graph.reindex and the edit methods forget them).
+ *
+ * Walks are iterative (no depth limit, no node budget: the graph's own size bounds them) and never pass from a
+ * shape-only op (Shape, Size) to its input: a shape tells sizes, not values.
+ */
+import { NodeProto } from '../io/onnx';
+import type { Graph } from './graph';
+import { opInfo } from './ops';
+
+/**
+ * What a walk sees at one tensor and its producer: an answer (found), `null` (nothing here or behind it: stop),
+ * or `undefined` (nothing here: look at the producer's inputs).
+ */
+export type Visit<T> = (tensor: string, producer: NodeProto | undefined) => T | null | undefined;
+
+export class Query {
+  private readonly tables = new Map<string, Map<string, unknown>>();
+
+  constructor(private readonly graph: Graph) {}
+
+  forget(): void {
+    this.tables.clear();
+  }
+
+  /**
+   * The first answer `visit` gives on `name` or its ancestors (inputs in order, depth first); `key` names the
+   * question, so that every call with the same key shares what earlier walks found.
+   */
+  first<T>(key: string, name: string, visit: Visit<T>): T | undefined {
+    if (!name) return undefined;
+    let memo = this.tables.get(key) as Map<string, T | null> | undefined;
+    if (!memo) this.tables.set(key, (memo = new Map()));
+    const stack = [name];
+    const open = new Set<string>();
+    while (stack.length) {
+      const t = stack[stack.length - 1];
+      if (memo.has(t)) { stack.pop(); continue; }
+      const p = this.graph.producer.get(t);
+      if (!open.has(t)) {
+        const v = visit(t, p);
+        if (v !== undefined || !p || opInfo(p).shapeOnly) { memo.set(t, v ?? null); stack.pop(); continue; }
+        open.add(t);
+        // A name on the current path again would be a cycle: it adds nothing.
+        const pending = p.input.filter((i) => i && !memo!.has(i) && !open.has(i));
+        if (pending.length) { stack.push(...pending.reverse()); continue; }
+      }
+      let found: T | null = null;
+      for (const i of p!.input) {
+        const r = i ? memo.get(i) : null;
+        if (r !== undefined && r !== null) { found = r; break; }
+      }
+      memo.set(t, found);
+      open.delete(t);
+      stack.pop();
+    }
+    return memo.get(name) ?? undefined;
+  }
+
+  /** True when the tensor depends only on constants and tensor shapes, never on an input's or activation's values. */
+  isStatic(name: string): boolean {
+    if (!name) return true;
+    const g = this.graph;
+    return !this.first('dynamic', name, (t, p) => (g.isConstant(t) ? null : g.inputs.has(t) || !p ? true : undefined));
+  }
+
+  /** True when `ancestor` is `name` or one of the tensors it is computed from. */
+  dependsOn(name: string, ancestor: string): boolean {
+    return this.first(`tensor:${ancestor}`, name, (t) => (t === ancestor ? true : undefined)) ?? false;
+  }
+
+  /** True when the tensor's values come from a graph input (not from shapes and constants alone). */
+  dependsOnInput(name: string): boolean {
+    const g = this.graph;
+    return this.first('input', name, (t) => (g.inputs.has(t) && !g.initializers.has(t) ? true : undefined)) ?? false;
+  }
+
+  /** True when some op of this type is among the nodes the tensor is computed from. */
+  reachesOp(name: string, opType: string): boolean {
+    return this.first(`op:${opType}`, name, (_t, p) => (p?.opType === opType ? true : undefined)) ?? false;
+  }
+}

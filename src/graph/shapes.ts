@@ -1,0 +1,111 @@
+/**
+ * Shapes and element types of a graph's tensors, known without running it: symbolic dims (polynomials over the
+ * dynamic dims, see poly.ts) propagated in topological order by the rules of ops.ts, from declared shapes,
+ * initializers and constants. Ranks come from the same pass (the length of a shape). Two sites whose query length
+ * and key length have the same expression see the same n at run time, so they can share one ln(n) computation.
+ * A dim no rule determines gets a fresh symbol named after its tensor and axis: still exact, never shared by
+ * accident.
+ */
+import { DataType, NodeProto, toNumber } from '../io/onnx';
+import { attr, Graph } from './graph';
+import { OpInfo, opInfo } from './ops';
+import { num, Poly, sym } from './poly';
+import { OutSym, Sym } from './shape-rules';
+import { topoOrder } from './toposort';
+
+const INTEGERS = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64]);
+
+export class Shapes {
+  private readonly syms = new Map<string, Sym>();
+  private readonly types = new Map<string, number>();
+
+  /** `outer`: the enclosing scope's pass, for the names a subgraph reads from it. */
+  constructor(private readonly graph: Graph, private readonly outer?: Shapes) {
+    for (const v of graph.proto.input) {
+      const dims = v.type?.tensorType?.shape?.dim;
+      if (dims && !graph.initializers.has(v.name)) {
+        this.syms.set(v.name, {
+          shape: dims.map((d, i) => (d.dimParam ? sym(d.dimParam) : toNumber(d.dimValue) > 0 ? num(toNumber(d.dimValue)) : sym(`${v.name}:${i}`))),
+        });
+      }
+    }
+    for (const node of topoOrder(graph.proto)) this.visit(node);
+  }
+
+  shape(name: string): Poly[] | undefined {
+    return this.get(name).shape;
+  }
+
+  rank(name: string): number | undefined {
+    return this.shape(name)?.length;
+  }
+
+  /** Symbolic size of one axis (negative axes count from the end). */
+  dim(name: string, axis: number): Poly | undefined {
+    const s = this.shape(name);
+    return s?.[axis < 0 ? s.length + axis : axis];
+  }
+
+  /** The ONNX element type, declared or inferred. */
+  type(name: string): number | undefined {
+    return this.graph.elemType(name) ?? this.types.get(name) ?? (this.graph.definesLocally(name) ? undefined : this.outer?.type(name));
+  }
+
+  /** Every tensor whose rank is known, for callers that want a plain map. */
+  get ranks(): Map<string, number> {
+    return new Map([...this.syms].flatMap(([k, v]) => (v.shape ? [[k, v.shape.length] as [string, number]] : [])));
+  }
+
+  private get(name: string): Sym {
+    if (!name) return {};
+    const known = this.syms.get(name);
+    if (known) return known;
+    if (!this.graph.definesLocally(name) && this.outer) return this.outer.get(name);
+    const producer = this.graph.producer.get(name);
+    const init = this.graph.initializers.get(name) ?? (producer?.opType === 'Constant' ? attr(producer, 'value')?.t : undefined);
+    // Values only of the small integer tensors shapes are built from: weights (maybe external data) stay unread.
+    const small = (t: { dims: unknown[]; dataType: number }): boolean => t.dims.length <= 1 && INTEGERS.has(t.dataType)
+      && t.dims.reduce((a: number, d) => a * toNumber(d as number), 1) <= 16;
+    const c = init && !small(init) ? undefined : this.graph.constValue(name);
+    const dims = init ? init.dims.map(toNumber) : c?.dims;
+    if (!dims) return {};
+    const entry: Sym = { shape: dims.map(num) };
+    if (c && small(c)) entry.value = c.values.map(num);
+    this.syms.set(name, entry);
+    return entry;
+  }
+
+  private visit(node: NodeProto): void {
+    const info = opInfo(node);
+    // A Constant's shape and values are read lazily from its tensor (get), like an initializer's.
+    if (node.opType !== 'Constant') this.inferShapes(node, info);
+    const t = info.type;
+    const inferred = t === 'bool' ? DataType.BOOL : t === 'int64' ? DataType.INT64 : t ? t(node, (n) => this.type(n), this.graph) : this.type(node.input[0]);
+    node.output.forEach((o, i) => {
+      if (o && inferred !== undefined && (i === 0 || node.opType === 'Split')) this.types.set(o, inferred);
+    });
+  }
+
+  private inferShapes(node: NodeProto, info: OpInfo): void {
+    let out: OutSym[] = [];
+    try {
+      out = info.shape ? info.shape(node, node.input.map((i) => this.get(i)), this.graph) : [];
+    } catch {
+      out = []; // a dim grew too large (poly.ts): unknown, not wrong
+    }
+    node.output.forEach((o, i) => {
+      if (!o) return;
+      const shape = this.declaredOr(o, out[i]?.shape);
+      this.syms.set(o, { shape: shape?.map((d, a) => d ?? sym(`${o}:${a}`)), value: out[i]?.value });
+    });
+  }
+
+  /** The rule's shape, unless the file declares another rank; declared static dims fill what the rule left open. */
+  private declaredOr(name: string, ruled: (Poly | undefined)[] | undefined): (Poly | undefined)[] | undefined {
+    const dims = this.graph.valueInfo.get(name)?.type?.tensorType?.shape?.dim;
+    if (!dims) return ruled;
+    const declared = dims.map((d) => (toNumber(d.dimValue) > 0 ? num(toNumber(d.dimValue)) : undefined));
+    if (!ruled || ruled.length !== declared.length) return declared;
+    return ruled.map((d, i) => d ?? declared[i]);
+  }
+}

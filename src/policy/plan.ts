@@ -1,0 +1,80 @@
+/**
+ * The options of a patch, resolved into one plan before the model is touched: the preset and its factor, where s
+ * comes from, which layers, how n is computed, which refused sites are forced, and whether an existing patch is
+ * updated. Every value is checked here, for API callers as for the CLI, and combinations that would be ignored
+ * are refused.
+ */
+import { InputError, opt } from '../errors';
+import { Preset, presetScale, resolvePreset } from './factor';
+import { LayerSpec, parseLayers } from './layers';
+import { NOption, parseNOption } from './n-mode';
+import { resolveScaleSpec, ScaleOptions, ScaleSpec } from './scale';
+
+export interface PatchOptions extends ScaleOptions {
+  /** How n is computed at each site (default auto). */
+  n?: NOption;
+  /** Already parsed s (from a JSON file or an API caller); overrides s / trainLen / sFile. */
+  scale?: ScaleSpec;
+  /** On an already patched model, replace s instead of refusing. */
+  updateS?: boolean;
+  /** Node names of refused sites to patch anyway (the deviation from exact SSMax is accepted knowingly). */
+  force?: string[];
+  /** ssmax (default), qwen-logn or llama4, with their parameters. */
+  preset?: string;
+  b?: number;
+  floorScale?: number;
+  attnScale?: number;
+  /** Layers to patch: "3,7,11" or "every:4" (default all). */
+  layers?: string;
+  /** Accept nodes out of topological order and write them sorted (otherwise such a graph is refused). */
+  sortNodes?: boolean;
+}
+
+export interface PatchPlan {
+  preset: Preset;
+  spec: ScaleSpec;
+  n: NOption;
+  layers: LayerSpec;
+  force: string[];
+  update: boolean;
+  sortNodes: boolean;
+  /** The training length the user stated, kept in the patch record. */
+  trainLen?: number;
+}
+
+export function resolvePlan(o: PatchOptions): PatchPlan {
+  const n = parseNOption(o.n ?? 'auto');
+  if (o.force !== undefined && (!Array.isArray(o.force) || o.force.some((f) => typeof f !== 'string' || f === ''))) {
+    throw new InputError(`${opt('force')} must be a list of node names`);
+  }
+  if (o.updateS) refuseIgnoredByUpdate(o);
+  const preset = resolvePreset(o);
+  return {
+    preset, spec: o.scale ?? scaleSpecFor(preset, o), n, layers: parseLayers(o.layers), force: o.force ?? [],
+    update: Boolean(o.updateS), sortNodes: Boolean(o.sortNodes), trainLen: o.trainLen,
+  };
+}
+
+/** An update replaces s and nothing else: options that shape the factor would be silently ignored. */
+function refuseIgnoredByUpdate(o: PatchOptions): void {
+  const ignored: [keyof PatchOptions, boolean][] = [
+    ['layers', o.layers !== undefined], ['n', o.n !== undefined && o.n !== 'auto'], ['force', Boolean(o.force?.length)],
+    ['b', o.b !== undefined], ['floorScale', o.floorScale !== undefined],
+  ];
+  const given = ignored.filter(([, g]) => g).map(([k]) => opt(k));
+  if (given.length) {
+    throw new InputError(`${opt('updateS')} replaces s in place and keeps everything else of the patch: ${given.join(', ')} would be ignored; revert and patch again to change them`);
+  }
+}
+
+/** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
+function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
+  if (preset.kind === 'qwen-logn' && (options.s !== undefined || options.sFile !== undefined)) {
+    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')} or ${opt('sFile')}`);
+  }
+  if (preset.kind === 'llama4') {
+    if (options.s !== undefined || options.sFile !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')} or ${opt('sFile')}`);
+    return { kind: 'scalar', s: presetScale(preset)!, from: opt('attnScale') };
+  }
+  return resolveScaleSpec(options);
+}

@@ -1,0 +1,94 @@
+/**
+ * The patch journal: every edit the patch makes to a model, scope by scope, written into the patch record so
+ * that revert, --update-s and verification undo or find exactly what was done, instead of recognising it from
+ * node names or structure. Inserted nodes, initializers and inputs are listed by name (names are unique
+ * model-wide); a rewired input by the first output of the node that reads it (tensor names are unique too), the
+ * input's position, and what it read before and after.
+ */
+import { Graph } from '../graph/graph';
+import { NodeProto, TensorProto, ValueInfoProto } from '../io/onnx';
+
+export interface Rewire {
+  /** First output of the node whose input was changed. */
+  node: string;
+  input: number;
+  from: string;
+  to: string;
+  /** The node's input count before the edit (an input may have been appended). */
+  length: number;
+}
+
+export interface ScopeEdits {
+  /** The scope path (`main`, `main/<node>.<attribute>`, `function <domain>:<name>`). */
+  scope: string;
+  /** Whose edits these are: one site's (`L<layer>`, the layer in that scope) or the scope's shared n (`shared`). */
+  owner: string;
+  nodes: string[];
+  initializers: string[];
+  /** Graph inputs added: function inputs through which s comes in, IR < 4 declarations of initializers. */
+  inputs: string[];
+  rewired: Rewire[];
+  /**
+   * The scope's original nodes in their original order (by first output), when the topological sort after the
+   * patch had to move one of them (a factor reading a mask computed after the query, say).
+   */
+  order?: string[];
+}
+
+/** How the journal names an existing node: its first output (tensor names are unique), or its name. */
+export function nodeKey(node: NodeProto): string {
+  return node.output.find(Boolean) ?? `#${node.name}`;
+}
+
+/** Edits of one scope's graph, each applied through the graph's edit API and written down. */
+export class Editor {
+  constructor(readonly graph: Graph, readonly edits: ScopeEdits) {}
+
+  insert(node: NodeProto): void {
+    this.graph.insertNode(node);
+    this.edits.nodes.push(node.name);
+  }
+
+  setInput(node: NodeProto, index: number, name: string): void {
+    this.edits.rewired.push({ node: nodeKey(node), input: index, from: node.input[index] ?? '', to: name, length: node.input.length });
+    this.graph.setInput(node, index, name);
+  }
+
+  addInitializer(t: TensorProto): void {
+    this.graph.addInitializer(t);
+    this.edits.initializers.push(t.name);
+  }
+
+  addInput(v: ValueInfoProto): void {
+    this.graph.addInput(v);
+    this.edits.inputs.push(v.name);
+  }
+}
+
+/** One journal for the whole patch; entries appear in the order they were first edited. */
+export class Journal {
+  private readonly scopes = new Map<string, Editor>();
+
+  editor(scope: string, graph: Graph, owner = 'shared'): Editor {
+    const key = `${owner}@${scope}`;
+    let e = this.scopes.get(key);
+    if (!e) {
+      e = new Editor(graph, { scope, owner, nodes: [], initializers: [], inputs: [], rewired: [] });
+      this.scopes.set(key, e);
+    }
+    return e;
+  }
+
+  /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */
+  keepOrder(scope: string, graph: Graph, before: readonly NodeProto[]): void {
+    const now = new Set(before);
+    const after = graph.nodes.filter((n) => now.has(n));
+    if (after.every((n, i) => n === before[i])) return;
+    this.editor(scope, graph, 'order').edits.order = before.map(nodeKey);
+  }
+
+  record(): ScopeEdits[] {
+    return [...this.scopes.values()].map((e) => e.edits)
+      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length > 0 || e.order);
+  }
+}

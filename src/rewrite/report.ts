@@ -1,0 +1,49 @@
+/** What a patch reports: one entry per patched site, the skipped and refused ones, and the model it wrote. */
+import type { SkippedSoftmax } from '../detect/find-attention';
+import type { ModelProto } from '../io/onnx';
+import type { PresetName } from '../policy/factor';
+import type { LayerScale } from '../policy/scale';
+import type { Target } from './insert-scale';
+
+export interface PatchedSite {
+  node: string;
+  layer: number;
+  /** The graph holding the site: `main`, a subgraph path (`main/<node>.<attribute>`), or the caller of a function. */
+  scope: string;
+  /** `Softmax`, the fused operator (`com.microsoft.MultiHeadAttention`, `Attention`, ...), or `call <function>`. */
+  kind: string;
+  n: string;
+  nReason: string;
+  heads: number | null;
+  headAxis: number | null;
+  headsReason: string;
+  logitsRank: number | null;
+  /** The tensor the factor multiplies: the content logits, or the fused operator's query (or weights). */
+  logits: string;
+  s: LayerScale;
+  sInitializer: string;
+  /** Set when a forced site accepted a deviation from exact SSMax. */
+  deviation?: string;
+  /** Where the factor multiplies: the query rows (cheap) or the logits. */
+  target: Target;
+  /** Sites with the same key share one computation of n. */
+  nShared: string;
+  /** The detection rule that matched the site. */
+  rule?: string;
+}
+
+export interface PatchReport {
+  sites: PatchedSite[];
+  skipped: SkippedSoftmax[];
+  updated: boolean;
+  opset: number;
+  irVersion: number;
+  preset: PresetName;
+  /** Distinct computations of n in the patched model. */
+  nSources: number;
+}
+
+export interface PatchResult {
+  model: ModelProto;
+  report: PatchReport;
+}

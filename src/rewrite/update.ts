@@ -1,0 +1,116 @@
+/**
+ * Updating s of an existing patch in place: the factor's structure stays, only the s initializers change. The
+ * record says which initializer belongs to which site; without a record (another tool dropped it, or renamed
+ * every node), the factors are found from the graph.
+ */
+import { CallSite, defaultOpset, Detection, SkippedSoftmax } from '../detect/find-attention';
+import { InputError } from '../errors';
+import { Graph, nodeLabel } from '../graph/graph';
+import { Scope } from '../graph/scopes';
+import { makeTensor } from '../graph/tensor';
+import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
+import { PatchPlan } from '../policy/plan';
+import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
+import { Factor } from './existing';
+import { findScaleTensor, PatchRecord, readRecord, writeRecord } from './record';
+import { PatchedSite, PatchReport } from './report';
+import { AnySite, headsOf, orderedSites, scalesForSites, siteNode } from './sites';
+
+/** The record's sites get the s the plan gives their layers; the record notes the new s and train length. */
+export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: Detection, record: PatchRecord, plan: PatchPlan): PatchReport {
+  if (record.preset !== plan.preset.kind) {
+    throw new InputError(`the model is patched with the ${record.preset} preset; an update keeps it: give no other preset, or revert and patch again`);
+  }
+  const all = orderedSites(detection, scopes);
+  const scales = scalesForSites(plan.spec, all, detection.skipped);
+  const byLayer = new Map(all.map((a, i) => [`${a.site.scope}|${a.site.layer}`, { a, s: scales[i] }]));
+  const graphOf = new Map(scopes.map((s) => [s.path, s.graph]));
+  const sites = record.sites.map((rec): PatchedSite => {
+    const scope = rec.scope ?? 'main';
+    const found = byLayer.get(`${scope}|${rec.layer}`);
+    if (!found) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
+    replaceScale(graphOf.get(scope)!, rec.sInitializer, found.s, rec.layer);
+    rec.s = found.s;
+    return updatedSite(found.a, found.s, rec.sInitializer, rec.n, rec.target);
+  });
+  record.scale = describeSpec(plan.spec);
+  record.trainLen = plan.trainLen;
+  if (plan.preset.kind === 'llama4') record.attnScale = plan.preset.attnScale;
+  writeRecord(model, record);
+  return report(model, sites, detection.skipped, record.preset);
+}
+
+/** Sites patched by this tool whose record is gone: the inserted apply nodes are found by their names. */
+export function updateByNames(model: ModelProto, scopes: Scope[], detection: Detection, sites: AnySite[], plan: PatchPlan): PatchReport {
+  const scales = scalesForSites(plan.spec, sites, []);
+  const record = readRecord(model);
+  const byPath = new Map(scopes.map((s) => [s.path, s]));
+  const out = sites.map((a, i): PatchedSite => {
+    const scope = byPath.get(a.site.scope)!;
+    const apply = a.kind === 'call' ? a.site.inner.patchedBy : a.site.patchedBy;
+    if (!apply) throw new InputError(`layer ${a.site.layer}: not patched while other layers are; patch the original model instead`);
+    const name = a.kind === 'call' ? callScaleName(a.site, byPath, apply) : findScaleTensor(scope.graph, apply);
+    if (!name || !scope.graph.initializers.has(name)) throw new InputError(`layer ${a.site.layer}: patched, but its s initializer was not found`);
+    replaceScale(scope.graph, name, scales[i], a.site.layer);
+    return updatedSite(a, scales[i], name, 'unchanged');
+  });
+  if (record) writeRecord(model, record);
+  return report(model, out, detection.skipped, record?.preset ?? 'ssmax');
+}
+
+/** Factors found by structure only (renamed, no record): s is the one float initializer each uses. */
+export function updateRenamed(model: ModelProto, graph: Graph, factors: Factor[], spec: ScaleSpec, skipped: SkippedSoftmax[]): PatchReport {
+  const scales = scalesForLayers(spec, factors.map(() => undefined));
+  const sites = factors.map((f, i): PatchedSite => {
+    const name = findScaleTensor(graph, f.apply, f.factor, f.logits);
+    if (!name || !graph.initializers.has(name)) throw new InputError(`factor ${nodeLabel(f.apply)}: its s initializer was not found`);
+    replaceScale(graph, name, scales[i], i);
+    return {
+      node: f.softmax ? nodeLabel(f.softmax) : nodeLabel(f.apply), layer: f.layer ?? i, scope: 'main', kind: 'Softmax', n: 'unchanged',
+      nReason: 'kept from the earlier patch', heads: null, headAxis: null, headsReason: '', logitsRank: null, logits: f.logits,
+      s: scales[i], sInitializer: name, target: 'logits', nShared: 'unchanged',
+    };
+  });
+  return report(model, sites, skipped, 'ssmax');
+}
+
+export function describeSpec(spec: ScaleSpec): string {
+  if (spec.kind === 'scalar') return `s=${spec.s} (${spec.from})`;
+  return spec.kind === 'per-head' ? 'per-head s' : 'per-layer, per-head s';
+}
+
+function report(model: ModelProto, sites: PatchedSite[], skipped: SkippedSoftmax[], preset: PatchReport['preset']): PatchReport {
+  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0 };
+}
+
+function updatedSite(a: AnySite, s: LayerScale, sInitializer: string, n: string, target: PatchedSite['target'] = 'logits'): PatchedSite {
+  return {
+    node: siteNode(a), layer: a.site.layer, scope: a.site.scope,
+    kind: a.kind === 'softmax' ? 'Softmax' : a.kind === 'fused' ? a.site.op : `call ${a.site.fn.name}`,
+    n, nReason: 'kept from the earlier patch', heads: headsOf(a) ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '',
+    s, sInitializer, target, nShared: 'unchanged',
+  };
+}
+
+/** The record names an s initializer the model no longer has: renamed by another tool after patching. */
+export class StaleRecord extends InputError {}
+
+/** Replaces an s initializer (of this graph or an enclosing one) with the new values, same shape. */
+function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number): void {
+  const old = graph.initializers.get(name);
+  if (!old) throw new StaleRecord(`layer ${layer}: its s initializer '${name}' is not in the model (renamed after patching?)`);
+  const dims = Array.isArray(s) ? [s.length, 1, 1] : [];
+  if (old.dims.map(toNumber).join() !== dims.join()) {
+    throw new InputError(`layer ${layer}: cannot change s from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
+  }
+  // The initializer may belong to an enclosing graph.
+  let owner: Graph | undefined = graph;
+  while (owner && !owner.proto.initializer.includes(old)) owner = owner.parent;
+  owner!.replaceInitializer(makeTensor(name, DataType.FLOAT, dims, Array.isArray(s) ? s : [s]));
+}
+
+function callScaleName(call: CallSite, byPath: Map<string, Scope>, apply: NodeProto): string | null {
+  const fnInput = findScaleTensor(byPath.get(call.inner.scope)!.graph, apply);
+  const position = fnInput ? call.fn.input.indexOf(fnInput) : -1;
+  return position >= 0 ? call.call.input[position] ?? null : null;
+}
