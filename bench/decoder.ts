@@ -52,7 +52,8 @@ export function buildDecoder(cfg: DecoderConfig): ModelProto {
   const nodes: NodeProto[] = [];
   const inits: TensorProto[] = [];
   const f32 = (name: string, dims: number[], std: number, seed: number): string => {
-    inits.push(makeTensor(name, DataType.FLOAT, dims, std === 0 ? new Array(dims.reduce((a, b) => a * b, 1)).fill(1) : random(dims.reduce((a, b) => a * b, 1), std, seed)));
+    const count = dims.reduce((a, b) => a * b, 1);
+    inits.push(makeTensor(name, DataType.FLOAT, dims, std === 0 ? new Array(count).fill(1) : random(count, std, seed)));
     return name;
   };
   const i64 = (name: string, values: number[], scalar = false): string => {

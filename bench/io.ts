@@ -9,7 +9,8 @@
  * or on a busy machine: `dd iflag=nocache` evicts only that file, nothing else on the machine).
  *
  * Options: --reps N (default 3; the median is reported), --only LABEL[,LABEL], --cache warm|cold|both,
- * --large (adds a 4 GB model, written with external data since it passes 2 GB), --dir DIR (model cache; also SSMAX_BENCH_DIR; default ~/.cache/ssmax-patch-bench).
+ * --large (adds a 4 GB model, written with external data since it passes 2 GB), --dir DIR (model cache; also
+ * SSMAX_BENCH_DIR; default ~/.cache/ssmax-patch-bench).
  */
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';

@@ -59,7 +59,8 @@ describe('com.microsoft MultiHeadAttention', () => {
     }));
   }
 
-  function feedsFor(S: number, L: number, past = 0, seed = 1): { feeds: Feeds; q: Float32Array; k: Float32Array; v: Float32Array; pk: Float32Array; pv: Float32Array } {
+  type Fed = { feeds: Feeds; q: Float32Array; k: Float32Array; v: Float32Array; pk: Float32Array; pv: Float32Array };
+  function feedsFor(S: number, L: number, past = 0, seed = 1): Fed {
     const q = floats(B * S * D, seed, 1.5), k = floats(B * L * D, seed + 1, 1.5), v = floats(B * L * D, seed + 2);
     const pk = floats(B * N * past * H, seed + 3, 1.5), pv = floats(B * N * past * H, seed + 4);
     const feeds: Feeds = { q: f32([B, S, D], q), k: f32([B, L, D], k), v: f32([B, L, D], v) };

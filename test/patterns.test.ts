@@ -122,7 +122,9 @@ const patterns: Pattern[] = [
     build(S) {
       const t = qkv(S, 30);
       const alibi = new Float32Array(B * N * S * S);
-      for (let x = 0; x < B * N; x++) for (let i = 0; i < S; i++) for (let j = 0; j < S; j++) alibi[(x * S + i) * S + j] = -0.5 * ((x % N) + 1) * Math.abs(i - j);
+      for (let x = 0; x < B * N; x++) {
+        for (let i = 0; i < S; i++) for (let j = 0; j < S; j++) alibi[(x * S + i) * S + j] = -0.5 * ((x % N) + 1) * Math.abs(i - j);
+      }
       const m = model({
         nodes: [node('Reshape', ['q', 'bh'], ['q3']), node('Reshape', ['k', 'bh'], ['k3']), node('Reshape', ['v', 'bh'], ['v3']),
           node('Transpose', ['k3'], ['k3t'], { perm: [0, 2, 1] }), node('MatMul', ['q3', 'k3t'], ['mm']), node('Mul', ['mm', 'alpha'], ['scaled']),
@@ -172,7 +174,10 @@ const patterns: Pattern[] = [
         initializers: [...c.inits, makeTensor('sqrt_d', DataType.FLOAT16, [], [Math.sqrt(H)])],
       });
       return { m, layout: 'bnsd', feeds: bnshInputs(S, t),
-        spec: { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: bnsd(t.q, N, S, H), k: bnsd(t.k, N, S, H), v: bnsd(t.v, N, S, H), visible: causalVisible } };
+        spec: {
+          B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: bnsd(t.q, N, S, H), k: bnsd(t.k, N, S, H), v: bnsd(t.v, N, S, H),
+          visible: causalVisible,
+        } };
     },
     inspect(patched) {
       const apply = patched.graph!.node.find((n) => n.name === 'ssmax/L0/apply')!;

@@ -75,7 +75,9 @@ function readJunit(file: string): Junit {
 }
 
 /** The counts a JUnit file must have for a verification, computed from the JSON report independently. */
-function expectedCounts(checks: { status: string; sites?: { passed: boolean }[] }[], refused: number, strict: boolean): { tests: number; failures: number; skipped: number } {
+type Counts = { tests: number; failures: number; skipped: number };
+
+function expectedCounts(checks: { status: string; sites?: { passed: boolean }[] }[], refused: number, strict: boolean): Counts {
   let tests = refused, failures = 0, skipped = 0;
   for (const c of checks) {
     const cases = c.sites?.length ? c.sites.map((s) => (s.passed ? 'PASSED' : 'FAILED')) : [c.status];

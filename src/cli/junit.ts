@@ -65,6 +65,7 @@ function caseXml(c: Case): string {
 }
 
 /** XML 1.0 cannot carry most control characters at all, even escaped: they become U+FFFD. */
+// eslint-disable-next-line no-control-regex
 const clean = (s: string): string => s.replace(/[\u0000-\u0008\u000b\u000c\u000e-\u001f\ufffe\uffff]/g, '\ufffd');
 const text = (s: string): string => clean(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 const attr = (s: string): string => text(s).replace(/"/g, '&quot;').replace(/\n/g, '&#10;').replace(/\r/g, '&#13;').replace(/\t/g, '&#9;');

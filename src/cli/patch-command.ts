@@ -148,7 +148,9 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
 }
 
 /** Verification (and --strict) before anything is written; the verdict goes into the document. */
-async function verifyBeforeWriting(original: ModelProto, model: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): Promise<VerifyReport> {
+async function verifyBeforeWriting(
+  original: ModelProto, model: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
+): Promise<VerifyReport> {
   // Loaded only when asked for: onnxruntime costs start-up time and memory a plain patch does not need.
   const { verifyPatch } = await import('../verify/verify');
   const verification = await verifyPatch(original, model, plan.verifyOptions);
@@ -189,7 +191,9 @@ function writeOptions(o: PatchCliOptions, input: string): WriteOptions {
   return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
 }
 
-function textLines(report: PatchReport, verification: VerifyReport | undefined, doc: PatchDocument, written: WriteReport | null, files: string[], dryRun: boolean): string[] {
+function textLines(
+  report: PatchReport, verification: VerifyReport | undefined, doc: PatchDocument, written: WriteReport | null, files: string[], dryRun: boolean,
+): string[] {
   const lines = formatPatch(report, dryRun);
   if (verification) lines.push(...formatVerify(verification), ...strictLines(doc), ...files);
   lines.push(...formatWrite(written, dryRun));

@@ -95,8 +95,3 @@ export function opInfo(node: NodeProto): OpInfo {
   if (node.domain && node.domain !== 'ai.onnx' && node.domain !== 'com.microsoft') return OPAQUE;
   return Object.prototype.hasOwnProperty.call(OPS, node.opType) ? OPS[node.opType] : OPAQUE;
 }
-
-/** The same question for an op type alone. */
-export function opOf(opType: string): OpInfo {
-  return Object.prototype.hasOwnProperty.call(OPS, opType) ? OPS[opType] : OPAQUE;
-}

@@ -13,7 +13,9 @@ import { num, Poly, sym } from './poly';
 import { OutSym, Sym } from './shape-rules';
 import { topoOrder } from './toposort';
 
-const INTEGERS = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64]);
+const INTEGERS = new Set<number>([
+  DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
+]);
 
 export class Shapes {
   private readonly syms = new Map<string, Sym>();

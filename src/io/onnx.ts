@@ -5,7 +5,6 @@
  */
 import { serializeModel } from './model-file';
 import { cloneTracked } from './origin';
-import { protoType } from './proto';
 import { decodeBytes } from './read';
 import { Int64 } from './constants';
 
@@ -110,9 +109,4 @@ export function encodeModel(model: ModelProto): Uint8Array {
 /** A deep copy that is still written losslessly (it keeps each message's provenance). */
 export function cloneModel(model: ModelProto): ModelProto {
   return cloneTracked(model);
-}
-
-/** Reports structural problems protobufjs itself would accept (e.g. wrong field types) as text, or null. */
-export function checkModelShape(model: ModelProto): string | null {
-  return protoType('ModelProto').verify(model as unknown as Record<string, unknown>);
 }

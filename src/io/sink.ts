@@ -54,7 +54,8 @@ export function removeTemporaryFiles(): number {
 export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
   const tx = new Transaction(jobs, progress);
   try {
-    for (const _ of tx.steps());
+    const steps = tx.steps();
+    while (!steps.next().done);
     return tx.complete();
   } catch (e) {
     tx.abort();
@@ -68,7 +69,8 @@ export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
 export async function commitAsync(jobs: Job[], progress: Progress | null): Promise<JobResult[]> {
   const tx = new Transaction(jobs, progress);
   try {
-    for (const _ of tx.steps()) await new Promise<void>((resolve) => setImmediate(resolve));
+    const steps = tx.steps();
+    while (!steps.next().done) await new Promise<void>((resolve) => setImmediate(resolve));
     return tx.complete();
   } catch (e) {
     tx.abort();

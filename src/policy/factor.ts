@@ -54,10 +54,3 @@ export function presetScale(p: Preset): number | undefined {
 export function presetNeedsPositions(p: Preset): boolean {
   return p.kind !== 'ssmax';
 }
-
-/** The factor in plain arithmetic, for reports and tests. */
-export function factorValue(p: Preset, s: number, n: number): number {
-  if (p.kind === 'qwen-logn') return Math.max(1, s * Math.log(n));
-  if (p.kind === 'llama4') return Math.log(Math.floor(n / p.floorScale) + 1) * s + 1;
-  return s * Math.log(n) + (p.b ?? 0);
-}

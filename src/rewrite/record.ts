@@ -90,5 +90,3 @@ export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.i
     && c.input.some((i) => i !== name && graph.query.reachesOp(i, 'Log'))));
   return scales.length === 1 ? scales[0] : null;
 }
-
-export const findScaleInitializer = findScaleTensor;

@@ -12,7 +12,7 @@ import { validateGraph } from '../graph/validate';
 import { GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
 import { nodeKey, ScopeEdits } from './journal';
-import { findScaleInitializer, PatchRecord, readRecord, removeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
 
 export interface RevertedSite {
@@ -169,7 +169,7 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
 }
 
 function describe(graph: Graph, f: Factor, index: number): RevertedSite {
-  const sName = findScaleInitializer(graph, f.apply, f.factor, f.logits);
+  const sName = findScaleTensor(graph, f.apply, f.factor, f.logits);
   const value = sName ? graph.constValue(sName) : null;
   const s = value ? (value.values.length === 1 ? value.values[0] : value.values) : null;
   return {

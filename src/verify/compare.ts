@@ -36,7 +36,10 @@ export function compareOutputs(actual: Outputs, expected: Outputs, tol: Toleranc
 }
 
 function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[string], tol: Tolerance): OutputStats {
-  const base = { name, dims: e.dims, maxAbs: Infinity, meanAbs: Infinity, maxRel: Infinity, scale: 0, neededAtol: Infinity, neededRtol: Infinity, newNonFinite: 0, passed: false };
+  const base = {
+    name, dims: e.dims, maxAbs: Infinity, meanAbs: Infinity, maxRel: Infinity, scale: 0, neededAtol: Infinity, neededRtol: Infinity,
+    newNonFinite: 0, passed: false,
+  };
   if (!a) return { ...base, mismatches: e.data.length, error: 'missing in the actual outputs' };
   if (a.dims.join() !== e.dims.join()) return { ...base, mismatches: e.data.length, error: `shape [${a.dims.join(', ')}] instead of [${e.dims.join(', ')}]` };
   let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0;

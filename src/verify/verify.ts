@@ -142,7 +142,8 @@ function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptio
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const tolerance = { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 };
   const setup: Setup = {
-    record, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source, plan, seqFree, pastFree, pinned, checks, tolerance,
+    record, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source, plan, seqFree,
+    pastFree, pinned, checks, tolerance,
     toleranceGiven: options.atol !== undefined || options.rtol !== undefined, lowPrecisionOutputs, retrofit: { ids: new Set(), criterion: '' }, modelOutputs: original.graph!.output.map((o) => o.name),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
