@@ -47,7 +47,7 @@ describe('--update-s through the record', () => {
     assert.equal(report.sites.length, record.sites.length);
     for (const site of record.sites) {
       assert.equal(site.s, scaleFromTrainLen(128));
-      assert.deepEqual(g.constValue(site.sInitializer)!.values, [Math.fround(scaleFromTrainLen(128))]);
+      assert.deepEqual(g.constValue(site.sInitializer!)!.values, [Math.fround(scaleFromTrainLen(128))]);
     }
     assert.equal(twice.graph!.node.length, once.graph!.node.length, 'no node added');
     // The journal still undoes the whole patch.

@@ -156,6 +156,16 @@ describe('JSON report and its schema', () => {
     assertValid(JSON.parse(fs.readFileSync(path.join(REPO, 'docs/verify-llama_gqa.json'), 'utf8')), 'docs/verify-llama_gqa.json');
   });
 
+  it('reports with a positional prior, alone (--preset none: n none, s null) or beside the factor, are valid', () => {
+    for (const args of [['--preset', 'none', '--prior', 'ggd'], ['--s', '0.3', '--prior', 'alibi']]) {
+      const r = cli([path.join(TORCH, 'gpt2_past.onnx'), ...args, '--dry-run', '--json']);
+      assert.equal(r.code, 0, r.stderr);
+      const doc = JSON.parse(r.stdout);
+      assertValid(doc, args.join(' '));
+      assert.ok(doc.sites.every((s: { prior?: object }) => s.prior), 'no prior in the report');
+    }
+  });
+
   it('the schema rejects what the tool must never print', () => {
     const v = JSON.parse(cli(['verify', w.original, w.patched, '--json', '--checks', 'wiring']).stdout);
     const p = JSON.parse(cli([w.original, '--s', '0.3', '--json', '--dry-run']).stdout);

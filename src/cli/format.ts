@@ -5,7 +5,7 @@ import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
 import { VerifyReport } from '../verify/verify';
 
-const fmtS = (s: LayerScale): string => (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4));
+const fmtS = (s: LayerScale | null): string => (s === null ? 'none' : (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4)));
 
 export function formatPatch(report: PatchReport, dryRun = false): string[] {
   const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;

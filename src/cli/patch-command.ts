@@ -31,6 +31,8 @@ export interface PatchCliOptions extends VerifyCliOptions {
   verify?: boolean;
   forceSite?: string[];
   preset?: string;
+  prior?: string;
+  priorFile?: string;
   b?: string;
   floorScale?: string;
   attnScale?: string;
@@ -50,7 +52,9 @@ export function patchProgram(cmd: Command): Command {
     .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
     .option('--force', 'overwrite an existing output file')
     .option('--n <mode>', `how n is computed: ${N_OPTIONS.join(' | ')}`, 'auto')
-    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4', 'ssmax')
+    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4 | none (a prior alone)', 'ssmax')
+    .option('--prior <name>', 'add a positional prior to the logits: ggd (BAM, neutral θ = 0) | alibi')
+    .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
     .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
     .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
     .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
@@ -138,6 +142,7 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
     for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
     return patchModel(original, {
       n: plan.n, s: optionalReal(o.s, '--s'), trainLen: plan.trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
+      prior: o.prior, priorFile: o.priorFile,
       b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
       layers: o.layers, sortNodes: o.sortNodes,
     });

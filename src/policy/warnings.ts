@@ -60,11 +60,15 @@ export function nModeWarnings(option: NOption, sites: SiteCausality[]): Warning[
   return [];
 }
 
-/** With s given (--s, --s-file) and a training length L stated, the factor at n = L should be about 1. */
-export function trainLenWarnings(trainLen: number, sites: { node: string; s: LayerScale }[]): Warning[] {
+/**
+ * With s given (--s, --s-file) and a training length L stated, the factor at n = L should be about 1. Sites
+ * without s (no factor: a prior alone) have nothing to check.
+ */
+export function trainLenWarnings(trainLen: number, sites: { node: string; s?: LayerScale | null }[]): Warning[] {
   const lnL = Math.log(trainLen);
   const [lo, hi] = TRAIN_LEN_FACTOR_RANGE;
-  const factors = sites.flatMap((site) => (Array.isArray(site.s) ? site.s : [site.s]).map((s) => ({ node: site.node, f: s * lnL })));
+  const factors = sites.flatMap((site) => (site.s === null || site.s === undefined ? [] : Array.isArray(site.s) ? site.s : [site.s])
+    .map((s) => ({ node: site.node, f: s * lnL })));
   const off = factors.filter((x) => x.f < lo || x.f > hi);
   if (off.length === 0) return [];
   const fs = off.map((x) => x.f);

@@ -99,12 +99,12 @@ function factorOf(ctx: ScaleContext, b: Builder, source: NTensor, s: string): st
   }
   const scaled = b.op('Mul', [s, ctx.sources.ln(source)], {}, p.kind === 'ssmax' && p.b === undefined ? 'factor' : 's_ln_n');
   if (p.kind === 'qwen-logn') return b.op('Max', [scaled, one()], {}, 'factor');
-  if (p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
+  if (p.kind === 'ssmax' && p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
   return scaled;
 }
 
 /** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */
-function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
+export function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
   const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
   const batch = b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch');
   const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])], {}, 'batch_1'), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');

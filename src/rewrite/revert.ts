@@ -73,9 +73,9 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const scopeOf = (path: string): Scope => byPath.get(path) ?? stale(`the journal names scope '${path}', which the model does not have`);
   const sites = record.sites.map((site): RevertedSite => {
-    const value = scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer);
+    const value = site.sInitializer ? scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer) : null;
     return {
-      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply, softmax: site.softmax,
+      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply ?? '', softmax: site.softmax,
       s: value ? (value.values.length === 1 && value.dims.length === 0 ? value.values[0] : value.values) : null,
       removedNodes: 0, removedInitializers: [],
     };
