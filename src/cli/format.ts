@@ -7,9 +7,10 @@ import { VerifyReport } from '../verify/verify';
 
 const fmtS = (s: LayerScale | null): string => (s === null ? 'none' : (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4)));
 
-export function formatPatch(report: PatchReport): string[] {
+export function formatPatch(report: PatchReport, dryRun = false): string[] {
   const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;
-  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s)${shared}:`];
+  const verb = report.updated ? (dryRun ? 'would update s at' : 'updated s at') : dryRun ? 'would patch' : 'patched';
+  const lines = [`${verb} ${report.sites.length} attention site(s)${shared}:`];
   for (const s of report.sites) {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
     const where = s.scope === 'main' ? '' : `  [${s.scope}]`;
@@ -58,8 +59,8 @@ export function formatRevert(report: RevertReport): string[] {
   return lines;
 }
 
-export function formatWrite(written: WriteReport | null): string[] {
-  if (!written) return ['nothing written'];
+export function formatWrite(written: WriteReport | null, dryRun = false): string[] {
+  if (!written) return [dryRun ? 'nothing written (--dry-run)' : 'nothing written'];
   const lines = written.externalData.map((e) => `external data ${e.how}: ${e.file}`);
   lines.push(`wrote ${written.output}`);
   return lines;

@@ -86,6 +86,9 @@ function refuseIgnoredByUpdate(o: PatchOptions): void {
 
 /** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
 function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
+  if (preset.kind === 'qwen-logn' && (options.s !== undefined || options.sFile !== undefined)) {
+    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')} or ${opt('sFile')}`);
+  }
   if (preset.kind === 'llama4') {
     if (options.s !== undefined || options.sFile !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')} or ${opt('sFile')}`);
     return { kind: 'scalar', s: presetScale(preset)!, from: opt('attnScale') };

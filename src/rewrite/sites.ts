@@ -11,7 +11,7 @@ import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { DataType, NodeProto } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
-import { chooseN, NChoice, NOption, positionN } from '../policy/n-mode';
+import { chooseN, countsMasks, NChoice, NOption, positionN } from '../policy/n-mode';
 import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
@@ -100,7 +100,8 @@ export class SitePatcher {
     const ctx = this.context(scope).ctx;
     const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
     const n = this.preset.kind === 'none' ? { mode: 'none', reason: 'no factor (preset none)' }
-      : presetNeedsPositions(this.preset) ? positionN(this.option) : chooseN(this.option, uses, site.mask.reason);
+      : presetNeedsPositions(this.preset) ? positionN(this.option)
+        : chooseN(this.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
     const inserted = n.mode === 'none' ? undefined : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
     if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
     const target = inserted?.target ?? 'logits';
@@ -124,7 +125,7 @@ export class SitePatcher {
       throw new InputError(`${where}: ${opt('preset', preset.kind)}${preset.kind === 'ssmax' ? ` with ${opt('b')}` : ''} is not supported on fused attention operators yet`);
     }
     if (p.theta) throw new InputError(`${where}: ${opt('prior')} is not supported on fused attention operators yet`);
-    if (option === 'mask') throw new InputError(`${where}: ${opt('n', 'mask')} needs the mask outside the kernel; use ${opt('n', 'auto')}`);
+    if (countsMasks(option)) throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
     const mode = modeOf(plan);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
