@@ -6,7 +6,7 @@
 import * as fs from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { readModel, serializeModel } from '../src/io/model-file';
-import { patchModel } from '../src/rewrite/patch';
+import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { DecoderConfig, decoderFile } from './decoder';
 import { fusedGpt2File } from './fused-gpt2';
 
@@ -16,6 +16,8 @@ export interface LatencyCase {
   seq: number;
   past: number;
   pairs: number;
+  /** The patch (default: SSMax with --train-len 1024). */
+  patch?: PatchOptions;
   /** `plain`: the decoder of plain ops (decoder.ts); `fused`: GPT-2 with com.microsoft Attention (fused-gpt2.ts). */
   model?: 'plain' | 'fused';
 }
@@ -67,10 +69,10 @@ async function timed(session: ort.InferenceSession, input: Record<string, ort.Te
   return Number(process.hrtime.bigint() - t) / 1e6;
 }
 
-export async function measureLatency(c: LatencyCase, trainLen = 1024): Promise<LatencyResult> {
+export async function measureLatency(c: LatencyCase): Promise<LatencyResult> {
   const file = c.model === 'fused' ? fusedGpt2File(c.config) : decoderFile(c.config);
   const original = fs.readFileSync(file);
-  const patched = serializeModel(patchModel(readModel(file), { trainLen }).model);
+  const patched = serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
   // Default session options (graph optimisations, threads); only warnings are silenced.
   const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
   const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
@@ -111,6 +113,10 @@ export const LATENCY_CASES: LatencyCase[] = [
   { label: 'GPT-2 fused Attention 12L×768, prompt 512', config: WIDE, seq: 512, past: 0, pairs: 16, model: 'fused' },
   { label: 'GPT-2 fused Attention 12L×768, decode 1 token, KV cache 1024', config: WIDE, seq: 1, past: 1024, pairs: 120, model: 'fused' },
 ];
+
+/** The same cases with a positional prior (BAM's GGD, neutral θ) added to SSMax: the prior's cost. */
+const PRIOR: PatchOptions = { trainLen: 1024, prior: 'ggd' };
+LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({ ...c, label: `${c.label}, + ggd prior`, patch: PRIOR })));
 
 export async function latencyTable(filter?: RegExp): Promise<string> {
   const rows = [

@@ -39,6 +39,8 @@ export interface InsertedScale {
   factorType: number;
   target: Target;
   nKey: string;
+  /** True when the factor is one value per head for every row (n = Tk): it can scale a per-head table. */
+  perHead: boolean;
 }
 
 interface TargetTensor {
@@ -70,7 +72,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.rewire(target.consumer.node, target.consumer.index, scaled);
-  return { sName, factor, apply, factorType, target: target.where, nKey: source.key };
+  return { sName, factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
 }
 
 /**
@@ -87,7 +89,8 @@ export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionS
   const factor = b.op('Mul', [sName, ln], {}, 'factor');
   const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
   b.rewire(site.consumer.node, site.consumer.index, output);
-  return { sName, factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}` };
+  // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
+  return { sName, factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {
@@ -114,12 +117,12 @@ function factorOf(ctx: ScaleContext, b: Builder, source: NTensor, s: string): st
   }
   const scaled = b.op('Mul', [s, ctx.sources.ln(source)], {}, p.kind === 'ssmax' && p.b === undefined ? 'factor' : 's_ln_n');
   if (p.kind === 'qwen-logn') return b.op('Max', [scaled, one()], {}, 'factor');
-  if (p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
+  if (p.kind === 'ssmax' && p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
   return scaled;
 }
 
 /** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */
-function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
+export function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
   const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
   const batch = b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch');
   const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])], {}, 'batch_1'), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');

@@ -37,8 +37,17 @@ function shapeSources(site: AttentionSite): [string, string] {
   return [site.logits, site.logits];
 }
 
+/** Relative positions for a positional prior: d = j − i over every (row, key) a run can see. */
+export interface Positions {
+  /** [Tq, Tk] int32: the index of d_ij = j − i in `d` (i the row's absolute position Tk − Tq + row). */
+  index: string;
+  /** [Tq + Tk − 1, 1] float: every d from 1 − Tk to Tq − 1, as a column. */
+  d: string;
+}
+
 export class NSources {
   private readonly cache = new Map<string, NTensor>();
+  private readonly positionCache = new Map<string, Positions>();
 
   constructor(private readonly b: Builder, private readonly sym: Shapes, private readonly opset: number) {}
 
@@ -63,10 +72,42 @@ export class NSources {
     return this.cache.size;
   }
 
-  private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
+  /** The relative positions of a site, shared by every site whose Tq and Tk have the same symbolic size. */
+  positions(site: AttentionSite): Positions {
+    const key = this.dimsKey(site);
+    let entry = this.positionCache.get(key);
+    if (!entry) {
+      entry = this.buildPositions(site);
+      this.positionCache.set(key, entry);
+    }
+    return entry;
+  }
+
+  private buildPositions(site: AttentionSite): Positions {
+    if (this.opset < 11) throw new InputError(`layer ${site.layer}: a positional prior needs opset ≥ 11 (Range)`);
+    const b = this.b;
+    const [q, k] = shapeSources(site);
+    const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
+    const tq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('row', [-2], true)], {}, 'tq');
+    const zero = b.int64('zero', [0], true), one = b.int64('one', [1], true);
+    const d = b.op('Range', [b.op('Sub', [one, tk], {}, 'd_first'), tq, one], {}, 'd_range');
+    const keys = b.op('Reshape', [b.op('Range', [zero, tk, one], {}, 'keys'), b.int64('row_shape', [1, -1])], {}, 'key_row');
+    const rows = b.op('Reshape', [b.op('Range', [zero, tq, one], {}, 'rows'), b.int64('column', [-1, 1])], {}, 'row_column');
+    const index = b.op('Add', [b.op('Sub', [keys, rows], {}, 'j_minus_i'), b.op('Sub', [tq, one], {}, 'tq_minus_1')], {}, 'd_index');
+    return {
+      index: b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32'),
+      d: b.op('Reshape', [b.op('Cast', [d], { to: DataType.FLOAT }, 'd'), b.int64('column', [-1, 1])], {}, 'd_column'),
+    };
+  }
+
+  private dimsKey(site: AttentionSite): string {
     const [q, k] = shapeSources(site);
     const tq = this.sym.dim(q, -2), tk = this.sym.dim(k, -1);
-    const dims = tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
+    return tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
+  }
+
+  private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
+    const dims = this.dimsKey(site);
     if (mode === 'keys' || mode === 'causal') return `${mode}|${dims}`;
     // causal-padding reads only the padding masks (the causal part is positional), so layers that slice their own
     // causal mask still share one count.

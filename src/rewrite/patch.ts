@@ -15,8 +15,8 @@ import { findFactors } from './existing';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchedSite, PatchResult } from './report';
-import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode } from './sites';
-import { describeSpec, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
+import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
+import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
 
 export type { PatchOptions } from '../policy/plan';
@@ -86,17 +86,19 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   const named = all.filter(patchedBy);
   if (named.length) return updateByNames(model, scopes, detection, named, plan);
   const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX));
-  return updateRenamed(model, scopes[0].graph, renamed, plan.spec, detection.skipped);
+  return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 
 function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): PatchResult['report'] {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
-  const scales = scalesForSites(plan.spec, sites, skipped);
+  const scales = plan.spec && scalesForSites(plan.spec, sites, skipped);
+  const thetas = plan.prior && thetasForSites(plan.prior, sites, skipped);
   const irVersion = toNumber(out.irVersion);
   const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion);
-  const results = sites.map((a, i) => patcher.patch(a, scales[i]));
+  const results = sites.map((a, i) => patcher.patch(a, { s: scales?.[i], theta: thetas?.[i] }));
   const { journal, nSources, notes } = patcher.finish();
-  writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: describeSpec(plan.spec),
+  writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
+    ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const patched: PatchedSite[] = results.map((r) => r.site);
   return { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources, notes };

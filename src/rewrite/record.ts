@@ -2,6 +2,8 @@
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { ScopeEdits } from './journal';
+import type { PresetName } from '../policy/factor';
+import type { PriorName, ThetaName } from '../policy/prior';
 
 export const RECORD_KEY = 'ssmax_patch';
 
@@ -13,12 +15,16 @@ export interface SiteRecord {
   softmax: string;
   /** The fused operator, for fused sites. */
   kind?: string;
+  /** The n mode; `none` for the none preset (no factor). */
   n: string;
-  s: number | number[];
-  sInitializer: string;
-  apply: string;
-  factor: string;
-  factorType: number;
+  /** s, its initializer, the Mul applying the factor, the factor and its type: absent for the none preset. */
+  s?: number | number[];
+  sInitializer?: string;
+  apply?: string;
+  factor?: string;
+  factorType?: number;
+  /** The θ initializers of the site's positional prior, if any. */
+  prior?: Record<ThetaName, string>;
   /** Where the factor multiplies: the query rows or the logits. */
   target?: 'query' | 'logits';
   /** The QK MatMul output: the logits before any scaling, for probes. */
@@ -33,8 +39,10 @@ export interface SiteRecord {
 export interface PatchRecord {
   tool: 'ssmax-patch';
   version: string;
-  preset: 'ssmax' | 'qwen-logn' | 'llama4';
+  preset: PresetName;
   scale: string;
+  /** The positional prior added, if any, and where its θ came from. */
+  prior?: { kind: PriorName; from: string };
   trainLen?: number;
   b?: number;
   floorScale?: number;

@@ -6,10 +6,11 @@
  * the patch is found from the main graph's structure instead.
  */
 import { InputError } from '../errors';
-import { Graph, nodeLabel, subgraphsOf } from '../graph/graph';
+import { removeUnread } from '../graph/cleanup';
+import { Graph, nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
-import { GraphProto, ModelProto, NodeProto } from '../io/onnx';
+import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
 import { nodeKey, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
@@ -75,9 +76,9 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const scopeOf = (path: string): Scope => byPath.get(path) ?? stale(`the journal names scope '${path}', which the model does not have`);
   const sites = record.sites.map((site): RevertedSite => {
-    const value = scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer);
+    const value = site.sInitializer ? scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer) : null;
     return {
-      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply, softmax: site.softmax,
+      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply ?? '', softmax: site.softmax,
       s: value ? (value.values.length === 1 && value.dims.length === 0 ? value.values[0] : value.values) : null,
       removedNodes: 0, removedInitializers: [],
     };
@@ -167,12 +168,10 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
   for (const f of factors) rewire(graph, f);
   graph.reindex();
   // Shared computations of n go with the last factor that reads them; anything else still reads stays.
-  const removed = onlyReadByEachOther(graph, new Set(factors.flatMap((f) => f.nodes)));
-  const g = out.graph!;
-  const dropped = dropUnread(g, removed);
+  const { initializers } = removeUnread(graph, new Set(factors.flatMap((f) => f.nodes)));
   for (const [i, f] of factors.entries()) {
     sites[i].removedNodes = f.nodes.length;
-    sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => dropped.has(n));
+    sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => initializers.has(n));
   }
   const hadRecord = removeRecord(out);
   return { model: out, report: { sites, hadRecord, method: 'structure' } };
@@ -189,19 +188,6 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
 }
 
 /** The subset of `nodes` whose outputs no node outside the subset reads (and that are no graph outputs). */
-function onlyReadByEachOther(graph: Graph, nodes: Set<NodeProto>): Set<NodeProto> {
-  for (let changed = true; changed;) {
-    changed = false;
-    for (const n of [...nodes]) {
-      if (n.output.some((o) => graph.outputs.has(o) || graph.consumersOf(o).some((c) => !nodes.has(c)))) {
-        nodes.delete(n);
-        changed = true;
-      }
-    }
-  }
-  return nodes;
-}
-
 /** Every reader of the scaled value reads the original (logits or query) again. */
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
@@ -211,27 +197,4 @@ function rewire(graph: Graph, f: Factor): void {
       if (name === product) c.input[i] = f.logits;
     });
   }
-}
-
-/**
- * Removes the factor nodes, then the initializers (and, below IR 4, their graph inputs) and value_info
- * entries that only they used. Returns the initializer names removed.
- */
-function dropUnread(g: GraphProto, removed: Set<NodeProto>): Set<string> {
-  const candidates = new Set([...removed].flatMap((n) => n.input));
-  const produced = new Set([...removed].flatMap((n) => n.output));
-  g.node = g.node.filter((n) => !removed.has(n));
-  const read = new Set<string>(g.output.map((v) => v.name));
-  const collect = (nodes: NodeProto[]): void => {
-    for (const n of nodes) {
-      for (const i of n.input) read.add(i);
-      for (const sub of subgraphsOf(n)) collect(sub.node);
-    }
-  };
-  collect(g.node);
-  const drop = new Set([...candidates].filter((name) => !read.has(name) && g.initializer.some((t) => t.name === name)));
-  g.initializer = g.initializer.filter((t) => !drop.has(t.name));
-  g.input = g.input.filter((v) => !drop.has(v.name));
-  g.valueInfo = g.valueInfo.filter((v) => !produced.has(v.name));
-  return drop;
 }

@@ -58,7 +58,8 @@ export class SiteProbe {
   private counts: Int32Array | null = null;
 
   constructor(private readonly site: SiteRecord, otherLayers: SiteRecord[]) {
-    this.s = Array.isArray(site.s) ? site.s : [site.s];
+    // Only sites with a factor are probed (see probeable): s is set.
+    this.s = Array.isArray(site.s) ? site.s : [site.s!];
     const half = site.factorType === DataType.FLOAT16;
     const bf16 = site.factorType === DataType.BFLOAT16;
     this.rtol = half ? 2e-3 : bf16 ? 1.6e-2 : 1e-5;
@@ -68,7 +69,7 @@ export class SiteProbe {
 
   /** c as onnxruntime computes it: float32 s times float32 ln n, rounded to the logits' type. */
   private c(sValue: number, n: number): number {
-    return roundTo(this.site.factorType, Math.fround(Math.fround(sValue) * Math.fround(Math.log(n))));
+    return roundTo(this.site.factorType ?? DataType.FLOAT, Math.fround(Math.fround(sValue) * Math.fround(Math.log(n))));
   }
 
   private sAt(g: number, s: number[] = this.s): number {
@@ -97,6 +98,7 @@ export class SiteProbe {
       list.push({ name: 'per-head s in reverse order', factor: (g, i, _j, tq, tk) => this.c(this.sAt(g, reversed), this.nDeclared(i, tq, tk, g)), fits: true });
     }
     for (const other of otherLayers) {
+      if (other.s === undefined) continue;
       const s = Array.isArray(other.s) ? other.s : [other.s];
       if (other.layer === this.site.layer || s.join() === this.s.join()) continue;
       list.push({ name: `s of layer ${other.layer}`, factor: (g, i, _j, tq, tk) => this.c(s[g % s.length], this.nDeclared(i, tq, tk, g)), fits: true });
@@ -195,7 +197,7 @@ export class SiteProbe {
   }
 
   result(): ProbeSiteResult {
-    const base = { layer: this.site.layer, n: this.site.n, s: this.site.s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel };
+    const base = { layer: this.site.layer, n: this.site.n, s: this.site.s!, runs: this.runs, entries: this.entries, maxRelError: this.maxRel };
     const layer = `layer ${this.site.layer}`;
     if (this.shapeError) return { ...base, passed: false, message: `${layer}: ${this.shapeError}` };
     if (this.entries === 0) return { ...base, passed: false, message: `${layer}: no finite logits to check` };

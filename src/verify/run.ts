@@ -1,6 +1,7 @@
 /** onnxruntime-node sessions: one per model variant, created once and reused across every run and check. */
 import * as os from 'node:os';
-import * as ort from 'onnxruntime-node';
+import type * as ort from 'onnxruntime-node';
+import { onnxruntime } from '../onnxruntime';
 import { encodeModel, ModelProto } from '../io/onnx';
 import { Feeds, HostTensor, hostValues } from './tensors';
 
@@ -22,7 +23,7 @@ export class Runner {
   static async create(bytes: Uint8Array, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
     const start = performance.now();
     const threads = typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
-    const session = await ort.InferenceSession.create(bytes, {
+    const session = await onnxruntime().InferenceSession.create(bytes, {
       logSeverityLevel: 4, intraOpNumThreads: Math.max(1, threads), graphOptimizationLevel: optimization,
     });
     return new Runner(session, label, performance.now() - start);
@@ -61,5 +62,5 @@ export class Runner {
 }
 
 function toOrt(t: HostTensor): ort.Tensor {
-  return new ort.Tensor(t.type, t.data as never, t.dims);
+  return new (onnxruntime().Tensor)(t.type, t.data as never, t.dims);
 }

@@ -91,7 +91,7 @@ export interface ProbeNames {
 
 /** Sites the probe can read: plain-op sites of the main graph (fused kernels and nested graphs hide their logits). */
 export function probeable(site: SiteRecord): boolean {
-  return !site.kind && (site.scope ?? 'main') === 'main';
+  return !site.kind && (site.scope ?? 'main') === 'main' && site.apply !== undefined;
 }
 
 /**

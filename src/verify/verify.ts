@@ -170,8 +170,8 @@ function trainLength(option: number | undefined, record: PatchRecord): { L: numb
     return { L: option, known: true, source: 'the given train length' };
   }
   if (record.trainLen) return { L: record.trainLen, known: true, source: 'the patch record' };
-  const all = record.sites.flatMap((s) => (Array.isArray(s.s) ? s.s : [s.s]));
-  const mean = all.reduce((a, b) => a + b, 0) / all.length;
+  const all = record.sites.flatMap((s) => (s.s === undefined ? [] : Array.isArray(s.s) ? s.s : [s.s]));
+  const mean = all.length ? all.reduce((a, b) => a + b, 0) / all.length : 1 / Math.log(1024);
   const L = Math.min(1 << 20, Math.max(2, Math.round(Math.exp(1 / mean))));
   return { L, known: false, source: `factor 1 at n = e^(1/s) for the mean s ${mean.toPrecision(3)}` };
 }
@@ -183,7 +183,7 @@ function planRetrofit(setup: Setup): Setup['retrofit'] {
   if (!setup.checks.has('retrofit')) return skip('not selected (--checks)');
   if (!setup.trainLenKnown) return skip('needs the train length (the patch record has none)');
   const expected = scaleFromTrainLen(L);
-  if (!record.sites.every((s) => (Array.isArray(s.s) ? s.s : [s.s]).every((v) => Math.abs(v - expected) < 1e-9))) {
+  if (!record.sites.every((s) => s.s !== undefined && (Array.isArray(s.s) ? s.s : [s.s]).every((v) => Math.abs(v - expected) < 1e-9))) {
     return skip(`s is not 1/ln ${L} at every site: no length gives factor 1`);
   }
   if (L > plan.cap) return skip(`L = ${L} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`);
