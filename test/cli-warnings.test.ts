@@ -94,14 +94,17 @@ describe('warnings', () => {
 });
 
 describe('--force-site patterns', () => {
-  /** Three refused ONNX Attention nodes (softcap) and one plain one. */
+  /** Three refused com.microsoft GroupQueryAttention nodes (softcap) and one plain one. */
   function refusedModel(dir: string): string {
-    const attn = (name: string, y: string, attrs: Record<string, number>) => node('Attention', ['Q', 'K', 'V'], [y], attrs, name);
+    const attn = (name: string, y: string, attrs: Record<string, number>) => ({
+      ...node('GroupQueryAttention', ['Q', 'K', 'V', '', '', 'seqlens_k', 'total'], [y], { num_heads: 2, kv_num_heads: 2, ...attrs }, name), domain: 'com.microsoft',
+    });
     const m = model({
       nodes: [attn('enc/cap_0', 'Y0', { softcap: 30.5 }), attn('enc/cap_1', 'Y1', { softcap: 30.5 }), attn('dec/cap_0', 'Y2', { softcap: 30.5 }), attn('plain', 'Y3', {})],
-      inputs: ['Q', 'K', 'V'].map((n) => value(n, DataType.FLOAT, [1, 2, 'S', 8])),
-      outputs: ['Y0', 'Y1', 'Y2', 'Y3'].map((n) => value(n, DataType.FLOAT, [])), opset: 23,
+      inputs: [...['Q', 'K', 'V'].map((n) => value(n, DataType.FLOAT, [1, 'S', 16])), value('seqlens_k', DataType.INT32, [1]), value('total', DataType.INT32, [])],
+      outputs: ['Y0', 'Y1', 'Y2', 'Y3'].map((n) => value(n, DataType.FLOAT, [])),
     });
+    m.opsetImport.push({ domain: 'com.microsoft', version: 1 });
     const file = path.join(dir, 'refused.onnx');
     fs.writeFileSync(file, encodeModel(m));
     return file;
@@ -127,9 +130,11 @@ describe('--force-site patterns', () => {
   });
 
   const greedy = path.resolve(__dirname, '../../../shared/corpus/ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
-  it('GreedySearch (corpus): one --force-site pattern instead of one flag per node', { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
-    const sites = patchJson([greedy, '--s', '0.4', '--force-site', 'GptAttention_*']).report.sites;
+  it('GreedySearch (corpus): its 10 causal Attention nodes need no forcing now (expanded); all warns that nothing was refused', { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+    const sites = patchJson([greedy, '--s', '0.4']).report.sites;
     assert.equal(sites.length, 10);
-    assert.deepEqual(patchJson([greedy, '--s', '0.4', '--force-site', 'all']).report.sites, sites);
+    const all = patchJson([greedy, '--s', '0.4', '--force-site', 'all']);
+    assert.deepEqual(all.report.sites, sites);
+    assertWarned(all.stderr, all.report, ['force-site-none']);
   });
 });

@@ -298,11 +298,22 @@ describe('com.microsoft Attention (Q computed inside from weights)', () => {
     }
   });
 
-  it('unidirectional is refused: one factor per head cannot give each row its own n', () => {
-    assert.throws(() => patchModel(msAttention(true), { s: 0.5 }), cliError(/only one factor per head.*--force-site Attention/));
-    const { report } = patchModel(msAttention(true), { s: 0.5, force: ['Attention'] });
-    assert.equal(report.sites[0].n, 'keys');
-    assert.match(report.sites[0].deviation ?? '', /every row gets n = Tk/);
+  it('unidirectional: expanded with n per row by default; --n keys keeps the node with its weights scaled (n = Tk)', () => {
+    const auto = patchModel(msAttention(true), { s: 0.5 });
+    assert.equal(auto.report.sites[0].n, 'causal');
+    assert.match(auto.report.sites[0].expanded ?? '', /expanded into its definition/);
+    assert.ok(!auto.model.graph!.node.some((n) => n.opType === 'Attention'), 'the node is replaced');
+    const keys = patchModel(msAttention(true), { s: 0.5, n: 'keys' });
+    assert.equal(keys.report.sites[0].n, 'keys');
+    assert.equal(keys.report.sites[0].expanded, undefined);
+    assert.ok(keys.model.graph!.node.some((n) => n.opType === 'Attention'));
+  });
+
+  it('do_rotary with causal masking: Q never leaves the kernel, so refused; forced, n = Tk', () => {
+    const m = msAttention(true);
+    m.graph!.node[0].attribute.push(node('X', [], [], { do_rotary: 1 }).attribute[0]);
+    assert.throws(() => patchModel(m, { s: 0.5 }), cliError(/do_rotary=1 .* n per row is impossible.*--force-site Attention/));
+    assert.equal(patchModel(m, { s: 0.5, force: ['Attention'] }).report.sites[0].n, 'keys');
   });
 });
 

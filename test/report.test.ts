@@ -43,13 +43,17 @@ function workdir(): { dir: string; original: string; patched: string; broken: st
   return { dir, original, patched, broken: path.join(dir, 'broken.onnx') };
 }
 
-/** Two ONNX Attention nodes: one refused (softcap), one patched; the refused one's name needs XML escaping. */
+/**
+ * Two attention blocks: one refused (its Softmax normalises axis 2 of the 4-D logits, not the key axis), one
+ * patched; the refused one's name needs XML escaping.
+ */
 function refusedModel(dir: string): string {
-  const attn = (name: string, y: string, attrs: Record<string, number>) => node('Attention', ['Q', 'K', 'V'], [y], attrs, name);
+  const block = (softmax: string, axis: number, y: string) => [node('MatMul', ['Q', 'K'], [`${y}_qk`], {}, `${y}_mm`),
+    node('Softmax', [`${y}_qk`], [`${y}_p`], { axis }, softmax), node('MatMul', [`${y}_p`, 'V'], [y], {}, `${y}_pv`)];
   const m = model({
-    nodes: [attn('cap<&>"1', 'Y1', { softcap: 30.5 }), attn('plain', 'Y2', {})],
-    inputs: ['Q', 'K', 'V'].map((n) => value(n, DataType.FLOAT, [1, 2, 'S', 8])),
-    outputs: ['Y1', 'Y2'].map((n) => value(n, DataType.FLOAT, [])), opset: 23,
+    nodes: [...block('cap<&>"1', 2, 'Y1'), ...block('plain', -1, 'Y2')],
+    inputs: [value('Q', DataType.FLOAT, [1, 2, 'S', 8]), value('K', DataType.FLOAT, [1, 2, 8, 'S']), value('V', DataType.FLOAT, [1, 2, 'S', 8])],
+    outputs: ['Y1', 'Y2'].map((n) => value(n, DataType.FLOAT, [])), opset: 17,
   });
   const file = path.join(dir, 'refused.onnx');
   fs.writeFileSync(file, encodeModel(m));
@@ -233,7 +237,7 @@ describe('JUnit XML and --strict', () => {
     assertValid(doc, 'patch --strict with a refusal');
     assert.equal(doc.output, null);
     assert.ok(!fs.existsSync(out));
-    assert.ok(doc.strict.failures.some((f: string) => /^attention node cap<&>"1 refused: Attention: softcap=30\.5/.test(f)));
+    assert.ok(doc.strict.failures.some((f: string) => /^attention node cap<&>"1 refused: Softmax over axis 2 of a rank-4 tensor/.test(f)));
     assert.match(r.stderr, /^ssmax-patch: --strict: .*: output not written\n$/);
     const j = readJunit(file);
     assert.deepEqual({ tests: j.tests, failures: j.failures, skipped: j.skipped }, expectedCounts(doc.verification.checks, 1, true));

@@ -10,13 +10,15 @@ const fmtS = (s: LayerScale | null): string => (s === null ? 'none' : (Array.isA
 export function formatPatch(report: PatchReport, dryRun = false): string[] {
   const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;
   const verb = report.updated ? (dryRun ? 'would update s at' : 'updated s at') : dryRun ? 'would patch' : 'patched';
-  const lines = [`${verb} ${report.sites.length} attention site(s)${shared}:`];
+  const lines = report.notes.map((n) => `note: ${n}`);
+  lines.push(`${verb} ${report.sites.length} attention site(s)${shared}:`);
   for (const s of report.sites) {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
     const where = s.scope === 'main' ? '' : `  [${s.scope}]`;
     const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
     lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}${s.rule ? `  rule ${s.rule}` : ''}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
+    if (s.expanded) lines.push(`      ${s.expanded}`);
     if (s.prior) lines.push(`      prior θ: ${s.prior.alpha}, ${s.prior.beta}, ${s.prior.mu}`);
     for (const note of s.notes ?? []) lines.push(`      note: ${note}`);
   }

@@ -11,7 +11,7 @@ import { cloneModel, PatchedSite, prepareGraph } from '../rewrite/patch';
 /** Detection on a sorted copy, as patchModel sees the graph; the model itself is not changed. */
 export function detectSites(model: ModelProto, force: string[] = []): Detection {
   const copy = cloneModel(model);
-  prepareGraph(copy.graph!, true);
+  prepareGraph(copy.graph!);
   return findAttentionSoftmax(copy, undefined, { force });
 }
 

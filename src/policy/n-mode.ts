@@ -38,7 +38,7 @@ export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, 
   const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
   if (!countable(counted)) {
     const causal = roles.has('causal') || roles.has('combined');
-    return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown or mixed rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
+    return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
   }
   if (roles.has('combined') || roles.has('other')) return { mode: 'mask', reason: 'auto: mask is neither plain causal nor key padding: count visible keys' };
   if (roles.has('causal') && roles.has('padding')) return { mode: 'causal-padding', reason: `auto: ${causalReason} plus a padding mask from the inputs` };
@@ -53,10 +53,12 @@ function checkPaddingMask(option: NOption, uses: MaskUse[], where: string): void
   throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`);
 }
 
-/** Masks can be counted when all are applied to 3-D or 4-D logits of one rank. */
+/**
+ * Masks can be counted when each is applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits; masks
+ * of both ranks are counted together in the 4-D view (n-source.ts).
+ */
 function countable(uses: MaskUse[]): boolean {
-  const rank = uses[0]?.viewRank;
-  return (rank === 3 || rank === 4) && uses.every((u) => u.viewRank === rank);
+  return uses.length > 0 && uses.every((u) => u.viewRank === 3 || u.viewRank === 4);
 }
 
 /** The per-row n the presets defined on positions need, whatever the mask. */

@@ -27,7 +27,7 @@ export interface PatchOptions extends ScaleOptions, PriorOptions {
   attnScale?: number;
   /** Layers to patch: "3,7,11" or "every:4" (default all). */
   layers?: string;
-  /** Accept nodes out of topological order and write them sorted (otherwise such a graph is refused). */
+  /** Accepted for compatibility and ignored: nodes out of topological order are always accepted and written sorted. */
   sortNodes?: boolean;
 }
 
@@ -41,7 +41,6 @@ export interface PatchPlan {
   layers: LayerSpec;
   force: string[];
   update: boolean;
-  sortNodes: boolean;
   /** The training length the user stated, kept in the patch record. */
   trainLen?: number;
 }
@@ -56,7 +55,7 @@ export function resolvePlan(o: PatchOptions): PatchPlan {
   const prior = resolvePrior(o);
   return {
     preset, spec: scaleSpecOf(preset, prior, o), prior, n, layers: parseLayers(o.layers), force: o.force ?? [],
-    update: Boolean(o.updateS), sortNodes: Boolean(o.sortNodes), trainLen: o.trainLen,
+    update: Boolean(o.updateS), trainLen: o.trainLen,
   };
 }
 

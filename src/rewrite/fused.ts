@@ -17,6 +17,7 @@ import { NMode } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { Applied, applyFactor } from './dtype';
+import { unsqueeze } from './versioned';
 
 export interface InsertedFused {
   sName: string;
@@ -29,9 +30,9 @@ export interface InsertedFused {
 const INT64_MAX = Number.MAX_SAFE_INTEGER;
 
 /** The n plan after the user's --n choice: keys turns causal plans into key counts and the reverse. */
-export function planFor(site: FusedSite, mode: NMode): NPlan {
+export function planFor(site: FusedSite, mode: NMode | 'mask'): NPlan {
   const n = site.n;
-  if (site.query.layout === 'weights') return n; // one factor per head: keys only
+  if (site.query.layout === 'weights') return weightsPlan(site.query.expandable, n, mode);
   if (mode === 'keys') {
     if (n.kind === 'causal' || n.kind === 'causal-offset') return { kind: 'keys', tk: n.tk };
     if (n.kind === 'lengths') return { ...n, causal: false };
@@ -40,6 +41,17 @@ export function planFor(site: FusedSite, mode: NMode): NPlan {
   if (n.kind === 'keys') return { kind: 'causal', tk: n.tk };
   if (n.kind === 'lengths') return { ...n, causal: true };
   return n;
+}
+
+/**
+ * com.microsoft Attention: keys on the query columns of its weights; any other n on the node expanded (unless it
+ * cannot be: then keys, the only form left).
+ */
+function weightsPlan(expandable: boolean, n: NPlan, mode: NMode | 'mask'): NPlan {
+  const tk = n.kind === 'keys' || n.kind === 'mask-index' ? n.tk : [];
+  if (mode === 'keys' || !expandable) return { kind: 'keys', tk };
+  if (n.kind === 'mask-index') return mode === 'causal' ? { ...n, causal: true } : n;
+  return mode === 'causal' ? { kind: 'mask-index', causal: true, unidirectional: false, tk } : n;
 }
 
 /** One line on how n is computed, for the report. */
@@ -54,16 +66,26 @@ export function describePlan(plan: NPlan): string {
       const rows = plan.causal ? `n_{b,i} = T_b − S + i + 1${plan.promptTotal !== undefined ? ' (i + 1 on the first prompt)' : ''}` : 'n_b = T_b';
       return `${rows}, ${total}${plan.window !== undefined ? `, at most ${plan.window}` : ''}`;
     }
+    case 'mask-index': {
+      const seen = [plan.mask !== undefined ? `left visible by mask_index (input ${plan.mask}, rank ${plan.maskRank})` : '',
+        plan.causal ? 'at or before the row\'s position P + i' : ''].filter(Boolean).join(' and ');
+      return `n_{b,i} = keys ${seen || 'in the cache and the input'}, counted outside the node (expanded)`;
+    }
   }
 }
 
 export function modeOf(plan: NPlan): NMode {
+  if (plan.kind === 'mask-index') {
+    if (plan.mask === undefined) return plan.causal ? 'causal' : 'keys';
+    const keyPadding = (plan.maskRank ?? 4) <= 2;
+    return keyPadding ? (plan.causal ? 'causal-padding' : 'padding') : 'mask';
+  }
   return plan.kind === 'keys' || (plan.kind === 'lengths' && !plan.causal) ? 'keys' : 'causal';
 }
 
 /** `sInput`: s already in the graph (a function input), else a new constant `ssmax/L<k>/s`. */
 export function insertFused(b: Builder, site: FusedSite, s: LayerScale, plan: NPlan, opset: number, sInput?: string): InsertedFused {
-  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention needs opset ≥ 11 for the inserted ops`);
+  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention at opset ${opset}`); // opset.ts raises it first
   const perHead = Array.isArray(s);
   const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   const lnN = lnRows(b, site, plan);
@@ -115,6 +137,8 @@ function lnRows(b: Builder, site: FusedSite, plan: NPlan): string {
     }
     case 'lengths':
       return lnFromLengths(b, site, plan, S, one);
+    case 'mask-index':
+      throw new Error('mask-index n is built by rewrite/ms-attention.ts');
   }
 }
 
@@ -148,18 +172,15 @@ function lnFromLengths(b: Builder, site: FusedSite, plan: Extract<NPlan, { kind:
 
 // ---- c and the query -------------------------------------------------------------------------------------
 
-function unsqueeze(b: Builder, x: string, axes: number[], opset: number, name: string): string {
-  return opset >= 13 ? b.op('Unsqueeze', [x, b.int64('axes', axes)], {}, name) : b.op('Unsqueeze', [x], { axes }, name);
-}
 
 /** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
-function factorRowsHeads(b: Builder, sName: string, lnN: string, perHead: boolean, opset: number): string {
+export function factorRowsHeads(b: Builder, sName: string, lnN: string, perHead: boolean, opset: number): string {
   if (!perHead) return unsqueeze(b, b.op('Mul', [lnN, sName], {}, 'factor'), [2], opset, 'factor_rows');
   const sHeads = b.op('Reshape', [sName, b.int64('heads_col', [-1, 1])], {}, 's_heads');
   return b.op('Mul', [unsqueeze(b, lnN, [2, 3], opset, 'ln_n_4d'), sHeads], {}, 'factor');
 }
 
-function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
+export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
   if (!perHead) return applyFactor(b, q, c, qType, opset);
   const view = b.op('Reshape', [q, b.int64('heads_view', [0, 0, heads!, -1])], {}, 'q_heads');
   const applied = applyFactor(b, view, c, qType, opset);

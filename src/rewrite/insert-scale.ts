@@ -58,9 +58,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (perHead && target.rank !== 3 && target.rank !== 4) {
     throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
   }
-  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) {
-    throw new InputError(`layer ${site.layer}: per-row n needs opset ≥ 11 (Range, CumSum)`);
-  }
+  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) throw new Error(`layer ${site.layer}: per-row n at opset ${ctx.opset}`);
   const source = ctx.sources.get(site, n.mode, uses);
   const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   const heads = perHead ? s.length : site.heads.heads;
@@ -75,6 +73,24 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.rewire(target.consumer.node, target.consumer.index, scaled);
   return { sName, factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
+}
+
+/**
+ * An opset < 13 Softmax on logits of unknown rank normalises the axes from `groupAxis` on as one group: one factor
+ * s·ln(group size) for the whole tensor, multiplied into the logits where the factor would go (before any mask).
+ */
+export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): InsertedScale {
+  if (Array.isArray(s)) throw new InputError(`layer ${site.layer}: per-head s needs the head count, and these logits have no known rank; give one s for the layer`);
+  const sName = sInput ?? b.constant('s', DataType.FLOAT, [], [s]);
+  const shape = b.op('Shape', [site.logits], {}, 'logits_shape');
+  const rows = b.op('ReduceProd', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('group_axis', [site.groupAxis!])], {}, 'row_dims')], { keepdims: 0 }, 'rows');
+  const n = b.op('Div', [b.op('Size', [site.logits], {}, 'size'), rows], {}, 'n_group');
+  const ln = b.op('Log', [b.op('Max', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n_group_f'), b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1')], {}, 'ln_n');
+  const factor = b.op('Mul', [sName, ln], {}, 'factor');
+  const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
+  b.rewire(site.consumer.node, site.consumer.index, output);
+  // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
+  return { sName, factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {

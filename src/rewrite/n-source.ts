@@ -136,13 +136,29 @@ export class NSources {
   /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
   private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
     if (uses.length === 0) throw new InputError(`layer ${site.layer}: ${opt('n', 'mask')} needs a mask on the logits`);
-    const rank = uses[0].viewRank;
-    if ((rank !== 3 && rank !== 4) || uses.some((u) => u.viewRank !== rank)) {
-      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to 3-D or 4-D logits of one rank`);
+    if (uses.some((u) => u.viewRank !== 3 && u.viewRank !== 4)) {
+      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits`);
     }
     const b = this.b;
-    const visible = uses.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
+    // Masks of both ranks are counted in the 4-D view: a 3-D one goes there through its [B·H] axis.
+    const rank = uses.every((u) => u.viewRank === 3) ? 3 : 4;
+    const visibles = uses.map((u) => (u.viewRank === 3 && rank === 4 ? this.headsView(site, this.visible(u)) : this.visible(u)));
+    const visible = visibles.reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
     return { n: this.reduceSum(b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), 'n_mask'), view: 'batch-rows', rank };
+  }
+
+  /**
+   * A 3-D [B·H|1, R, Tk] mask verdict as [B, H, R, Tk]: broadcast over B·H first (the first axis of the query, which
+   * exists before the product, so the factor can still go on the query), then split.
+   */
+  private headsView(site: AttentionSite, v: string): string {
+    const heads = site.heads.heads;
+    if (!heads) throw new InputError(`layer ${site.layer}: counting masks of 3-D and 4-D views together needs the head count, not found in the graph (${site.heads.reason})`);
+    const b = this.b;
+    const bh = b.op('Slice', [b.op('Shape', [shapeSources(site)[0]], {}, 'q_shape'), b.int64('zero1', [0]), b.int64('one1', [1])], {}, 'bh');
+    const full = b.op('Expand', [v, b.op('Concat', [bh, b.int64('ones2', [1, 1])], { axis: 0 }, 'bh11')], {}, 'visible_bh');
+    const rest = b.op('Slice', [b.op('Shape', [full], {}, 'visible_shape'), b.int64('one1', [1]), b.int64('three1', [3])], {}, 'rows_keys');
+    return b.op('Reshape', [full, b.op('Concat', [b.int64('heads_split', [-1, heads]), rest], { axis: 0 }, 'heads_shape')], {}, 'visible_4d');
   }
 
   /** Causal plus key padding: the unpadded keys up to each row's position, a cumulative count over keys. */

@@ -29,6 +29,11 @@ export interface SiteRecord {
   target?: 'query' | 'logits';
   /** The QK MatMul output: the logits before any scaling, for probes. */
   logits?: string;
+  /**
+   * Set for a fused operator the patch expanded (its node is gone, so an update finds the site by this record
+   * alone): its head count, for per-head s.
+   */
+  expanded?: { heads?: number };
 }
 
 export interface PatchRecord {

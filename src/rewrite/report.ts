@@ -34,6 +34,8 @@ export interface PatchedSite {
   nShared: string;
   /** The detection rule that matched the site. */
   rule?: string;
+  /** Set when the fused operator was replaced by the ops it is defined by: what replaced it and what that costs. */
+  expanded?: string;
   /** What a user should know about how the patch sits with the model's own attention (one line each). */
   notes?: string[];
 }
@@ -47,6 +49,8 @@ export interface PatchReport {
   preset: PresetName;
   /** Distinct computations of n in the patched model. */
   nSources: number;
+  /** What was accepted as onnxruntime accepts it (nodes out of order, names defined twice), and how. */
+  notes: string[];
 }
 
 export interface PatchResult {

@@ -12,7 +12,8 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
-import { nodeKey, ScopeEdits } from './journal';
+import { nodeKey, removedNode, ScopeEdits } from './journal';
+import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
 
@@ -39,14 +40,15 @@ export interface RevertReport {
   note?: string;
 }
 
+/** `sortNodes` is accepted for compatibility: nodes out of order are always accepted now. */
 export interface RevertOptions {
   sortNodes?: boolean;
 }
 
 /** Reverts a copy of `model`; the argument is left unchanged. */
-export function revertModel(model: ModelProto, options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
+export function revertModel(model: ModelProto, _options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
   const out = cloneModel(model);
-  prepareGraph(out.graph!, options.sortNodes);
+  prepareGraph(out.graph!);
   const record = readRecord(out);
   if (!record?.journal?.length) return revertByStructure(out);
   try {
@@ -56,7 +58,7 @@ export function revertModel(model: ModelProto, options: RevertOptions = {}): { m
   } catch (e) {
     if (!(e instanceof StaleJournal)) throw e;
     const fallback = cloneModel(model);
-    prepareGraph(fallback.graph!, options.sortNodes);
+    prepareGraph(fallback.graph!);
     try {
       const result = revertByStructure(fallback);
       return { ...result, report: { ...result.report, note: e.message } };
@@ -83,6 +85,10 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
   });
   const touched = new Set<Scope>();
   for (const edits of [...journal].reverse()) {
+    if (edits.opset) {
+      lowerOpset(model, edits.opset.from);
+      continue;
+    }
     const scope = scopeOf(edits.scope);
     undoEdits(scope.graph, edits);
     touched.add(scope);
@@ -121,7 +127,11 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
     graph.removeInitializer(name);
   }
   for (const name of edits.inputs) graph.removeInput(name);
-  const gone = new Set([...produced, ...edits.initializers, ...edits.inputs]);
+  // Nodes the patch replaced come back (in place, once restoreOrder runs), and their outputs keep their value_info.
+  const back = [...(edits.removed ?? [])].reverse().map(removedNode);
+  for (const node of back) graph.insertNode(node);
+  const kept = new Set(back.flatMap((n) => n.output));
+  const gone = new Set([...[...produced].filter((o) => !kept.has(o)), ...edits.initializers, ...edits.inputs]);
   graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !gone.has(v.name));
 }
 
@@ -136,7 +146,7 @@ function restoreOrder(graph: Graph, order: string[]): void {
 /** Every name a node reads is still defined: nothing the model kept depended on what the patch added. */
 function checkReads(model: ModelProto): void {
   try {
-    validateGraph(model.graph!, { allowUnsorted: true });
+    validateGraph(model.graph!);
   } catch (e) {
     stale(`after undoing the journal, ${(e as Error).message}`);
   }

@@ -9,16 +9,19 @@ import { maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
-import { DataType, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
 import { chooseN, countsMasks, NChoice, NOption, positionN } from '../policy/n-mode';
 import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { describePlan, insertFused, modeOf, planFor } from './fused';
-import { insertScale, ScaleContext } from './insert-scale';
+import { insertGroupScale, insertScale, ScaleContext } from './insert-scale';
+import { EXPANSION_COST, ExpansionShared, expandMsAttention } from './ms-attention';
+import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
 import { NSources } from './n-source';
+import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
 import { SiteRecord } from './record';
 import { PatchedSite } from './report';
@@ -34,7 +37,7 @@ export interface SiteParams { s?: LayerScale; theta?: LayerTheta }
 interface BodyInputs { s?: string; theta?: ThetaTensors }
 
 /** Per graph: the shared builder for n and the context every Softmax site of the graph shares. */
-interface PatchContext { scope: Scope; ctx: ScaleContext }
+interface PatchContext { scope: Scope; ctx: ScaleContext; expansion: ExpansionShared }
 
 /** Patches sites one by one into the scopes of one model, and keeps the journal of every edit. */
 export class SitePatcher {
@@ -43,9 +46,11 @@ export class SitePatcher {
   private readonly bodies = new Map<object, PatchedBody>();
   private readonly byPath: Map<string, Scope>;
   private readonly originals: Map<Scope, NodeProto[]>;
+  private readonly opset: OpsetGuard;
 
-  constructor(private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
+  constructor(model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
     private readonly irVersion: number) {
+    this.opset = new OpsetGuard(model, scopes, this.journal);
     this.byPath = new Map(scopes.map((s) => [s.path, s]));
     this.originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
   }
@@ -59,14 +64,14 @@ export class SitePatcher {
   }
 
   /** Sorts every scope and returns the journal; the original order is noted where the sort had to move a node. */
-  finish(): { journal: ScopeEdits[]; nSources: number } {
+  finish(): { journal: ScopeEdits[]; nSources: number; notes: string[] } {
     for (const scope of this.scopes) {
       const before = this.originals.get(scope)!;
       scope.commit();
       this.journal.keepOrder(scope.path, scope.graph, before);
     }
-    const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size, 0);
-    return { journal: this.journal.record(), nSources };
+    const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size + c.expansion.cache.size, 0);
+    return { journal: this.journal.record(), nSources, notes: this.opset.notes };
   }
 
   private builder(scope: Scope, layer: number | 'shared'): Builder {
@@ -89,20 +94,27 @@ export class SitePatcher {
   private context(scope: Scope): PatchContext {
     let pc = this.contexts.get(scope.path);
     if (!pc) {
-      const sources = new NSources(this.builder(scope, 'shared'), scope.shapes, scope.opset);
-      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes } };
+      const shared = this.builder(scope, 'shared');
+      const sources = new NSources(shared, scope.shapes, scope.opset);
+      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
+        expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
       this.contexts.set(scope.path, pc);
     }
+    // The opset may have been raised since (opset.ts).
+    pc.ctx.opset = pc.expansion.opset = scope.opset;
     return pc;
   }
 
   private softmax(scope: Scope, b: Builder, site: AttentionSite, p: SiteParams, inputs: BodyInputs): SiteResult {
-    const ctx = this.context(scope).ctx;
     const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
     const n = this.preset.kind === 'none' ? { mode: 'none', reason: 'no factor (preset none)' }
-      : presetNeedsPositions(this.preset) ? positionN(this.option)
-        : chooseN(this.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
-    const inserted = n.mode === 'none' ? undefined : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
+      : site.groupAxis !== undefined ? groupN(site.groupAxis)
+        : presetNeedsPositions(this.preset) ? positionN(this.option)
+          : chooseN(this.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
+    if (n.mode === 'causal' || n.mode === 'causal-padding') this.opset.ensure(scope, `layer ${site.layer}: per-row n (Range, CumSum)`);
+    const ctx = this.context(scope).ctx;
+    const inserted = n.mode === 'none' ? undefined : site.groupAxis !== undefined ? insertGroupScale(ctx, b, site, p.s!, inputs.s!)
+      : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
     if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
     const target = inserted?.target ?? 'logits';
     const biases = uses.filter((u) => u.rule === 'additive' && (u.role === 'other' || gathersTable(scope.graph, u.tensor))).map((u) => `'${u.tensor}'`);
@@ -125,12 +137,18 @@ export class SitePatcher {
       throw new InputError(`${where}: ${opt('preset', preset.kind)}${preset.kind === 'ssmax' ? ` with ${opt('b')}` : ''} is not supported on fused attention operators yet`);
     }
     if (p.theta) throw new InputError(`${where}: ${opt('prior')} is not supported on fused attention operators yet`);
-    if (countsMasks(option)) throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
+    if (site.expand) return this.expandedOnnx(scope, b, site, p.s!, inputs.s!);
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
+    if (countsMasks(option) && plan.kind !== 'mask-index') {
+      throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
+    }
     const mode = modeOf(plan);
+    this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
     const s = p.s!;
-    const inserted = insertFused(b, site, s, plan, scope.opset, inputs.s!);
+    const inserted = plan.kind === 'mask-index'
+      ? expandMsAttention(b, this.context(scope).expansion, site, s, plan, inputs.s!)
+      : insertFused(b, site, s, plan, scope.opset, inputs.s!);
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
     const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
     return {
@@ -138,10 +156,29 @@ export class SitePatcher {
         node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
         logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
-        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(plan.kind === 'mask-index' ? { expanded: EXPANSION_COST } : {}),
       },
       record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType,
+        ...(plan.kind === 'mask-index' ? { expanded: { heads: site.heads.heads } } : {}) },
+    };
+  }
+
+  /** ONNX Attention whose factor cannot go on Q: expanded, the factor on the logits after the cap. */
+  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, s: LayerScale, sInput: string): SiteResult {
+    this.opset.ensure(scope, `${nodeLabel(site.node)} (${site.op})`);
+    const inserted = expandOnnxAttention(b, scope.shapes, site, s, scope.opset, sInput, this.option === 'keys');
+    const nReason = this.option === 'keys' ? 'n mode keys as asked; n = Tk' : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: `
+      + 'n = keys each row may see under the attention\'s mask, causal mask and nonpad lengths (bias entries above −9000)';
+    return {
+      site: {
+        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: inserted.mode, nReason,
+        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: 4, logits: inserted.factor,
+        s, sInitializer: inserted.sName, target: 'logits', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        expanded: `${ONNX_EXPANSION_COST} (${site.expand})`,
+      },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: inserted.mode, s, sInitializer: inserted.sName,
+        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType, expanded: { heads: site.heads.heads } },
     };
   }
 
@@ -184,6 +221,12 @@ export class SitePatcher {
     this.bodies.set(call.inner, body);
     return body;
   }
+}
+
+/** n of an opset < 13 Softmax over logits of unknown rank: the size of the group it normalises. */
+function groupN(axis: number): NChoice {
+  return { mode: 'keys', reason: `the Softmax (opset < 13, axis ${axis}, logits of unknown rank) normalises the axes from ${axis} on as one `
+    + 'group: n = its size, read at run time (Tk for [Tq, Tk] logits)' };
 }
 
 /** T5-style position biases gather a learned [buckets, heads] table (ALiBi-style ones come from constants alone). */

@@ -13,13 +13,13 @@ import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { PatchPlan } from '../policy/plan';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Factor } from './existing';
-import { findScaleTensor, PatchRecord, readRecord, writeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, SiteRecord, writeRecord } from './record';
 import { PatchedSite, PatchReport } from './report';
 import { AnySite, headsOf, orderedSites, scalesForSites, siteNode, thetasForSites } from './sites';
 
 /**
  * The record's sites get the s (and θ) the plan gives their layers, in place; the record notes the new s, train
- * length and prior.
+ * length and prior. Sites whose operator the patch expanded are found by the record alone (their node is gone).
  */
 export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: Detection, record: PatchRecord, plan: PatchPlan): PatchReport {
   if (record.preset !== plan.preset.kind) {
@@ -27,21 +27,22 @@ export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: 
   }
   if (plan.prior && !record.prior) throw new InputError(`the patch has no positional prior to update: revert and patch again with ${opt('prior')}`);
   const all = orderedSites(detection, scopes);
-  const scales = plan.spec && scalesForSites(plan.spec, all, detection.skipped);
+  const rows = plan.spec && layerScales(plan.spec, all, record, detection.skipped);
   const thetas = plan.prior && thetasForSites(plan.prior, all, detection.skipped);
   const byLayer = new Map(all.map((a, i) => [`${a.site.scope}|${a.site.layer}`, i]));
   const graphOf = new Map(scopes.map((s) => [s.path, s.graph]));
   const sites = record.sites.map((rec): PatchedSite => {
     const scope = rec.scope ?? 'main';
     const i = byLayer.get(`${scope}|${rec.layer}`);
-    if (i === undefined) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
+    if (i === undefined && !rec.expanded) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
     const graph = graphOf.get(scope)!;
-    if (scales && rec.sInitializer) {
-      replaceScale(graph, rec.sInitializer, scales[i], rec.layer);
-      rec.s = scales[i];
+    if (rows && rec.sInitializer) {
+      const s = rows.get(scope)![rec.layer];
+      replaceScale(graph, rec.sInitializer, s, rec.layer);
+      rec.s = s;
     }
-    if (thetas && rec.prior) for (const t of THETAS) replaceValues(graph, rec.prior[t], [thetas[i][t].length], thetas[i][t], rec.layer, `theta_${t}`);
-    return updatedSite(all[i], rec.s ?? null, rec.sInitializer ?? '', rec.n, rec.target);
+    if (thetas && rec.prior && i !== undefined) for (const t of THETAS) replaceValues(graph, rec.prior[t], [thetas[i][t].length], thetas[i][t], rec.layer, `theta_${t}`);
+    return i !== undefined ? updatedSite(all[i], rec.s ?? null, rec.sInitializer ?? '', rec.n, rec.target) : expandedSite(rec, rec.s ?? null);
   });
   if (plan.spec) {
     record.scale = describeSpec(plan.spec);
@@ -51,6 +52,29 @@ export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: 
   if (plan.preset.kind === 'llama4') record.attnScale = plan.preset.attnScale;
   writeRecord(model, record);
   return report(model, sites, detection.skipped, record.preset);
+}
+
+/** s per layer of each scope, head counts from the sites found and from the record's expanded sites. */
+function layerScales(spec: ScaleSpec, all: AnySite[], record: PatchRecord, skipped: SkippedSoftmax[]): Map<string, LayerScale[]> {
+  const heads = new Map<string, (number | undefined)[]>();
+  const slot = (scope: string, layer: number, h: number | undefined): void => {
+    const list = heads.get(scope) ?? [];
+    while (list.length <= layer) list.push(undefined);
+    list[layer] = h;
+    heads.set(scope, list);
+  };
+  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
+  for (const a of all) slot(a.site.scope, a.site.layer, headsOf(a));
+  for (const rec of record.sites) if (rec.expanded) slot(rec.scope ?? 'main', rec.layer, rec.expanded.heads);
+  return new Map([...heads].map(([scope, list]) => [scope, scalesForLayers(spec, list)]));
+}
+
+function expandedSite(rec: SiteRecord, s: LayerScale | null): PatchedSite {
+  return {
+    node: rec.softmax, layer: rec.layer, scope: rec.scope ?? 'main', kind: rec.kind ?? 'fused', n: rec.n, nReason: 'kept from the earlier patch',
+    heads: rec.expanded?.heads ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '', s, sInitializer: rec.sInitializer ?? '',
+    target: rec.target ?? 'query', nShared: 'unchanged', expanded: 'expanded by the earlier patch',
+  };
 }
 
 /** Sites patched by this tool whose record is gone: the inserted apply nodes are found by their names. */
@@ -93,7 +117,7 @@ export function describeSpec(spec: ScaleSpec): string {
 }
 
 function report(model: ModelProto, sites: PatchedSite[], skipped: SkippedSoftmax[], preset: PatchReport['preset']): PatchReport {
-  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0 };
+  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0, notes: [] };
 }
 
 /** Without the record, only s can be found (from the structure of each factor). */

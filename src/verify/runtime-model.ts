@@ -6,7 +6,7 @@
  */
 import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
-import { topoSort } from '../graph/toposort';
+import { readsOf, topoSort } from '../graph/toposort';
 import { Shapes } from '../graph/shapes';
 import { findValueMatMul } from '../detect/trace';
 import { defaultOpset } from '../detect/find-attention';
@@ -72,7 +72,8 @@ function constantNode(output: string, value: TensorProto): NodeProto {
 function dropDeadFactorNodes(g: GraphProto): void {
   for (let changed = true; changed;) {
     const read = new Set<string>(g.output.map((o) => o.name));
-    for (const n of g.node) for (const i of n.input) read.add(i);
+    // Names read inside a node's subgraphs count too (an If branch reading a shared mask).
+    for (const n of g.node) for (const i of readsOf(n)) read.add(i);
     const kept = g.node.filter((n) => !n.name.startsWith('ssmax/') || n.output.some((o) => read.has(o)));
     changed = kept.length !== g.node.length;
     g.node = kept;
