@@ -20,6 +20,7 @@ import { NChoice } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
+import { presetFactor } from './factor';
 import { NSources, NTensor } from './n-source';
 
 export interface ScaleContext {
@@ -85,8 +86,8 @@ export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionS
   const shape = b.op('Shape', [site.logits], {}, 'logits_shape');
   const rows = b.op('ReduceProd', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('group_axis', [site.groupAxis!])], {}, 'row_dims')], { keepdims: 0 }, 'rows');
   const n = b.op('Div', [b.op('Size', [site.logits], {}, 'size'), rows], {}, 'n_group');
-  const ln = b.op('Log', [b.op('Max', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n_group_f'), b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1')], {}, 'ln_n');
-  const factor = b.op('Mul', [sName, ln], {}, 'factor');
+  const nf = b.op('Max', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n_group_f'), b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
+  const factor = presetFactor(b, ctx.preset, sName, nf, b.op('Log', [nf], {}, 'ln_n'));
   const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
   b.rewire(site.consumer.node, site.consumer.index, output);
   // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
@@ -108,17 +109,7 @@ function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): 
 
 /** c from n (and ln n) for the preset, with s the layer's initializer. */
 function factorOf(ctx: ScaleContext, b: Builder, source: NTensor, s: string): string {
-  const p = ctx.preset;
-  const one = (): string => b.constant('one', DataType.FLOAT, [], [1]);
-  if (p.kind === 'llama4') {
-    const steps = b.op('Floor', [b.op('Div', [source.n, b.constant('floor_scale', DataType.FLOAT, [], [p.floorScale])], {}, 'n_over_floor')], {}, 'n_floor');
-    const ln = b.op('Log', [b.op('Add', [steps, one()], {}, 'n_floor_1')], {}, 'ln_floor');
-    return b.op('Add', [b.op('Mul', [s, ln], {}, 'temperature'), one()], {}, 'factor');
-  }
-  const scaled = b.op('Mul', [s, ctx.sources.ln(source)], {}, p.kind === 'ssmax' && p.b === undefined ? 'factor' : 's_ln_n');
-  if (p.kind === 'qwen-logn') return b.op('Max', [scaled, one()], {}, 'factor');
-  if (p.kind === 'ssmax' && p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
-  return scaled;
+  return presetFactor(b, ctx.preset, s, source.n, ctx.sources.ln(source));
 }
 
 /** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */

@@ -26,7 +26,9 @@ import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
-import { factorRowsHeads, InsertedFused, scaleRows } from './fused';
+import { factorBnsd, factorRowsHeads, InsertedFused, RowFactor, Rows, scaleRows } from './fused';
+import { fusedPrior, ThetaTensors } from './prior';
+import { Preset } from '../policy/factor';
 import { squeeze, sumLastAxis, unsqueeze } from './versioned';
 
 type MaskIndexPlan = Extract<NPlan, { kind: 'mask-index' }>;
@@ -40,8 +42,10 @@ export interface ExpansionShared {
 }
 
 interface MaskTensors {
-  /** ln max(n, 1), float [B|1, S|1]. */
-  lnN: string;
+  /** max(n, 1) and its logarithm, float [B|1, S|1]. */
+  rows: Rows;
+  /** The lengths: S query rows after a past of P, T = P + S keys (int64 scalars). */
+  lengths: { S: string; P: string; T: string };
   /** The additive mask [B|1, 1, S, T] in the attention's type, when the kernel masks anything. */
   bias?: string;
 }
@@ -56,8 +60,10 @@ export const EXPANSION_COST = 'node expanded into its definition: QKV projection
   + 'MultiHeadAttention with K and V copied out of the stacked cache; one row (decoding) in plain ops over the stacked cache, '
   + 'reading the half each product does not need once more instead of copying';
 
-export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, s: LayerScale, plan: MaskIndexPlan,
-  sInput?: string): InsertedFused {
+/** The factor and prior of one expanded site: the preset, s (as given and its tensor), θ when a prior is added. */
+export interface ExpansionParams { preset: Preset; s?: LayerScale; sName?: string; theta?: ThetaTensors }
+
+export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, p: ExpansionParams, plan: MaskIndexPlan): InsertedFused {
   const node = site.node;
   const input = (i: number): string | undefined => node.input[i] || undefined;
   const dtype = shared.shapes.type(node.input[0]) ?? DataType.FLOAT;
@@ -66,15 +72,17 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   const masks = maskTensors(shared, site, plan, dtype);
   b.editor.remove(node);
   const [q, k, v] = projection(b, node.input[0], node.input[1], input(2), attrInts(node, 'qkv_hidden_sizes'));
-  const perHead = Array.isArray(s);
-  const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
-  const c = factorRowsHeads(b, sName, masks.lnN, perHead, opset);
-  const applied = scaleRows(b, q, c, perHead, heads, dtype, opset);
+  const f: RowFactor | undefined = p.sName ? { preset: p.preset, s: p.sName, perHead: Array.isArray(p.s), rows: masks.rows } : undefined;
+  const applied = f ? scaleRows(b, q, factorRowsHeads(b, f, opset), f.perHead, heads, dtype, opset) : undefined;
   const userBias = input(5);
-  const bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
+  let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
+  if (p.theta) {
+    const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f, opset), dtype);
+    bias = bias ? b.op('Add', [bias, prior], {}, 'attention_bias_prior') : prior;
+  }
   const kv = cache(b, node, k, v, heads);
-  attend(b, applied.output, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
-  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType };
+  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
+  return { sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
 }
 
 /** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */
@@ -237,7 +245,7 @@ function buildMask(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan
   const rowEnd = unsqueeze(b, b.op('Add', [b.op('Range', [zero, S, one], {}, 'row'), P], {}, 'row_pos'), [1], opset, 'row_pos_col');
   const future = unsqueeze(b, b.op('Greater', [keys, rowEnd], {}, 'future_2d'), [0], opset, 'future'); // [1, S, T]
   const keep = plan.mask === undefined ? undefined : maskKeep(b, node, plan.maskRank!, node.input[plan.mask], S, T, keys, opset);
-  const lnN = countVisible(b, keep, plan.causal ? future : undefined, P, S, opset);
+  const rows = countVisible(b, keep, plan.causal ? future : undefined, P, S, opset);
   const constant = (name: string, x: number): string => b.constant(name, dtype, [], [x]);
   let bias: string | undefined;
   const padding = keep ? b.op('Where', [keep, constant('zero_t', 0), constant('mask_filter', filter)], {}, 'padding_bias') : undefined;
@@ -246,7 +254,7 @@ function buildMask(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan
     const rows = b.op('Concat', [b.int64('one1', [1]), unsqueeze(b, S, [0], opset, 'seq_1'), unsqueeze(b, T, [0], opset, 'total_1')], { axis: 0 }, 'bias_shape');
     bias = b.op('Expand', [padding, rows], {}, 'mask_bias');
   }
-  return { lnN, bias: bias ? unsqueeze(b, bias, [1], opset, 'mask_bias_4d') : undefined };
+  return { rows, lengths: { S, P, T }, bias: bias ? unsqueeze(b, bias, [1], opset, 'mask_bias_4d') : undefined };
 }
 
 /**
@@ -284,8 +292,8 @@ function maskKeep(b: Builder, node: FusedSite['node'], rank: number, mask: strin
   return unsqueeze(b, keep, [1], opset, 'mask_keep_3d');
 }
 
-/** ln max(n, 1) as [B|1, S|1]: the visible keys counted, or n_i = P + i + 1 from shapes when only causal. */
-function countVisible(b: Builder, keep: string | undefined, future: string | undefined, P: string, S: string, opset: number): string {
+/** max(n, 1) and its logarithm as [B|1, S|1]: the visible keys counted, or n_i = P + i + 1 from shapes when only causal. */
+function countVisible(b: Builder, keep: string | undefined, future: string | undefined, P: string, S: string, opset: number): Rows {
   let n: string;
   if (!keep && future) {
     const one = b.int64('one', [1], true);
@@ -298,6 +306,7 @@ function countVisible(b: Builder, keep: string | undefined, future: string | und
   } else {
     n = unsqueeze(b, b.op('Cast', [b.op('Add', [P, S], {}, 'n_keys')], { to: DataType.FLOAT }, 'n'), [0, 1], opset, 'n_2d');
   }
-  return b.op('Log', [b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1')], {}, 'ln_n');
+  const clamped = b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
+  return { n: clamped, ln: b.op('Log', [clamped], {}, 'ln_n') };
 }
 

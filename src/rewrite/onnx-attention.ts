@@ -22,15 +22,17 @@ import { attrFloat, attrInt } from '../graph/graph';
 import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { NMode } from '../policy/n-mode';
-import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
-import { InsertedFused } from './fused';
+import { presetFactor } from './factor';
+import { InsertedFused, Rows } from './fused';
+import { ExpansionParams } from './ms-attention';
+import { fusedPrior } from './prior';
 
 export const ONNX_EXPANSION_COST = 'node expanded into its definition (the factor on the logits after the cap): the attention '
   + 'runs as plain ops, with the [B, N, S, T] logits materialised as the fused kernel does not';
 
-export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite, s: LayerScale, opset: number, sInput?: string,
+export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite, p: ExpansionParams, opset: number,
   keysOnly = false): InsertedFused & { mode: NMode } {
   const node = site.node;
   const input = (i: number): string | undefined => node.input[i] || undefined;
@@ -52,11 +54,16 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   const capped = cap ? b.op('Mul', [b.op('Tanh', [b.op('Div', [qk, b.constant('softcap', precision, [], [cap])], {}, 'qk_over_cap')], {}, 'qk_tanh'),
     b.constant('softcap', precision, [], [cap])], {}, 'qk_capped') : qk;
   const bias = biasOf(b, node, q, keys, maskRank, precision, input(4) !== undefined);
-  const lnN = lnVisible(b, keysOnly ? undefined : bias, keys);
-  const perHead = Array.isArray(s);
-  const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
-  const applied = applyFactor(b, capped, b.op('Mul', [sName, lnN], {}, 'factor'), precision, opset);
-  const logits = bias ? b.op('Add', [applied.output, bias], {}, 'logits') : applied.output;
+  const rows = nVisible(b, keysOnly ? undefined : bias, keys);
+  const factor = p.sName ? presetFactor(b, p.preset, p.sName, rows.n, rows.ln) : undefined;
+  const applied = factor ? applyFactor(b, capped, factor, precision, opset) : undefined;
+  let content = applied?.output ?? capped;
+  if (p.theta) {
+    const dim = (x: string, axis: number, name: string): string => b.op('Gather', [b.op('Shape', [x]), b.int64(`axis${axis}`, [axis], true)], {}, name);
+    const S = dim(q, 2, 'q_len'), T = dim(keys, 2, 'kv_len');
+    content = b.op('Add', [content, fusedPrior(b, p.theta, { S, T, past: b.op('Sub', [T, S], {}, 'past') }, factor, precision)], {}, 'logits_prior');
+  }
+  const logits = bias ? b.op('Add', [content, bias], {}, 'logits') : content;
   let probs = b.op('Softmax', [logits], { axis: -1 }, 'probs');
   if (bias) {
     const hidden = b.op('Equal', [b.op('ReduceMax', [bias, b.int64('last_axis', [-1])], { keepdims: 1 }, 'bias_row_max'), b.constant('minus_inf', precision, [], [-Infinity])], {}, 'row_all_masked');
@@ -70,7 +77,10 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
     const mode = attrInt(node, 'qk_matmul_output_mode') ?? 0;
     b.node('Identity', [out([qk, capped, logits, probs][Math.min(Math.max(mode, 0), 3)])], [node.output[3]]);
   }
-  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType, mode: keysOnly ? 'keys' : modeOf(node, input(3) !== undefined) };
+  return {
+    sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? precision, rows,
+    mode: keysOnly ? 'keys' : modeOf(node, input(3) !== undefined),
+  };
 }
 
 function modeOf(node: FusedSite['node'], mask: boolean): NMode {
@@ -145,11 +155,13 @@ function maskBias(b: Builder, mask: string, rank: number, T: string, t: number, 
 }
 
 /** ln n as float, n the entries of the bias above −9000 on the row (ReduceSum keeps the row axis), or the key count. */
-function lnVisible(b: Builder, bias: string | undefined, keys: string): string {
+/** max(n, 1) and its logarithm: the keys each row may see under the bias (entries above −9000), or Tk. */
+function nVisible(b: Builder, bias: string | undefined, keys: string): Rows {
   let n: string;
   if (bias) {
     const visible = b.op('Cast', [b.op('Greater', [bias, b.op('CastLike', [b.constant('hidden_below', DataType.FLOAT, [], [HIDDEN_BELOW]), bias], {}, 'hidden_t')], {}, 'visible')], { to: DataType.FLOAT }, 'visible_f');
     n = b.op('ReduceSum', [visible, b.int64('last_axis', [-1])], { keepdims: 1 }, 'n_visible');
   } else n = b.op('Cast', [b.op('Gather', [b.op('Shape', [keys]), b.int64('axis2', [2], true)], {}, 'kv_len')], { to: DataType.FLOAT }, 'n_keys');
-  return b.op('Log', [b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1')], {}, 'ln_n');
+  const clamped = b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
+  return { n: clamped, ln: b.op('Log', [clamped], {}, 'ln_n') };
 }

@@ -15,9 +15,9 @@ import { chooseN, countsMasks, NChoice, NOption, positionN } from '../policy/n-m
 import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
-import { describePlan, insertFused, modeOf, planFor } from './fused';
+import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFor } from './fused';
 import { insertGroupScale, insertScale, ScaleContext } from './insert-scale';
-import { EXPANSION_COST, ExpansionShared, expandMsAttention } from './ms-attention';
+import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
 import { NSources } from './n-source';
@@ -131,54 +131,60 @@ export class SitePatcher {
   }
 
   private fused(scope: Scope, b: Builder, site: FusedSite, p: SiteParams, inputs: BodyInputs): SiteResult {
-    const { preset, option } = this;
+    const { preset } = this;
     const where = `${nodeLabel(site.node)} (${site.op})`;
-    if (preset.kind !== 'ssmax' || preset.b !== undefined) {
-      throw new InputError(`${where}: ${opt('preset', preset.kind)}${preset.kind === 'ssmax' ? ` with ${opt('b')}` : ''} is not supported on fused attention operators yet`);
-    }
-    if (p.theta) throw new InputError(`${where}: ${opt('prior')} is not supported on fused attention operators yet`);
-    if (site.expand) return this.expandedOnnx(scope, b, site, p.s!, inputs.s!);
+    // Presets defined on positions take the causal n, as at Softmax sites.
+    const option = presetNeedsPositions(preset) ? positionN(this.option).mode as NOption : this.option;
+    const params: ExpansionParams = { preset, s: p.s, sName: inputs.s, theta: inputs.theta };
+    if (site.expand) return this.expandedOnnx(scope, b, site, params);
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
     if (countsMasks(option) && plan.kind !== 'mask-index') {
       throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
     }
-    const mode = modeOf(plan);
+    const mode = preset.kind === 'none' ? 'none' : modeOf(plan);
     this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
-    const s = p.s!;
-    const inserted = plan.kind === 'mask-index'
-      ? expandMsAttention(b, this.context(scope).expansion, site, s, plan, inputs.s!)
-      : insertFused(b, site, s, plan, scope.opset, inputs.s!);
+    let inserted: InsertedFused | undefined;
+    if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
+    else {
+      if (preset.kind !== 'none') inserted = insertFused(b, site, preset, p.s!, plan, scope.opset, inputs.s!);
+      if (inputs.theta) addFusedPrior(b, site, plan, { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows }, inputs.theta, scope.shapes, scope.opset);
+    }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
-    const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+    const nReason = preset.kind === 'none' ? 'no factor (preset none)'
+      : `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+    const expanded = plan.kind === 'mask-index';
     return {
       site: {
         node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
-        logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
-        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(plan.kind === 'mask-index' ? { expanded: EXPANSION_COST } : {}),
+        logitsRank: 4, logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.deviation } : {}),
+        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(expanded ? { expanded: EXPANSION_COST } : {}),
+        ...(inputs.theta ? { prior: inputs.theta } : {}),
       },
-      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType,
-        ...(plan.kind === 'mask-index' ? { expanded: { heads: site.heads.heads } } : {}) },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, ...factorRecord(p, inputs, inserted),
+        ...(expanded ? { expanded: { heads: site.heads.heads } } : {}), ...(inputs.theta ? { prior: inputs.theta } : {}) },
     };
   }
 
   /** ONNX Attention whose factor cannot go on Q: expanded, the factor on the logits after the cap. */
-  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, s: LayerScale, sInput: string): SiteResult {
+  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, params: ExpansionParams): SiteResult {
     this.opset.ensure(scope, `${nodeLabel(site.node)} (${site.op})`);
-    const inserted = expandOnnxAttention(b, scope.shapes, site, s, scope.opset, sInput, this.option === 'keys');
-    const nReason = this.option === 'keys' ? 'n mode keys as asked; n = Tk' : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: `
-      + 'n = keys each row may see under the attention\'s mask, causal mask and nonpad lengths (bias entries above −9000)';
+    const keys = this.option === 'keys' && !presetNeedsPositions(this.preset);
+    const inserted = expandOnnxAttention(b, scope.shapes, site, params, scope.opset, keys);
+    const nReason = params.preset.kind === 'none' ? 'no factor (preset none)' : keys ? 'n mode keys as asked; n = Tk'
+      : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: n = keys each row may see under the attention's mask, causal mask and nonpad lengths (bias entries above −9000)`;
+    const n = params.preset.kind === 'none' ? 'none' : inserted.mode;
     return {
       site: {
-        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: inserted.mode, nReason,
+        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n, nReason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: 4, logits: inserted.factor,
-        s, sInitializer: inserted.sName, target: 'logits', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
-        expanded: `${ONNX_EXPANSION_COST} (${site.expand})`,
+        s: params.s ?? null, sInitializer: params.sName ?? '', target: 'logits', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        expanded: `${ONNX_EXPANSION_COST} (${site.expand})`, ...(params.theta ? { prior: params.theta } : {}),
       },
-      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: inserted.mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType, expanded: { heads: site.heads.heads } },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n,
+        ...factorRecord({ s: params.s }, { s: params.sName }, inserted), expanded: { heads: site.heads.heads },
+        ...(params.theta ? { prior: params.theta } : {}) },
     };
   }
 
@@ -235,6 +241,12 @@ function gathersTable(graph: Graph, tensor: string): boolean {
     const table = p?.opType === 'Gather' ? graph.initializers.get(p.input[0]) : undefined;
     return table && table.dims.length === 2 && table.dataType !== DataType.INT64 ? true : undefined;
   }) ?? false;
+}
+
+/** The record's factor fields: absent for the none preset (no factor was inserted). */
+function factorRecord(p: SiteParams, inputs: BodyInputs, inserted: InsertedFused | undefined): Partial<SiteRecord> {
+  if (p.s === undefined || !inserted?.apply) return {};
+  return { s: p.s, sInitializer: inputs.s, apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType };
 }
 
 function describeSoftmax(site: AttentionSite, n: string, nReason: string, p: SiteParams, inputs: BodyInputs): Omit<PatchedSite, 'target' | 'nShared'> {
