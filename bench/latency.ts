@@ -6,8 +6,9 @@
 import * as fs from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { readModel, serializeModel } from '../src/io/model-file';
-import { patchModel } from '../src/rewrite/patch';
+import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { DecoderConfig, decoderFile } from './decoder';
+import { fusedGpt2File } from './fused-gpt2';
 
 export interface LatencyCase {
   label: string;
@@ -15,6 +16,10 @@ export interface LatencyCase {
   seq: number;
   past: number;
   pairs: number;
+  /** The patch (default: SSMax with --train-len 1024). */
+  patch?: PatchOptions;
+  /** `plain`: the decoder of plain ops (decoder.ts); `fused`: GPT-2 with com.microsoft Attention (fused-gpt2.ts). */
+  model?: 'plain' | 'fused';
 }
 
 export interface LatencyResult {
@@ -30,11 +35,19 @@ export interface LatencyResult {
   spread: [number, number];
 }
 
-function feeds(cfg: DecoderConfig, seq: number, past: number): Record<string, ort.Tensor> {
+function feeds(cfg: DecoderConfig, seq: number, past: number, fused: boolean): Record<string, ort.Tensor> {
   const hd = cfg.hidden / cfg.heads;
   const out: Record<string, ort.Tensor> = {
     input_ids: new ort.Tensor('int64', BigInt64Array.from({ length: seq }, (_, i) => BigInt((i * 7919) % cfg.vocab)), [1, seq]),
   };
+  if (fused) {
+    out.position_ids = new ort.Tensor('int64', BigInt64Array.from({ length: seq }, (_, i) => BigInt(past + i)), [1, seq]);
+    out.attention_mask = new ort.Tensor('int32', new Int32Array(past + seq).fill(1), [1, past + seq]);
+    for (let l = 0; l < cfg.layers; l++) {
+      out[`past_${l}`] = new ort.Tensor('float32', Float32Array.from({ length: 2 * cfg.heads * past * hd }, (_, i) => Math.sin(i * 0.37 + l)), [2, 1, cfg.heads, past, hd]);
+    }
+    return out;
+  }
   for (let l = 0; l < cfg.layers; l++) {
     for (const kind of ['key', 'value']) {
       const data = Float32Array.from({ length: cfg.heads * past * hd }, (_, i) => Math.sin(i * 0.37 + l));
@@ -56,14 +69,14 @@ async function timed(session: ort.InferenceSession, input: Record<string, ort.Te
   return Number(process.hrtime.bigint() - t) / 1e6;
 }
 
-export async function measureLatency(c: LatencyCase, trainLen = 1024): Promise<LatencyResult> {
-  const file = decoderFile(c.config);
+export async function measureLatency(c: LatencyCase): Promise<LatencyResult> {
+  const file = c.model === 'fused' ? fusedGpt2File(c.config) : decoderFile(c.config);
   const original = fs.readFileSync(file);
-  const patched = serializeModel(patchModel(readModel(file), { trainLen }).model);
+  const patched = serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
   // Default session options (graph optimisations, threads); only warnings are silenced.
   const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
   const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
-  const input = feeds(c.config, c.seq, c.past);
+  const input = feeds(c.config, c.seq, c.past, c.model === 'fused');
   for (let i = 0; i < 2; i++) {
     await a.run(input);
     await b.run(input);
@@ -96,7 +109,14 @@ export const LATENCY_CASES: LatencyCase[] = [
   { label: '4L×256, seq 1024', config: ATTENTION_HEAVY, seq: 1024, past: 0, pairs: 60 },
   { label: '4L×256, seq 2048', config: ATTENTION_HEAVY, seq: 2048, past: 0, pairs: 16 },
   { label: '4L×256, seq 4096', config: ATTENTION_HEAVY, seq: 4096, past: 0, pairs: 8 },
+  // GPT-2 as onnxruntime's optimizer fuses it: the causal com.microsoft Attention nodes are expanded by the patch.
+  { label: 'GPT-2 fused Attention 12L×768, prompt 512', config: WIDE, seq: 512, past: 0, pairs: 16, model: 'fused' },
+  { label: 'GPT-2 fused Attention 12L×768, decode 1 token, KV cache 1024', config: WIDE, seq: 1, past: 1024, pairs: 120, model: 'fused' },
 ];
+
+/** The same cases with a positional prior (BAM's GGD, neutral θ) added to SSMax: the prior's cost. */
+const PRIOR: PatchOptions = { trainLen: 1024, prior: 'ggd' };
+LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({ ...c, label: `${c.label}, + ggd prior`, patch: PRIOR })));
 
 export async function latencyTable(filter?: RegExp): Promise<string> {
   const rows = [

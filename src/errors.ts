@@ -8,7 +8,8 @@ const OPTIONS: Record<string, [string, string]> = {
   attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'], sortNodes: ['sortNodes', '--sort-nodes'],
   dims: ['dims', '--dim'], inputFiles: ['inputFiles', '--input'], maxLen: ['maxLen', '--max-len'], lengths: ['lengths', '--lengths'],
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],
-  externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'],
+  externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'], prior: ['prior', '--prior'],
+  priorFile: ['priorFile', '--prior-file'],
 };
 
 const MARK = '\u2060';

@@ -10,14 +10,17 @@ import { cli, removeScratch, tmpdir } from './support/io';
 after(removeScratch);
 
 
-/** An ONNX Attention node with softcap (refused) beside one without (patched). */
+/** A com.microsoft GroupQueryAttention node with softcap (refused) beside one without (patched). */
 function softcapModel(dir: string): string {
-  const attn = (name: string, y: string, attrs: Record<string, number>) => node('Attention', ['Q', 'K', 'V'], [y], attrs, name);
+  const attn = (name: string, y: string, attrs: Record<string, number>) => ({
+    ...node('GroupQueryAttention', ['Q', 'K', 'V', '', '', 'seqlens_k', 'total'], [y], { num_heads: 2, kv_num_heads: 2, ...attrs }, name), domain: 'com.microsoft',
+  });
   const m = model({
     nodes: [attn('capped', 'Y1', { softcap: 30.5 }), attn('plain', 'Y2', {})],
-    inputs: ['Q', 'K', 'V'].map((n) => value(n, DataType.FLOAT, [1, 2, 'S', 8])),
-    outputs: ['Y1', 'Y2'].map((n) => value(n, DataType.FLOAT, [])), opset: 23,
+    inputs: [...['Q', 'K', 'V'].map((n) => value(n, DataType.FLOAT, [1, 'S', 16])), value('seqlens_k', DataType.INT32, [1]), value('total', DataType.INT32, [])],
+    outputs: ['Y1', 'Y2'].map((n) => value(n, DataType.FLOAT, [])),
   });
+  m.opsetImport.push({ domain: 'com.microsoft', version: 1 });
   const file = path.join(dir, 'softcap.onnx');
   fs.writeFileSync(file, encodeModel(m));
   return file;
@@ -30,8 +33,8 @@ describe('--force-site', () => {
   it('lists the refused site with its layer, reason and the flag that accepts it', () => {
     const r = cli([input, '--s', '0.4', '--dry-run']);
     assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stdout, /L1 {2}plain {2}Attention {2}n=keys/);
-    assert.match(r.stdout, /refused 1 attention node\(s\):\n {2}L0 {2}capped: Attention: softcap=30\.5.*\(--force-site capped to patch anyway\)/);
+    assert.match(r.stdout, /L1 {2}plain {2}com\.microsoft\.GroupQueryAttention {2}n=causal/);
+    assert.match(r.stdout, /refused 1 attention node\(s\):\n {2}L0 {2}capped: GroupQueryAttention: softcap=30\.5.*\(--force-site capped to patch anyway\)/);
   });
 
   it('patches the refused site when forced, and says which deviation was accepted', () => {

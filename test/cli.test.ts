@@ -103,7 +103,7 @@ describe('ssmax-patch CLI', () => {
       return [path.join(d, 'bert.onnx'), '--s-file', path.join(d, 's.json')];
     }, /not valid JSON/],
     ['the output path equal to the input', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '-o', path.join(d, 'bert.onnx'), '--force'], /refusing to overwrite the input/],
-    ['a bad --n', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '--n', 'rows'], /--n must be auto, keys, causal or mask/],
+    ['a bad --n', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '--n', 'rows'], /--n must be one of auto, keys, causal, padding, causal-padding, mask; got 'rows'/],
   ];
   for (const [what, args, pattern] of bad) {
     it(`rejects ${what} with one line, exit 2, and no output file`, () => {

@@ -25,18 +25,28 @@ function withMs(m: ModelProto): ModelProto {
   return m;
 }
 
+/** θ per head for the prior tests (4 heads; the first two for 2-head models). */
+const THETA = { theta_alpha: [-0.7, -0.2, 0.3, -1.2], theta_beta: [0.6, 1, 1.4, 0.8], theta_mu: [0, 0.4, -0.3, 0.1] };
+const thetaFor = (heads: number) => Object.fromEntries(Object.entries(THETA).map(([k, v]) => [k, v.slice(0, heads)]));
+
+/** BAM's prior B for head n, absolute query position i and key j (BAM.md), independent of the tool's code. */
+function ggd(n: number, i: number, j: number): number {
+  const mu = Math.exp(THETA.theta_mu[n]) - Math.exp(-THETA.theta_mu[n]);
+  return -Math.exp(THETA.theta_alpha[n]) * Math.pow(Math.abs(j - i - mu) + 1e-5, THETA.theta_beta[n]);
+}
+
 const perHead = (h: number): number[] => Array.from({ length: h }, (_, i) => 0.25 + 0.15 * i);
 
 /** Runs the unpatched and the patched model and checks both against the reference. */
 async function check(m: ModelProto, feeds: Feeds, output: string, spec: Omit<AttentionSpec, 'factor'>,
-  factor: AttentionSpec['factor'], options: PatchOptions, layout: 'bsd' | 'bnsd' = 'bsd'): Promise<void> {
+  factor: AttentionSpec['factor'], options: PatchOptions, layout: 'bsd' | 'bnsd' = 'bsd', patchedBias?: AttentionSpec['bias']): Promise<void> {
   const shape = (x: Float64Array): Float64Array => (layout === 'bsd' ? toBsd(x, spec.B, spec.N, spec.S, spec.H) : x);
   const plain = await runOnce(m, feeds, output);
   const wantPlain = shape(attention({ ...spec, factor: () => 1 }));
   assert.ok(maxDiff(plain, wantPlain) < TOL, `unpatched operator differs from the reference: ${maxDiff(plain, wantPlain)}`);
   const { model: patched } = patchModel(m, options);
   const got = await runOnce(patched, feeds, output);
-  const want = shape(attention({ ...spec, factor }));
+  const want = shape(attention({ ...spec, factor, ...(patchedBias ? { bias: patchedBias } : {}) }));
   assert.ok(maxDiff(got, want) < TOL, `patched output differs from SSMax: ${maxDiff(got, want)}`);
   assert.ok(maxDiff(want, wantPlain) > 1e-3, 'test is too weak: SSMax does not change this case');
 }
@@ -108,6 +118,31 @@ describe('com.microsoft MultiHeadAttention', () => {
     const spec = { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: bsd(q, S, N, H), k: bsd(k, S, N, H), v: bsd(v, S, N, H),
       visible: () => true, bias: (_b: number, n: number, i: number, j: number) => alibi[(n * S + i) * S + j] };
     await check(mha({ S, T: S, attnBias: true }), feeds, 'out', spec, () => ssmaxFactor(0.5, S, 0), { s: 0.5 });
+  });
+
+  it('a ggd prior through attention_bias: c_i·B with a cache (prompt, chunk, decode), alone with --preset none, added to an existing bias', async () => {
+    const s = perHead(N);
+    const prior = { prior: 'ggd', priorTheta: thetaFor(N) };
+    for (const [S, P] of [[4, 0], [3, 5], [1, 9]]) {
+      const { feeds, q, k, v, pk, pv } = feedsFor(S, S, P, 40 + S);
+      const cat = (past: Float32Array, cur: Float32Array) => (b: number, n: number, j: number, d: number): number =>
+        (j < P ? past[((b * N + n) * P + j) * H + d] : cur[((b * S + (j - P)) * N + n) * H + d]);
+      const spec = { B, N, Nkv: N, S, T: P + S, H, scale: 1 / Math.sqrt(H), q: bsd(q, S, N, H), k: cat(pk, k), v: cat(pv, v),
+        visible: (_b: number, _n: number, i: number, j: number) => j <= P + i };
+      const c = (_b: number, n: number, i: number): number => ssmaxFactor(s, P + i + 1, n);
+      await check(mha({ S, T: P + S, past: P, unidirectional: true }), feeds, 'out', spec, c,
+        { scale: parseScaleJson({ s }, 't'), ...prior }, 'bsd', (b, n, i, j) => c(b, n, i) * ggd(n, P + i, j));
+      await check(mha({ S, T: P + S, past: P, unidirectional: true }), feeds, 'out', spec, () => 1,
+        { preset: 'none', ...prior }, 'bsd', (_b, n, i, j) => ggd(n, P + i, j));
+    }
+    const S = 6;
+    const { feeds, q, k, v } = feedsFor(S, S, -1, 31);
+    const alibi = new Float32Array(N * S * S).map((_, x) => -0.3 * Math.abs((x % S) - Math.floor(x / S) % S));
+    feeds.attn_bias = f32([1, N, S, S], alibi);
+    const existing = (n: number, i: number, j: number): number => alibi[(n * S + i) * S + j];
+    await check(mha({ S, T: S, attnBias: true }), feeds, 'out', { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H),
+      q: bsd(q, S, N, H), k: bsd(k, S, N, H), v: bsd(v, S, N, H), visible: () => true, bias: (_b, n, i, j) => existing(n, i, j) },
+    () => ssmaxFactor(0.5, S, 0), { s: 0.5, ...prior }, 'bsd', (_b, n, i, j) => ssmaxFactor(0.5, S, 0) * ggd(n, i, j) + existing(n, i, j));
   });
 
   it('packed QKV [B,S,N,3,H]: only the query slot is scaled (the CPU provider has no packed kernel: unpacked after patching)', async () => {
@@ -219,6 +254,18 @@ describe('com.microsoft GroupQueryAttention', () => {
       visible: (b, _n, _i, j) => j < c.totals[b] }, (b, n) => ssmaxFactor(s, c.totals[b], n), options);
   });
 
+  it('a ggd prior through attention_bias: prompt and a ragged cache, the query at position past_b + i of its own item', async () => {
+    const s = perHead(N);
+    const options = { scale: parseScaleJson({ s }, 't'), prior: 'ggd', priorTheta: thetaFor(N) };
+    for (const [S, P, past] of [[6, 0, [0, 0]], [1, 8, [5, 8]], [1, 8, [2, 7]]] as const) {
+      const c = gqaCase(S, P, [...past], 61 + S);
+      const row = (b: number, i: number): number => c.totals[b] - S + i;
+      const f = (b: number, n: number, i: number): number => ssmaxFactor(s, row(b, i) + 1, n);
+      await check(gqa({}), c.feeds, 'out', { B, N, Nkv, S, T: Math.max(...c.totals), H, scale: 1 / Math.sqrt(H), q: c.q, k: c.k, v: c.v,
+        visible: (b, _n, i, j) => j <= row(b, i) }, f, options, 'bsd', (b, n, i, j) => f(b, n, i) * ggd(n, row(b, i), j));
+    }
+  });
+
   it('packed QKV: only the query columns are scaled', async () => {
     const c = gqaCase(5, 0, [0, 0], 80, true);
     await check(gqa({ packed: true }), c.feeds, 'out', { B, N, Nkv, S: 5, T: 5, H, scale: 1 / Math.sqrt(H), q: c.q, k: c.k, v: c.v,
@@ -298,11 +345,41 @@ describe('com.microsoft Attention (Q computed inside from weights)', () => {
     }
   });
 
-  it('unidirectional is refused: one factor per head cannot give each row its own n', () => {
-    assert.throws(() => patchModel(msAttention(true), { s: 0.5 }), cliError(/only one factor per head.*--force-site Attention/));
-    const { report } = patchModel(msAttention(true), { s: 0.5, force: ['Attention'] });
-    assert.equal(report.sites[0].n, 'keys');
-    assert.match(report.sites[0].deviation ?? '', /every row gets n = Tk/);
+  it('a ggd prior: through the expansion (causal, n per row) and through attention_bias (keys n, weights scaled)', async () => {
+    const w = floats(IN * 3 * D, 5, 0.6), bias = floats(3 * D, 6, 0.3);
+    const S = 7, x = floats(B * S * IN, 17, 1.5);
+    const proj = (slot: number) => (b: number, n: number, i: number, d: number): number => {
+      let acc = bias[slot * D + n * H + d];
+      for (let e = 0; e < IN; e++) acc += x[(b * S + i) * IN + e] * w[e * 3 * D + slot * D + n * H + d];
+      return acc;
+    };
+    const s = perHead(N);
+    const options = { scale: parseScaleJson({ s }, 't'), prior: 'ggd', priorTheta: thetaFor(N) };
+    const spec = { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: proj(0), k: proj(1), v: proj(2) };
+    const causal = (_b: number, n: number, i: number): number => ssmaxFactor(s, i + 1, n);
+    await check(msAttention(true), { x: f32([B, S, IN], x) }, 'out', { ...spec, visible: (_b, _n, i, j) => j <= i }, causal, options,
+      'bsd', (b, n, i, j) => causal(b, n, i) * ggd(n, i, j));
+    const keys = (_b: number, n: number): number => ssmaxFactor(s, S, n);
+    await check(msAttention(false), { x: f32([B, S, IN], x) }, 'out', { ...spec, visible: () => true }, keys, options,
+      'bsd', (b, n, i, j) => keys(b, n) * ggd(n, i, j));
+  });
+
+  it('unidirectional: expanded with n per row by default; --n keys keeps the node with its weights scaled (n = Tk)', () => {
+    const auto = patchModel(msAttention(true), { s: 0.5 });
+    assert.equal(auto.report.sites[0].n, 'causal');
+    assert.match(auto.report.sites[0].expanded ?? '', /expanded into its definition/);
+    assert.ok(!auto.model.graph!.node.some((n) => n.opType === 'Attention'), 'the node is replaced');
+    const keys = patchModel(msAttention(true), { s: 0.5, n: 'keys' });
+    assert.equal(keys.report.sites[0].n, 'keys');
+    assert.equal(keys.report.sites[0].expanded, undefined);
+    assert.ok(keys.model.graph!.node.some((n) => n.opType === 'Attention'));
+  });
+
+  it('do_rotary with causal masking: Q never leaves the kernel, so refused; forced, n = Tk', () => {
+    const m = msAttention(true);
+    m.graph!.node[0].attribute.push(node('X', [], [], { do_rotary: 1 }).attribute[0]);
+    assert.throws(() => patchModel(m, { s: 0.5 }), cliError(/do_rotary=1 .* n per row is impossible.*--force-site Attention/));
+    assert.equal(patchModel(m, { s: 0.5, force: ['Attention'] }).report.sites[0].n, 'keys');
   });
 });
 
@@ -360,6 +437,33 @@ describe('ONNX Attention (opset 23)', () => {
         visible: () => true, bias: (_b, _n, i, j) => mask[i * S + j] }, () => ssmaxFactor(0.5, S, 0), { s: 0.5 });
   });
 
+  it('a ggd prior through attn_mask: causal with a cache, and added to an existing float mask (3-D, keys n)', async () => {
+    const s = perHead(N);
+    const prior = { prior: 'ggd', priorTheta: thetaFor(N) };
+    for (const [S, P] of [[5, 0], [1, 9]]) {
+      const t = tensors(S, S, P, 210 + S);
+      const cat = (past: Float32Array, cur: Float32Array) => (b: number, m: number, j: number, d: number): number =>
+        (j < P ? past[((b * Nkv + m) * P + j) * H + d] : cur[((b * Nkv + m) * S + (j - P)) * H + d]);
+      const feeds: Feeds = { Q: f32([B, N, S, H], t.q), K: f32([B, Nkv, S, H], t.k), V: f32([B, Nkv, S, H], t.v),
+        past_k: f32([B, Nkv, P, H], t.pk), past_v: f32([B, Nkv, P, H], t.pv) };
+      const c = (_b: number, n: number, i: number): number => ssmaxFactor(s, P + i + 1, n);
+      await check(onnxAttention({ causal: true, past: true }), feeds, 'Y',
+        { B, N, Nkv, S, T: P + S, H, scale: 1 / Math.sqrt(H), q: bnsd(t.q, N, S, H), k: cat(t.pk, t.k), v: cat(t.pv, t.v),
+          visible: (_b, _n, i, j) => j <= P + i }, c, { scale: parseScaleJson({ s }, 't'), ...prior }, 'bnsd', (b, n, i, j) => c(b, n, i) * ggd(n, P + i, j));
+    }
+    const S = 6;
+    const t = tensors(S, S, 0, 310);
+    const mask = new Float32Array(S * S).map((_, x) => ((x * 7) % 5 === 0 ? -1e4 : 0));
+    const toBsdF = (x: Float32Array, heads: number): Float32Array => Float32Array.from(toBsd(Float64Array.from(x), B, heads, S, H));
+    const feeds: Feeds = { Q: f32([B, S, N * H], toBsdF(t.q, N)), K: f32([B, S, Nkv * H], toBsdF(t.k, Nkv)),
+      V: f32([B, S, Nkv * H], toBsdF(t.v, Nkv)), mask: f32([S, S], mask) };
+    const c = ssmaxFactor(0.5, S, 0);
+    await check(onnxAttention({ threeD: true, mask: true }), feeds, 'Y',
+      { B, N, Nkv, S, T: S, H, scale: 1 / Math.sqrt(H), q: bnsd(t.q, N, S, H), k: bnsd(t.k, Nkv, S, H), v: bnsd(t.v, Nkv, S, H),
+        visible: () => true, bias: (_b, _n, i, j) => mask[i * S + j] }, () => c, { s: 0.5, ...prior }, 'bsd',
+    (_b, n, i, j) => c * ggd(n, i, j) + mask[i * S + j]);
+  });
+
   it('opset 24 nonpad_kv_seqlen with a static cache: n from the valid lengths, not the buffer', async () => {
     const S = 1, L = 8, lengths = [5, 8];
     const t = tensors(S, L, 0, 400);
@@ -400,6 +504,22 @@ describe('com.microsoft DecoderMaskedMultiHeadAttention', () => {
     await check(dmmha({ share: true, bias: true }), feeds, 'out',
       { B, N, Nkv: N, S: 1, T: P + 1, H, scale: 1 / Math.sqrt(H), q: add(q, 0), k: cat(pk, add(k, D)), v: cat(pv, add(v, 2 * D)), visible: () => true },
       (_b, n) => ssmaxFactor(s, P + 1, n), { scale: parseScaleJson({ s }, 't') });
+  });
+
+  it('a ggd prior through attention_bias on a shared buffer: the token at position past, keys 0 … past', async () => {
+    const P = 6, MAX = 10;
+    const q = floats(B * D, 181, 1.5), k = floats(B * D, 182, 1.5), v = floats(B * D, 183);
+    const pk = floats(B * N * MAX * H, 184, 1.5), pv = floats(B * N * MAX * H, 185);
+    const at = (x: Float32Array) => (b: number, n: number, _i: number, d: number): number => x[b * D + n * H + d];
+    const cat = (past: Float32Array, cur: (b: number, n: number, i: number, d: number) => number) => (b: number, n: number, j: number, d: number): number =>
+      (j < P ? past[((b * N + n) * MAX + j) * H + d] : cur(b, n, 0, d));
+    const feeds: Feeds = { q: f32([B, 1, D], q), k: f32([B, 1, D], k), v: f32([B, 1, D], v),
+      past_k: f32([B, N, MAX, H], pk), past_v: f32([B, N, MAX, H], pv), past_len: i32([1], [P]) };
+    const s = perHead(N);
+    const c = (_b: number, n: number): number => ssmaxFactor(s, P + 1, n);
+    await check(dmmha({ share: true }), feeds, 'out',
+      { B, N, Nkv: N, S: 1, T: P + 1, H, scale: 1 / Math.sqrt(H), q: at(q), k: cat(pk, at(k)), v: cat(pv, at(v)), visible: () => true },
+      c, { scale: parseScaleJson({ s }, 't'), prior: 'ggd', priorTheta: thetaFor(N) }, 'bsd', (b, n, _i, j) => c(b, n) * ggd(n, P, j));
   });
 });
 

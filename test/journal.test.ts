@@ -22,7 +22,7 @@ const model = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.
 describe('options are resolved before the model is touched', () => {
   const m = model('gpt2_decoder');
   const cases: [string, object, RegExp, RegExp][] = [
-    ['an unknown n mode', { n: 'bogus' as NOption, s: 0.3 }, /option n must be auto, keys, causal or mask, got 'bogus'/, /--n must be/],
+    ['an unknown n mode', { n: 'bogus' as NOption, s: 0.3 }, /option n must be one of auto, keys, causal, padding, causal-padding, mask; got 'bogus'/, /--n must be/],
     ['an empty layer list', { s: 0.3, layers: '' }, /option layers must be a comma-separated list/, /--layers must be/],
     ['layers in exponent notation', { s: 0.3, layers: '1e0' }, /option layers must be/, /--layers must be/],
     ['force that is not a list of names', { s: 0.3, force: 'x' as unknown as string[] }, /option force must be a list of node names/, /--force-site must be/],
@@ -47,7 +47,7 @@ describe('--update-s through the record', () => {
     assert.equal(report.sites.length, record.sites.length);
     for (const site of record.sites) {
       assert.equal(site.s, scaleFromTrainLen(128));
-      assert.deepEqual(g.constValue(site.sInitializer)!.values, [Math.fround(scaleFromTrainLen(128))]);
+      assert.deepEqual(g.constValue(site.sInitializer!)!.values, [Math.fround(scaleFromTrainLen(128))]);
     }
     assert.equal(twice.graph!.node.length, once.graph!.node.length, 'no node added');
     // The journal still undoes the whole patch.

@@ -141,13 +141,17 @@ describe('ONNX Attention patched = its expanded function body patched', { skip: 
     });
   }
 
-  it('softcap: the fused node is refused; forced, it deviates from the expanded form patched after the cap', async () => {
+  it('softcap: the fused node is expanded with the factor after the cap, which equals the corpus\'s expanded body patched', async () => {
     const fused = dynamic(readModel(path.join(CORPUS, 'onnxnode_attention_4d_softcap.onnx')));
     const expanded = dynamic(readModel(path.join(CORPUS, 'onnxnode_attention_4d_softcap_expanded.onnx')));
-    assert.throws(() => patchModel(fused, { s: 0.7 }), /softcap=2: tanh capping after the factor is not SSMax/);
-    const forced = patchModel(fused, { s: 0.7, force: ['Attention(Y)'] });
-    const exact = patchModel(expanded, { s: 0.7, n: forced.report.sites[0].n as NOption });
-    const x = feeds(fused, { S: 6, L: 6, P: 0 }, 3);
-    assert.ok(maxDiff(await run(forced.model, x), await run(exact.model, x)) > 1e-3);
+    const a = patchModel(fused, { s: 0.7 });
+    assert.match(a.report.sites[0].expanded ?? '', /softcap=2/);
+    const b = patchModel(expanded, { s: 0.7, n: a.report.sites[0].n as NOption });
+    for (const [k, len] of [{ S: 6, L: 6, P: 0 }, { S: 3, L: 9, P: 0 }].entries()) {
+      const x = feeds(fused, len, 3 + k);
+      const got = await run(a.model, x);
+      assert.ok(maxDiff(got, await run(b.model, x)) < 2e-5);
+      assert.ok(maxDiff(got, await run(fused, x)) > 1e-3, 'the factor changed nothing');
+    }
   });
 });

@@ -156,7 +156,7 @@ describe('the trace of a candidate', () => {
     assert.deepEqual([k.reason, k.rule, k.stoppedAt], ['probabilities do not reach a MatMul with values', 'softmax/einsum-qk', 'Softmax_p']);
   });
 
-  it('opset 11: softmax/opset11-reshape alone applies to Softmax(axis=1); unknown rank is a forcible refusal at the Softmax', () => {
+  it('opset 11: softmax/opset11-reshape alone applies to Softmax(axis=1); with the rank unknown, n is the normalised group', () => {
     const flat = model({
       nodes: [node('MatMul', ['q', 'kt'], ['qk']), node('Reshape', ['qk', 'rows'], ['flat']), node('Softmax', ['flat'], ['pf'], { axis: 1 }),
         node('Reshape', ['pf', 'back'], ['p']), node('MatMul', ['p', 'v'], ['out'])],
@@ -166,15 +166,13 @@ describe('the trace of a candidate', () => {
     const d = findAttentionSoftmax(flat);
     assert.deepEqual(d.sites.map((s) => s.rule), ['softmax/opset11-reshape']);
     assert.deepEqual(d.traces[0].attempts.map((a) => a.rule), ['softmax/opset11-reshape']);
-    // The same chain with no shape information: the axis cannot be proven, the rest matches.
+    // The same chain with no shape information: the Softmax normalises the axes from 1 on, whatever they are.
     const blind = structuredClone(flat);
     blind.graph!.input.forEach((v) => delete v.type);
     blind.graph!.initializer = [];
     blind.graph!.input.push({ name: 'rows' }, { name: 'back' });
-    const [k] = findAttentionSoftmax(blind).skipped;
-    assert.deepEqual([k.rule, k.stoppedAt, k.forcible, k.attention], ['softmax/opset11-reshape', 'Softmax_pf', true, true]);
-    assert.match(k.reason, /Softmax axis 1 with logits of unknown rank/);
-    assert.equal(findAttentionSoftmax(blind, undefined, { force: ['Softmax_pf'] }).sites[0].rule, 'softmax/opset11-reshape');
+    const [site] = findAttentionSoftmax(blind).sites;
+    assert.deepEqual([site.rule, site.groupAxis], ['softmax/opset11-reshape', 1]);
   });
 
   it('refused fused operators name their rule and stop at the operator', () => {

@@ -11,6 +11,7 @@ import { readModel } from '../src/io/model-file';
 import { AttributeProto, DataType, FunctionProto, GraphProto, ModelProto, NodeProto } from '../src/io/onnx';
 import { parseScaleJson } from '../src/policy/scale';
 import { patchModel } from '../src/rewrite/patch';
+import { withUnitFactor } from '../src/verify/verify';
 import { attention, bnsd, f32, floats, maxDiff, runOnce, ssmaxFactor } from './support/attention';
 import { f32 as f32Init, i64 as i64Init, model, node, value } from './support/build';
 import { CORPUS } from './support/ref';
@@ -114,19 +115,20 @@ describe('attention in subgraphs', () => {
   });
 
   const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
-  it('GreedySearch decoder graphs (corpus): refused for causal com.microsoft Attention, forced they patch and run',
+  it('GreedySearch decoder graphs (corpus): the causal com.microsoft Attention nodes of both decoders are expanded and patched',
     { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, async () => {
       const m = readModel(greedy);
-      assert.throws(() => patchModel(m, { s: 0.4 }), /only one factor per head/);
-      const names = ['init_decoder', 'decoder'].flatMap(() => [0, 1, 2, 3, 4].map((i) => `GptAttention_${i}`));
-      const { model: patched, report } = patchModel(m, { s: 0.4, force: [...new Set(names)] });
+      const { model: patched, report } = patchModel(m, { s: 0.4 });
       assert.equal(report.sites.length, 10);
       assert.deepEqual([...new Set(report.sites.map((x) => x.scope))].sort(), ['main/GreedySearch_gpt2.decoder', 'main/GreedySearch_gpt2.init_decoder']);
-      const feeds = { input_ids: { type: 'int32' as const, dims: [1, 4], data: Int32Array.from([10, 20, 30, 40]) },
-        max_length: { type: 'int32' as const, dims: [1], data: Int32Array.from([10]) }, min_length: { type: 'int32' as const, dims: [1], data: Int32Array.from([1]) },
+      assert.ok(report.sites.every((x) => x.n === 'causal-padding' && x.expanded), report.sites.map((x) => `${x.n} ${x.nReason}`).join('\n'));
+      // Item 0 left-padded (pad token 0): the decoders see an attention mask with zeros.
+      const feeds = { input_ids: { type: 'int32' as const, dims: [2, 4], data: Int32Array.from([0, 0, 30, 40, 10, 20, 30, 40]) },
+        max_length: { type: 'int32' as const, dims: [1], data: Int32Array.from([12]) }, min_length: { type: 'int32' as const, dims: [1], data: Int32Array.from([1]) },
         repetition_penalty: { type: 'float32' as const, dims: [1], data: Float32Array.from([1]) } };
-      const out = await runOnce(patched, feeds, 'sequences');
-      assert.equal(out.length, 10);
+      const original = await runOnce(m, feeds, 'sequences');
+      assert.deepEqual(Array.from(await runOnce(withUnitFactor(patched), feeds, 'sequences')), Array.from(original), 'factor 1 changed the generated tokens');
+      assert.equal((await runOnce(patched, feeds, 'sequences')).length, 24);
     });
 });
 

@@ -114,7 +114,7 @@ describe('ssmax-patch --verify', () => {
 
   it('--report without --verify is a usage error', () => {
     const w = workdir();
-    assertOneLineError(cli([w.original, '--train-len', '64', '--report', path.join(w.dir, 'r.json')]), 2, /--report and --plot need --verify/);
+    assertOneLineError(cli([w.original, '--train-len', '64', '--report', path.join(w.dir, 'r.json')]), 2, /--report needs --verify/);
     assert.ok(!fs.existsSync(path.join(w.dir, 'llama.ssmax.onnx.tmp')));
   });
 });

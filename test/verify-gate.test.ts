@@ -67,7 +67,7 @@ describe('--strict', () => {
     const r = cli([w.original, '--train-len', '16', '--verify', '--strict', '--dim', 'sequence=16', '-o', out]);
     assert.equal(r.code, 1, r.stdout + r.stderr);
     assert.ok(!fs.existsSync(out));
-    assert.match(r.stderr, /verification FAILED: output not written/);
+    assert.match(r.stderr, /--strict: .*: output not written/);
   });
 });
 
@@ -156,7 +156,7 @@ describe('graphs an operator holds (GreedySearch decoders)', { skip: fs.existsSy
 
   it('are lifted into models of their own and probed; a wrong factor in one is caught and named', async () => {
     const original = readModel(greedy);
-    const patched = patchModel(original, { trainLen: 16, force: forced(original) }).model;
+    const patched = patchModel(original, { trainLen: 16, n: 'keys', force: forced(original) }).model;
     const r = await verifyPatch(original, patched, { checks: ['wiring', 'probe'] });
     const probe = r.checks.find((c) => c.id === 'probe')!;
     assert.equal(probe.status, 'PASSED', probe.summary);

@@ -68,8 +68,13 @@ function headCounts(m: ModelProto): number[] {
   return patchModel(m, { trainLen: L }).report.sites.map((s) => s.heads ?? 0);
 }
 
+/** θ of a prior away from neutral (the same at every head, so it fits every head count). */
+const THETA = { theta_alpha: -0.4, theta_beta: 0.8, theta_mu: 0.3 };
+
 const PRESETS: [string, PatchOptions][] = [
   ['ssmax', { trainLen: L }], ['bias', { trainLen: L, b: 0.2 }], ['qwen-logn', { preset: 'qwen-logn', trainLen: L }], ['llama4', { preset: 'llama4', floorScale: 8 }],
+  ['ssmax + ggd prior', { trainLen: L, prior: 'ggd', priorTheta: THETA }], ['none + alibi prior', { preset: 'none', prior: 'alibi' }],
+  ['none + neutral ggd prior', { preset: 'none', prior: 'ggd' }],
 ];
 
 describe('no false failures: strict verification of correct patches', () => {
@@ -99,6 +104,8 @@ describe('no false failures: strict verification of correct patches', () => {
       const m = make();
       assert.ok(await strictPasses(m, { trainLen: L }), 'the default patch applies');
       for (const n of ['keys', 'causal'] as const) await strictPasses(m, { trainLen: L, n });
+      await strictPasses(m, { trainLen: L, prior: 'ggd', priorTheta: THETA });
+      await strictPasses(m, { preset: 'none', prior: 'alibi' });
       const heads = headCounts(m);
       if (heads.every((h) => h > 0)) await strictPasses(m, { scale: { kind: 'per-head', s: Array.from({ length: heads[0] }, (_, i) => 0.3 + 0.1 * i) } });
       else {
@@ -167,7 +174,7 @@ function constantFactor(m: ModelProto): void {
   const g = new Graph(m.graph!);
   for (const site of readRecord(m)!.sites) {
     const apply = g.nodes.find((n) => n.name === site.apply)!;
-    const s = Array.isArray(site.s) ? site.s[0] : site.s;
+    const s = Array.isArray(site.s) ? site.s[0] : site.s!;
     const c = `t/${apply.name}/constant`;
     g.insertNode({ opType: 'Constant', domain: '', input: [], output: [c], name: c, attribute: [{ name: 'value', type: 4, t: makeTensor('', DataType.FLOAT, [], [s * Math.log(12)]), floats: [], ints: [], strings: [], tensors: [], graphs: [] }] });
     g.setInput(apply, 1, c);
@@ -248,6 +255,36 @@ const MUTATIONS: Mutation[] = [
   ['a huge s overflowing to inf', bert, { trainLen: L }, (m) => setS(m, 1e30), /^layer \d/],
   ['a huge s overflowing to inf (qwen-logn)', gpt2, { preset: 'qwen-logn', trainLen: L }, (m) => setS(m, 1e30), /^layer \d/],
 ];
+
+/** Layer `from`'s θα and θμ read by layer `to`'s prior (another layer's θ). */
+function otherLayersTheta(m: ModelProto, to = 0, from = 1): void {
+  const g = new Graph(m.graph!);
+  const sites = readRecord(m)!.sites;
+  for (const t of ['alpha', 'mu'] as const) {
+    const a = sites[to].prior![t], b = sites[from].prior![t];
+    for (const r of [...g.consumersOf(a)]) r.input.forEach((x, i) => { if (x === a) g.setInput(r, i, b); });
+  }
+}
+
+/** The prior of every site added without its factor (the Mul that scales it bypassed). */
+function unscaledPrior(m: ModelProto): void {
+  const g = new Graph(m.graph!);
+  const scaled = g.nodes.filter((n) => n.opType === 'Mul' && g.query.dependsOn(n.output[0], readRecord(m)!.sites[0].prior!.alpha)
+    && n.input.some((x) => g.query.dependsOn(x, readRecord(m)!.sites[0].sInitializer!)));
+  assert.ok(scaled.length > 0, 'no Mul scales the prior');
+  for (const n of scaled) {
+    const prior = n.input.find((x) => !g.query.dependsOn(x, readRecord(m)!.sites[0].sInitializer!))!;
+    for (const r of [...g.consumersOf(n.output[0])]) r.input.forEach((x, i) => { if (x === n.output[0]) g.setInput(r, i, prior); });
+  }
+}
+
+MUTATIONS.push(
+  ['the prior reads another layer\'s θ', gpt2, { trainLen: L, prior: 'ggd', priorTheta: { theta_alpha: [[-0.5, 0, 0.3, -1], [0.2, -0.3, 0.1, 0]], theta_beta: 0.8, theta_mu: [[0, 0.2, -0.2, 0.4], [0.3, 0, 0, -0.1]] } },
+    (m) => otherLayersTheta(m), /^layer 0 prior/],
+  ['the prior not scaled by the factor', gpt2, { trainLen: L, prior: 'ggd', priorTheta: THETA }, unscaledPrior, /^layer \d prior/],
+  ['the prior not scaled by the factor (fused MultiHeadAttention)', models.mhaCacheModel, { trainLen: L, prior: 'ggd', priorTheta: THETA }, unscaledPrior, /layer 0 \(MultiHeadAttention.* prior/],
+  ['the prior not scaled by the factor (GroupQueryAttention)', models.gqaModel, { trainLen: L, prior: 'alibi' }, unscaledPrior, /layer 0 \(GroupQueryAttention.* prior/],
+);
 
 describe('no false passes: wrong patches fail, naming the site', () => {
   for (const [name, make, options, wrong, site] of MUTATIONS) it(name, async () => { await caught(make(), options, wrong, site); });

@@ -5,17 +5,22 @@ import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
 import { VerifyReport } from '../verify/verify';
 
-const fmtS = (s: LayerScale): string => (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4));
+const fmtS = (s: LayerScale | null): string => (s === null ? 'none' : (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4)));
 
-export function formatPatch(report: PatchReport): string[] {
+export function formatPatch(report: PatchReport, dryRun = false): string[] {
   const shared = report.updated ? '' : `, preset ${report.preset}, n computed ${report.nSources} time(s)`;
-  const lines = [`${report.updated ? 'updated s at' : 'patched'} ${report.sites.length} attention site(s)${shared}:`];
+  const verb = report.updated ? (dryRun ? 'would update s at' : 'updated s at') : dryRun ? 'would patch' : 'patched';
+  const lines = report.notes.map((n) => `note: ${n}`);
+  lines.push(`${verb} ${report.sites.length} attention site(s)${shared}:`);
   for (const s of report.sites) {
     const heads = s.heads === null ? 'heads=?' : `heads=${s.heads}${s.headAxis === null ? '' : `@axis${s.headAxis}`}`;
     const where = s.scope === 'main' ? '' : `  [${s.scope}]`;
     const kind = s.kind === 'Softmax' ? '' : `  ${s.kind}`;
     lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}${s.rule ? `  rule ${s.rule}` : ''}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
+    if (s.expanded) lines.push(`      ${s.expanded}`);
+    if (s.prior) lines.push(`      prior θ: ${s.prior.alpha}, ${s.prior.beta}, ${s.prior.mu}`);
+    for (const note of s.notes ?? []) lines.push(`      note: ${note}`);
   }
   const stop = (k: PatchReport['skipped'][number]): string => (k.stoppedAt ? ` (rule ${k.rule} stopped at '${k.stoppedAt}')` : '');
   const refused = report.skipped.filter((k) => k.attention);
@@ -42,11 +47,11 @@ export function formatVerify(report: VerifyReport): string[] {
     for (const u of c.unchecked ?? []) lines.push(`          not checked: ${u}`);
     for (const u of c.notApplicable ?? []) lines.push(`          not applicable: ${u}`);
   }
-  for (const r of report.refused) lines.push(`  note: ${r}`);
+  for (const r of report.refusedAttention) lines.push(`  note: ${r}`);
   const count = (s: string): number => report.checks.filter((c) => c.status === s).length;
   const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
     .filter(Boolean).join(', ');
-  const strict = report.strict ? `; strict: ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
+  const strict = report.strictMode ? `; strict: ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
   lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s`);
   return lines;
 }
@@ -63,8 +68,8 @@ export function formatRevert(report: RevertReport): string[] {
   return lines;
 }
 
-export function formatWrite(written: WriteReport | null): string[] {
-  if (!written) return ['nothing written'];
+export function formatWrite(written: WriteReport | null, dryRun = false): string[] {
+  if (!written) return [dryRun ? 'nothing written (--dry-run)' : 'nothing written'];
   const lines = written.externalData.map((e) => `external data ${e.how}: ${e.file}`);
   lines.push(`wrote ${written.output}`);
   return lines;

@@ -1,181 +1,100 @@
-/** The ssmax-patch command line: parse options, patch, optionally verify, write, report. */
-import * as path from 'node:path';
+/**
+ * The ssmax-patch command line: subcommands patch (the default: `ssmax-patch MODEL` patches), verify and revert.
+ * Every failure ends here as one line on stderr (and, with --json, a report on stdout) and an exit code:
+ * 1 a failed verification, 2 a usage or input error, 3 a bug.
+ */
 import { Command, CommanderError } from 'commander';
-import { InputError, SsmaxError, VerificationError } from '../errors';
-import { ExternalDataMode, readModel, writeModel, WriteOptions, WriteReport } from '../io/model-file';
-import { terminalProgress } from '../io/progress';
-import { parseNOption } from '../policy/n-mode';
-import { patchModel, PatchReport } from '../rewrite/patch';
-import { revertModel } from '../rewrite/revert';
-import type { VerifyReport } from '../verify/verify';
+import { oneLine, SsmaxError } from '../errors';
 import { VERSION } from '../version';
-import { explainCommand } from './explain';
-import { formatPatch, formatRevert, formatVerify, formatWrite } from './format';
-import { addVerifyOptions, checkVerifyOutputs, oneLineErrors, verifyCommand, VerifyCliOptions, verifyOptionsFrom, verifyProgress, writeVerifyOutputs } from './verify-command';
+import { rejectEmptyValues } from './parse';
+import { patchCommand, patchProgram } from './patch-command';
+import { CommandName, documentJson, settle } from './report';
+import { revertCommand, revertProgram } from './revert-command';
+import { Run } from './run';
+import { cleanUpOnSignals } from './signals';
+import { verifyCommand, verifyProgram } from './verify-command';
 
-interface CliOptions extends VerifyCliOptions {
-  output?: string;
-  force?: boolean;
-  n: string;
-  s?: string;
-  trainLen?: string;
-  sFile?: string;
-  updateS?: boolean;
-  dryRun?: boolean;
-  json?: boolean;
-  verify?: boolean;
-  forceSite: string[];
-  preset?: string;
-  b?: string;
-  floorScale?: string;
-  attnScale?: string;
-  layers?: string;
-  externalData?: string;
-  quiet?: boolean;
-  sortNodes?: boolean;
-  explain?: string;
-}
+const COMMANDS: readonly CommandName[] = ['patch', 'verify', 'revert'];
 
-const collect = (v: string, all: string[]): string[] => [...all, v];
+const EXAMPLES = `
+Examples:
+  ssmax-patch model.onnx --train-len 4096                 patch (the same as: ssmax-patch patch model.onnx ...)
+  ssmax-patch model.onnx --train-len 4096 --verify --strict --report r.json --junit j.xml
+  ssmax-patch verify model.onnx model.ssmax.onnx --strict
+  ssmax-patch revert model.ssmax.onnx
+A model file named like a command: ssmax-patch patch verify (or ./verify).`;
 
-function program(): Command {
-  const cmd = new Command('ssmax-patch')
-    .description('Retrofit Scalable-Softmax (softmax((s·ln n)·z)) into the attention of an ONNX model')
-    .version(VERSION)
-    .argument('<model>', 'input ONNX model (never modified)')
-    .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
-    .option('--force', 'overwrite an existing output file')
-    .option('--n <mode>', 'how n is computed: auto | keys | causal | mask', 'auto')
-    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4', 'ssmax')
-    .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
-    .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
-    .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
-    .option('--layers <list>', 'patch only these attention layers: "3,7,11" or "every:4" (0-based; every:4 = 3,7,11,...)')
-    .option('--s <x>', 'one s for every layer and head')
-    .option('--train-len <L>', 's = 1/ln L: the factor is exactly 1 at n = L')
-    .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
-    .option('--update-s', 'on an already patched model, replace s instead of refusing')
-    .option('--dry-run', 'report what would be patched; write nothing')
-    .option('--json', 'print the report as JSON on stdout')
-    .option('--verify', 'run original and patched on onnxruntime and check the patch (see also: ssmax-patch verify --help)')
-    .option('--force-site <name>', 'patch this refused attention node anyway, accepting its stated deviation (repeatable)', collect, [])
-    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
-    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
-    .option('--quiet', 'no progress line on stderr')
-    .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing')
-    .addHelpText('after', '\nTo remove a patch: ssmax-patch revert <patched.onnx> [-o out.onnx] (see ssmax-patch revert --help)');
-  return oneLineErrors(addVerifyOptions(cmd));
-}
+type Action = (args: string[], options: never, run: Run) => Promise<number>;
 
-function number(v: string | undefined, flag: string, integer = false): number | undefined {
-  if (v === undefined) return undefined;
-  const x = Number(v);
-  if (!Number.isFinite(x) || (integer && !Number.isInteger(x))) throw new InputError(`${flag}: not a${integer ? 'n integer' : ' number'}: '${v}'`);
-  return x;
-}
-
-function defaultOutput(input: string): string {
-  const dir = path.dirname(input);
-  return path.join(dir, `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
-}
-
-async function patchCommand(input: string, o: CliOptions): Promise<number> {
-  if (o.explain !== undefined) return explainCommand(input, o.explain);
-  const n = parseNOption(o.n);
-  const trainLen = number(o.trainLen, '--train-len', true);
-  const verifyOptions = verifyOptionsFrom(o, trainLen);
-  if (!o.verify && (o.report || o.plot)) throw new InputError('--report and --plot need --verify');
-  const output = o.output ?? defaultOutput(input);
-  checkVerifyOutputs(o, [input, output]);
-  const write = writeOptions(o, input);
-  const original = readModel(input);
-  const { model, report } = patchModel(original, {
-    n, s: number(o.s, '--s'), trainLen, sFile: o.sFile, updateS: o.updateS, force: o.forceSite, preset: o.preset,
-    b: number(o.b, '--b'), floorScale: number(o.floorScale, '--floor-scale'), attnScale: number(o.attnScale, '--attn-scale'),
-    layers: o.layers, sortNodes: o.sortNodes,
-  });
-  let verification: VerifyReport | undefined;
-  if (o.verify) {
-    // Loaded only when asked for: onnxruntime costs start-up time and memory a plain patch does not need.
-    const { verifyPatch } = await import('../verify/verify');
-    // An update replaces s of an existing patch: what it must be compared with is the input without that patch.
-    const baseline = o.updateS ? revertModel(original).model : original;
-    const progress = verifyProgress(o.quiet);
-    try {
-      verification = await verifyPatch(baseline, model, { ...verifyOptions, progress });
-    } finally {
-      progress();
-    }
-  }
-  const written = !o.dryRun && (!verification || verification.passed) ? writeModel(output, model, write) : null;
-  const files = verification ? writeVerifyOutputs(verification, o, [input, output], `Attention sharpness: ${path.basename(input)}`) : [];
-  print(report, verification, o.json ? 'json' : 'text', written, files);
-  if (verification && !verification.passed) throw new VerificationError('verification FAILED: output not written');
-  return 0;
-}
-
-function writeOptions(o: CliOptions, input: string): WriteOptions {
-  const modes = ['reference', 'copy', 'link'];
-  if (o.externalData !== undefined && !modes.includes(o.externalData)) {
-    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
-  }
-  return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
-}
-
-function print(report: PatchReport, verification: VerifyReport | undefined, mode: 'json' | 'text', written: WriteReport | null, files: string[]): void {
-  if (mode === 'json') {
-    const output = written?.output ?? null;
-    process.stdout.write(JSON.stringify({ output, ...report, verification, externalData: written?.externalData }, null, 2) + '\n');
-    return;
-  }
-  const lines = formatPatch(report);
-  if (verification) lines.push(...formatVerify(verification), ...files);
-  lines.push(...formatWrite(written));
-  process.stdout.write(lines.join('\n') + '\n');
-}
-
-/** `ssmax-patch revert PATCHED [-o OUT]`: removes the patch, giving back the original model. */
-function revertProgram(): Command {
-  const cmd = new Command('ssmax-patch revert')
-    .description('Remove an SSMax patch: the result computes exactly what the original model computed')
-    .argument('<model>', 'patched ONNX model (never modified)')
-    .option('-o, --output <file>', 'output model (default <name>.reverted.onnx beside the input)')
-    .option('--force', 'overwrite an existing output file')
-    .option('--json', 'print the report as JSON on stdout')
-    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
-    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
-    .option('--quiet', 'no progress line on stderr');
-  return oneLineErrors(cmd);
-}
-
-function revertCommand(input: string, o: CliOptions): number {
-  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
-  const write = writeOptions(o, input);
-  const { model, report } = revertModel(readModel(input), { sortNodes: o.sortNodes });
-  const written = writeModel(output, model, write);
-  if (o.json) process.stdout.write(JSON.stringify({ output: written.output, ...report, externalData: written.externalData }, null, 2) + '\n');
-  else process.stdout.write([...formatRevert(report), ...formatWrite(written)].join('\n') + '\n');
-  return 0;
-}
-
-/** Runs the CLI and returns the exit code; all expected failures end here as one line on stderr. */
+/** Runs the CLI and returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
-  const revert = argv[0] === 'revert';
-  const cmd = revert ? revertProgram() : program();
+  const run = new Run(commandOf(argv), wantsJson(argv));
+  const stopSignals = cleanUpOnSignals();
   try {
-    if (argv[0] === 'verify') return await verifyCommand(argv.slice(1));
-    cmd.parse(revert ? argv.slice(1) : argv, { from: 'user' });
-    if (revert) return revertCommand(cmd.args[0], cmd.opts<CliOptions>());
-    return await patchCommand(cmd.args[0], cmd.opts<CliOptions>());
+    const code = await dispatch(argv, run);
+    if (code !== 0 && run.doc.error && run.failureOnStderr) process.stderr.write(`ssmax-patch: ${run.doc.error}\n`);
+    return code;
   } catch (err) {
-    if (err instanceof CommanderError) {
-      return err.code === 'commander.helpDisplayed' || err.code === 'commander.version' ? 0 : 2;
-    }
-    if (err instanceof SsmaxError) {
-      process.stderr.write(`ssmax-patch: ${err.cliMessage}\n`);
-      return err.exitCode;
-    }
-    process.stderr.write(`ssmax-patch: internal error: ${(err as Error)?.message ?? err}\n`);
-    return 3;
+    return fail(err, run);
+  } finally {
+    stopSignals();
   }
+}
+
+async function dispatch(argv: string[], run: Run): Promise<number> {
+  let code = 0;
+  const program = quiet(new Command('ssmax-patch'))
+    .description('Retrofit Scalable-Softmax (softmax((s·ln n)·z)) into the attention of ONNX models, and verify it on onnxruntime')
+    .version(VERSION)
+    .addHelpText('after', EXAMPLES);
+  const add = (name: CommandName, build: (c: Command) => Command, action: Action): void => {
+    const cmd = build(quiet(program.command(name, name === 'patch' ? { isDefault: true } : {})));
+    cmd.allowExcessArguments(true).action(async (...a: unknown[]) => {
+      const self = a[a.length - 1] as Command;
+      rejectEmptyValues(self);
+      code = await action(self.args, self.opts() as never, run);
+    });
+  };
+  add('patch', patchProgram, patchCommand as Action);
+  add('verify', verifyProgram, verifyCommand as Action);
+  add('revert', revertProgram, revertCommand as Action);
+  await program.parseAsync(argv, { from: 'user' });
+  return code;
+}
+
+/** Commander throws instead of exiting, and prints nothing on errors: fail() prints the one line. */
+function quiet(cmd: Command): Command {
+  return cmd.exitOverride().configureOutput({ outputError: () => undefined }).showSuggestionAfterError(true);
+}
+
+function fail(err: unknown, run: Run): number {
+  let code: number;
+  let message: string;
+  if (err instanceof CommanderError) {
+    if (err.exitCode === 0) return 0; // --help, --version, help
+    code = 2;
+    message = err.message.replace(/^error: /, '');
+  } else if (err instanceof SsmaxError) {
+    code = err.exitCode;
+    // An error may also carry its message with options spelled as command-line flags.
+    message = 'cliMessage' in err && typeof err.cliMessage === 'string' ? err.cliMessage : err.message;
+  } else {
+    code = 3;
+    message = `internal error: ${(err as Error)?.message ?? err} (a bug: please report it with the model)`;
+  }
+  const line = oneLine(code === 2 ? `${message} (see ssmax-patch ${run.command} --help)` : message);
+  settle(run.doc, code, line);
+  if (run.json && !run.printed) process.stdout.write(documentJson(run.doc));
+  process.stderr.write(`ssmax-patch: ${line}\n`);
+  return code;
+}
+
+/** The subcommand the arguments name; patch is the default, as commander dispatches it. */
+function commandOf(argv: string[]): CommandName {
+  return COMMANDS.find((c) => c === argv[0]) ?? 'patch';
+}
+
+function wantsJson(argv: string[]): boolean {
+  const end = argv.indexOf('--');
+  return (end < 0 ? argv : argv.slice(0, end)).includes('--json');
 }

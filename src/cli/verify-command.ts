@@ -1,17 +1,27 @@
 /**
- * `ssmax-patch verify ORIGINAL PATCHED`, and the verification options `--verify` on patch shares with it:
- * parse them, run verifyPatch, print one line per check, write the JSON report and the sharpness plot.
+ * `ssmax-patch verify ORIGINAL PATCHED`, and the verification options `patch --verify` shares with it: parse
+ * them, run verifyPatch, print one line per check, write the JSON report, the sharpness plot and JUnit XML.
  */
 import * as path from 'node:path';
 import { Command } from 'commander';
+import type { SkippedSoftmax } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { readModel } from '../io/model-file';
 import { checkWritable, writeTextFile } from '../io/text-file';
+import { onnxruntime } from '../onnxruntime';
+import { trainLenWarnings } from '../policy/warnings';
+import { readRecord } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
 import { sharpnessSvg } from '../verify/plot';
 import { VerifyOptions, VerifyReport, verifyPatch } from '../verify/verify';
-import { VERSION } from '../version';
+import type { ModelProto } from '../io/onnx';
 import { formatVerify } from './format';
+import { junitXml } from './junit';
+import { listValue, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { documentJson, ReportDocument, settle, VerifyDocument } from './report';
+import { printWarnings, Run } from './run';
+import { refusedOf, skippedOf } from './sites';
+import { strictVerdict } from './strict';
 
 export interface VerifyCliOptions {
   lengths?: string;
@@ -24,6 +34,7 @@ export interface VerifyCliOptions {
   input?: string[];
   report?: string;
   plot?: string;
+  junit?: string;
   strict?: boolean;
 }
 
@@ -40,23 +51,10 @@ export function addVerifyOptions(cmd: Command): Command {
     .option('--rtol <x>', 'relative tolerance of the parity checks (default 1e-4; 1e-2 for fp16/bf16 outputs)')
     .option('--dim <name=size>', 'size of a named input dim, e.g. seq=128 or height=224 (repeatable)', collect)
     .option('--input <name=file>', 'an input tensor from a .npy, .json or ONNX TensorProto .pb file (repeatable)', collect)
-    .option('--report <file>', 'write the full verification report as JSON')
+    .option('--strict', 'fail (exit 1) when any check is SKIPPED or any attention node was refused')
+    .option('--report <file>', 'write the JSON report (the document --json prints)')
     .option('--plot <file>', 'write the attention-sharpness curve as SVG')
-    .option('--strict', 'fail when anything is left unverified: a skipped check, a site not probed, attention the patch refused');
-}
-
-function integer(v: string | undefined, flag: string, min: number): number | undefined {
-  if (v === undefined) return undefined;
-  const x = Number(v);
-  if (!Number.isInteger(x) || x < min) throw new InputError(`${flag}: expected an integer ≥ ${min}, got '${v}'`);
-  return x;
-}
-
-function tolerance(v: string | undefined, flag: string): number | undefined {
-  if (v === undefined) return undefined;
-  const x = Number(v);
-  if (!Number.isFinite(x) || x < 0) throw new InputError(`${flag}: expected a number ≥ 0, got '${v}'`);
-  return x;
+    .option('--junit <file>', 'write JUnit XML: one test case per check (per site for the probe) and per refused attention node');
 }
 
 function pairs(list: string[], flag: string, what: string): [string, string][] {
@@ -69,16 +67,16 @@ function pairs(list: string[], flag: string, what: string): [string, string][] {
 
 /** Parses the shared options; every bad value is an InputError naming its option. */
 export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): VerifyOptions {
-  const lengths = o.lengths?.split(',').map((v) => integer(v.trim(), '--lengths', 2)!);
-  const checks = o.checks?.split(',').map((c) => c.trim());
+  const lengths = o.lengths === undefined ? undefined : listValue(o.lengths, '--lengths').map((v) => optionalInteger(v, '--lengths', 2)!);
+  const checks = o.checks === undefined ? undefined : listValue(o.checks, '--checks');
   for (const c of checks ?? []) {
     if (!CHECK_IDS.includes(c as CheckId)) throw new InputError(`--checks: unknown check '${c}' (checks: ${CHECK_IDS.join(', ')})`);
   }
-  const dims = Object.fromEntries(pairs(o.dim ?? [], '--dim', 'name=size').map(([k, v]) => [k, integer(v, `--dim ${k}`, 0)!]));
+  const dims = Object.fromEntries(pairs(o.dim ?? [], '--dim', 'name=size').map(([k, v]) => [k, optionalInteger(v, `--dim ${k}`, 0)!]));
   const inputFiles = Object.fromEntries(pairs(o.input ?? [], '--input', 'name=file'));
   return {
-    trainLen, lengths, maxLen: integer(o.maxLen, '--max-len', 2), batch: integer(o.batch, '--batch', 1),
-    checks: checks as CheckId[] | undefined, atol: tolerance(o.atol, '--atol'), rtol: tolerance(o.rtol, '--rtol'), dims, inputFiles,
+    trainLen, lengths, maxLen: optionalInteger(o.maxLen, '--max-len', 2), batch: optionalInteger(o.batch, '--batch', 1),
+    checks: checks as CheckId[] | undefined, atol: optionalReal(o.atol, '--atol', 0), rtol: optionalReal(o.rtol, '--rtol', 0), dims, inputFiles,
     strict: Boolean(o.strict), audience: 'cli',
   };
 }
@@ -107,71 +105,115 @@ export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s
   };
 }
 
-/** Checks, before any model runs, that the report and plot can be written and do not overwrite an input. */
-export function checkVerifyOutputs(o: VerifyCliOptions, protect: string[]): void {
-  if (o.report) checkWritable(o.report, protect);
-  if (o.plot) checkWritable(o.plot, protect);
+/** verifyPatch with a progress line on the terminal, cleared when it ends. */
+export async function verifyWithProgress(original: ModelProto, patched: ModelProto, options: VerifyOptions, quiet = false): Promise<VerifyReport> {
+  const progress = verifyProgress(quiet);
+  try {
+    return await verifyPatch(original, patched, { ...options, progress });
+  } finally {
+    progress();
+  }
 }
 
-/** Writes --report and --plot; returns lines for the log. */
-export function writeVerifyOutputs(report: VerifyReport, o: VerifyCliOptions, protect: string[], title: string): string[] {
+/**
+ * Before any model is read: the runtime is there, and the report, plot and JUnit files can be written without
+ * overwriting an input.
+ */
+export function prepareVerification(o: VerifyCliOptions, protect: string[]): void {
+  onnxruntime();
+  for (const file of [o.report, o.plot, o.junit]) if (file) checkWritable(file, protect);
+}
+
+export interface Artifacts {
+  verification: VerifyReport;
+  refused: SkippedSoftmax[];
+  /** The plot's title. */
+  title: string;
+  /** The JUnit test suite's name. */
+  suite: string;
+}
+
+/** Writes --report, --plot and --junit once the verdict is settled; returns lines for the log. */
+export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOptions, protect: string[]): string[] {
   const lines: string[] = [];
   if (o.report) {
-    writeTextFile(o.report, JSON.stringify({ tool: 'ssmax-patch', version: VERSION, ...report }, null, 2) + '\n', protect);
+    writeTextFile(o.report, documentJson(doc), protect);
     lines.push(`report: ${o.report}`);
   }
   if (o.plot) {
-    if (report.sharpness) {
-      const s = report.sharpness;
-      writeTextFile(o.plot, sharpnessSvg(s, { title, subtitle: `L = ${report.trainLen} · ${s.points[0].length} → ${s.points[s.points.length - 1].length} tokens: the original keeps ${percent(-s.originalFall)} of its sharpness, the patched model ${percent(-s.patchedFall)}`}), protect);
+    const s = a.verification.sharpness;
+    if (s) {
+      const subtitle = `L = ${a.verification.trainLen} · ${s.points[0].length} → ${s.points[s.points.length - 1].length} tokens: the original keeps ${percent(-s.originalFall)} of its sharpness, the patched model ${percent(-s.patchedFall)}`;
+      writeTextFile(o.plot, sharpnessSvg(s, { title: a.title, subtitle }), protect);
       lines.push(`plot: ${o.plot}`);
     } else {
-      lines.push(`plot: not written (${report.checks.find((c) => c.id === 'sharpness')?.summary ?? 'no sharpness curve'})`);
+      lines.push(`plot: not written (${a.verification.checks.find((c) => c.id === 'sharpness')?.summary ?? 'no sharpness curve'})`);
     }
+  }
+  if (o.junit) {
+    writeTextFile(o.junit, junitXml({ name: a.suite, report: a.verification, refused: a.refused, strict: Boolean(o.strict) }), protect);
+    lines.push(`junit: ${o.junit}`);
   }
   return lines;
 }
 
 const percent = (lnRatio: number): string => `${Math.round(Math.exp(lnRatio) * 100)} %`;
 
-interface VerifyCommandOptions extends VerifyCliOptions {
+/** Exit code and stderr line of a finished verification, with --strict's verdict recorded in the document. */
+export function verdict(doc: ReportDocument, report: VerifyReport, consequence: string): number {
+  if (report.strictMode) doc.strict = strictVerdict(report);
+  if (report.checks.some((c) => c.status === 'FAILED')) {
+    settle(doc, 1, `verification FAILED${consequence}`);
+  } else if (doc.strict && !doc.strict.passed) {
+    const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
+    settle(doc, 1, `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
+  } else {
+    settle(doc, 0);
+  }
+  return doc.exitCode;
+}
+
+export interface VerifyCommandOptions extends VerifyCliOptions {
   trainLen?: string;
   json?: boolean;
 }
 
-function verifyProgram(): Command {
-  const cmd = new Command('ssmax-patch verify')
-    .description('Check a model patched by ssmax-patch against its original on onnxruntime (exit 0 passed, 1 failed, 2 usage or input error)')
+export function verifyProgram(cmd: Command): Command {
+  return addVerifyOptions(cmd
+    .description('Check a model patched by ssmax-patch against its original on onnxruntime (exit 0 passed; 1 a check failed, or with --strict one was skipped or a site refused; 2 usage or input error)')
     .argument('<original>', 'the unpatched ONNX model')
     .argument('<patched>', 'the model ssmax-patch wrote')
     .option('--train-len <L>', 'the retrofit length L (default: from the patch record)')
-    .option('--json', 'print the report as JSON on stdout instead of one line per check');
-  return oneLineErrors(addVerifyOptions(cmd));
+    .option('--json', 'print the JSON report on stdout instead of one line per check'));
 }
 
-/** Commander errors become one line on stderr and an exception the caller turns into exit code 2. */
-export function oneLineErrors(cmd: Command): Command {
-  return cmd.exitOverride().configureOutput({ writeErr: (s) => process.stderr.write(s.split('\n')[0] + '\n') });
-}
-
-/** Runs `verify` with the arguments after the subcommand name; returns the exit code. */
-export async function verifyCommand(argv: string[]): Promise<number> {
-  const cmd = verifyProgram();
-  cmd.parse(argv, { from: 'user' });
-  const [originalFile, patchedFile] = cmd.args;
-  const o = cmd.opts<VerifyCommandOptions>();
-  const options = verifyOptionsFrom(o, integer(o.trainLen, '--train-len', 2));
+/** Runs `verify`; returns the exit code. */
+export async function verifyCommand(args: string[], o: VerifyCommandOptions, run: Run): Promise<number> {
+  const doc = run.doc as VerifyDocument;
+  run.failureOnStderr = false;
+  rejectExtraArguments(args, 2, 'verify takes two models: the original and the patched one');
+  const [originalFile, patchedFile] = args;
+  doc.original = originalFile;
+  doc.patched = patchedFile;
+  const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
+  const options = verifyOptionsFrom(o, trainLen);
   const protect = [originalFile, patchedFile];
-  checkVerifyOutputs(o, protect);
-  const progress = verifyProgress();
-  let report: VerifyReport;
-  try {
-    report = await verifyPatch(readModel(originalFile), readModel(patchedFile), { ...options, progress });
-  } finally {
-    progress();
-  }
-  const written = writeVerifyOutputs(report, o, protect, `Attention sharpness: ${path.basename(patchedFile)}`);
-  if (o.json) process.stdout.write(JSON.stringify({ tool: 'ssmax-patch', version: VERSION, ...report }, null, 2) + '\n');
-  else process.stdout.write([...formatVerify(report), ...written].join('\n') + '\n');
-  return report.passed ? 0 : 1;
+  prepareVerification(o, protect);
+  const original = readModel(originalFile);
+  const patched = readModel(patchedFile);
+  const record = readRecord(patched);
+  if (trainLen !== undefined && record) doc.warnings.push(...trainLenWarnings(trainLen, record.sites.map((r) => ({ node: r.softmax, s: r.s }))));
+  printWarnings(doc.warnings);
+  // Refused in the original and not forced into the patch: left as they were.
+  const refused = refusedOf(skippedOf(original)).filter((k) => !record?.sites.some((r) => r.softmax === k.node));
+  doc.refused = refused;
+  const report = await verifyWithProgress(original, patched, options);
+  Object.assign(doc, report);
+  const code = verdict(doc, report, '');
+  const written = writeArtifacts(doc, { verification: report, refused, title: `Attention sharpness: ${path.basename(patchedFile)}`, suite: `ssmax-patch verify ${patchedFile}` }, o, protect);
+  run.print(() => [...formatVerify(report), ...strictLines(doc), ...written]);
+  return code;
 }
+
+export const strictLines = (doc: ReportDocument): string[] =>
+  doc.strict ? [`strict: ${doc.strict.passed ? 'PASSED' : `FAILED (${doc.strict.failures.join('; ')})`}`] : [];

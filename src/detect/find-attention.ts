@@ -14,7 +14,7 @@ import { FusedSite } from './fused';
 import { HeadInfo } from './heads';
 import { MaskVerdict } from './mask';
 import { CandidateTrace, Found, runRules } from './rules';
-import { Step } from './trace';
+import { PATCH_PREFIX, Step } from './trace';
 
 export type { FusedSite } from './fused';
 export type { CandidateTrace, RuleAttempt } from './rules';
@@ -42,6 +42,11 @@ export interface AttentionSite {
   patchedBy?: NodeProto;
   /** Why the site was refused before --force-site accepted it. */
   forced?: string;
+  /**
+   * Opset < 13 Softmax on logits of unknown rank: it normalises the axes from this one on, flattened together, so n
+   * is the size of that group, read at run time (Tk for [Tq, Tk] logits).
+   */
+  groupAxis?: number;
 }
 
 /** A call of a model-local function whose body holds attention (`inner`): the factor's s comes in through a new input. */
@@ -84,6 +89,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
   // Function bodies first: each call of one is numbered as the layers of its body. Refused attention in a graph
   // keeps its layer number; in a function body it has none.
   for (const scope of [...scopes.filter((s) => s.kind === 'function'), ...scopes.filter((s) => s.kind !== 'function')]) {
+    if (insideInserted(scope)) continue; // the branches of an expanded operator are the patch's own
     const fn = scope.fn;
     const inner: (AttentionSite | FusedSite)[] = [];
     let layer = 0;
@@ -111,6 +117,12 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
   return out;
 }
 
+/** True for a graph held by a node the patch inserted (at any depth). */
+function insideInserted(scope: Scope): boolean {
+  for (let owner = scope.owner; owner; owner = owner.scope.owner) if (owner.node.name.startsWith(PATCH_PREFIX)) return true;
+  return false;
+}
+
 /** Runs the rules on every node of a scope, in topological order (a few files in the wild store nodes out of it). */
 function scanScope(model: ModelProto, scope: Scope, force: Set<string>, out: Detection): Entry[] {
   const entries: Entry[] = [];
@@ -136,7 +148,7 @@ export interface Explanation extends CandidateTrace { verdict: string }
 
 /** The traces of the candidates whose name or label is `name` (`*` matches any text); none is an InputError. */
 export function explainNode(model: ModelProto, name: string): Explanation[] {
-  validateGraph(model.graph!, { allowUnsorted: true });
+  validateGraph(model.graph!);
   const d = findAttentionSoftmax(model);
   const pattern = new RegExp(`^${name.split('*').map((p) => p.replace(/[.+?^$()|[\]{}\\]/g, '\\$&')).join('.*')}$`, 's');
   const chosen = d.traces.filter((t) => pattern.test(t.node));

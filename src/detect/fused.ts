@@ -24,10 +24,11 @@ export type QueryPlan =
   /** Packed QKV [B, S, W]: the query is the first qParts/parts of W (GQA: N of N + 2·Nkv; DMMHA: 1 of 3). */
   | { layout: 'packed'; input: number; qParts: number; parts: number; bias?: number }
   /**
-   * com.microsoft Attention computes Q = input·W[:, :hidden] + bias[:hidden] inside: only the query columns of
-   * `weights` (and `bias`) can be scaled, so the factor is one per head, the same for every row.
+   * com.microsoft Attention computes Q = input·W[:, :hidden] + bias[:hidden] inside: scaling the query columns of
+   * `weights` (and `bias`) gives one factor per head, the same for every row (exact for n = Tk). Any other n takes
+   * the node expanded (rewrite/ms-attention.ts), unless `expandable` is false (Q is rotated inside the kernel).
    */
-  | { layout: 'weights'; weights: number; bias?: number; qWidth?: number };
+  | { layout: 'weights'; weights: number; bias?: number; qWidth?: number; expandable: boolean };
 
 /** One term of a sequence length: a dimension of an input, or the value of a scalar integer input. */
 export type Term = { input: number; axis: number } | { input: number; value: true };
@@ -44,7 +45,13 @@ export type NPlan =
    * causal: n_{b,i} = past_b + i + 1 with past_b = T_b − S, or 0 while GQA processes the first prompt;
    * window: at most `window` keys (GQA local_window_size). Otherwise n_b = T_b.
    */
-  | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number };
+  | { kind: 'lengths'; lengths: number; plusOne: boolean; causal: boolean; promptTotal?: number; window?: number }
+  /**
+   * com.microsoft Attention: n_{b,i} = the keys row i of item b may see under `mask` (mask_index, any format the
+   * operator accepts) and, when `causal`, at or before its position P + i (`unidirectional`: the kernel itself
+   * masks them). Counted outside the kernel, so the node is expanded. `tk`: the key count, for n = Tk instead.
+   */
+  | { kind: 'mask-index'; causal: boolean; unidirectional: boolean; mask?: number; maskRank?: number; tk: Term[] };
 
 export type FusedOp = 'com.microsoft.MultiHeadAttention' | 'com.microsoft.GroupQueryAttention'
   | 'com.microsoft.DecoderMaskedMultiHeadAttention' | 'com.microsoft.Attention' | 'Attention';
@@ -66,6 +73,11 @@ export interface FusedSite {
   forced?: boolean;
   /** The inserted node that applies an earlier run's factor, when the site is already patched. */
   patchedBy?: NodeProto;
+  /**
+   * Why the factor cannot go on the operator's inputs, so the node is expanded into its definition and the factor
+   * put on the logits there (ONNX Attention: softcap, a qk_matmul_output that shows the logits before the factor).
+   */
+  expand?: string;
 }
 
 export type FusedMatch = Omit<FusedSite, 'layer' | 'scope' | 'rule'>;
@@ -74,17 +86,19 @@ const MS = 'com.microsoft';
 
 /** Attention operators this tool recognises but cannot patch, with the reason. */
 const unsupported: Record<string, string> = {
-  PackedAttention: 'packed (padding-free) token layout: per-row n needs the cumulative sequence lengths',
-  PackedMultiHeadAttention: 'packed (padding-free) token layout: per-row n needs the cumulative sequence lengths',
-  SparseAttention: 'block-sparse attention: n is the number of keys in the sparse layout, not derivable from shapes',
+  PackedAttention: 'packed (padding-free) token layout, Q computed inside: not handled yet; patch the model before packing (onnxruntime\'s optimizer) instead',
+  PackedMultiHeadAttention: 'packed (padding-free) token layout: not handled yet; patch the model before packing (onnxruntime\'s optimizer) instead',
+  SparseAttention: 'block-sparse kernel: n is the number of keys its block layout leaves, which the tool does not reproduce; patch the dense model instead',
   PagedAttention: 'paged KV cache: n needs the block tables',
   LongformerAttention: 'sliding-window plus global attention: n differs per row in ways the inputs do not state',
-  QAttention: 'quantized Attention: the query weights are int8',
-  QOrderedAttention: 'quantized Attention: the query weights are int8',
-  QOrderedLongformerAttention: 'quantized Attention: the query weights are int8',
+  QAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
+  QOrderedAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
+  QOrderedLongformerAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
   DecoderAttention: 'legacy DecoderAttention: Q is computed inside from weights with a per-step cache layout',
   DecoderMaskedSelfAttention: 'Q is computed inside from weights with a shared cache buffer',
-  FlexAttention: 'score_mod/mask_mod subgraphs may change the logits arbitrarily',
+  FlexAttention: 'onnxruntime has no kernel for it, so a patch could not be checked against the original, and its score_mod may change '
+    + 'the logits arbitrarily; expand it into its function body (the model\'s `_expanded` form, or onnx\'s function inliner) and patch that: '
+    + 'the plain-op rules put the factor on the content logits there',
 };
 
 type Matcher = (ctx: Scope, node: NodeProto) => Omit<FusedMatch, 'queryType'> | { reason: string };
@@ -211,9 +225,9 @@ function decoderMasked(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
 }
 
 /**
- * com.microsoft Attention: Q = input·weights[:, :hidden] + bias[:hidden] is computed inside, so the factor can
- * only scale the query columns of weights and bias: one factor per head for all rows. With n = Tk (keys) that
- * is exact; causal attention needs a different n per row, which this operator cannot take.
+ * com.microsoft Attention: Q = input·weights[:, :hidden] + bias[:hidden] is computed inside. Without a mask and
+ * without causal masking every row sees n = Tk keys: scaling the query columns of weights and bias is exact. A
+ * causal or masked node needs n per row and per item: it is expanded into its projection and MultiHeadAttention.
  */
 function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
@@ -228,16 +242,26 @@ function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
     if (share) deviations.push('shared past/present buffer without past_sequence_length: its length is not the sequence length');
   }
   const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
-  if (unidirectional) {
-    deviations.push('causal (unidirectional=1) but Q is computed inside from weights: only one factor per head is '
-      + 'possible, so every row gets n = Tk instead of its position + 1');
+  const mask = present(node, 3) ? 3 : undefined;
+  const maskRank = mask === undefined ? undefined : rankOf(ctx, node, mask);
+  if (mask !== undefined && (maskRank === undefined || maskRank < 1 || maskRank > 4)) {
+    return { reason: 'com.microsoft Attention: mask_index of unknown rank, so its format (lengths, raw 2-D, 3-D, 4-D) cannot be told' };
+  }
+  if (maskRank === 4 && unidirectional) return { reason: 'com.microsoft Attention: a 4-D (Megatron) mask_index with unidirectional=1 is invalid for this operator' };
+  const rotary = (attrInt(node, 'do_rotary') ?? 0) === 1;
+  const perRow = unidirectional || mask !== undefined;
+  if (perRow && rotary) {
+    deviations.push(`do_rotary=1 with ${unidirectional ? 'causal masking' : 'a mask_index'}: the kernel rotates Q after projecting it, so Q cannot `
+      + 'leave the node and n per row is impossible; forced, every row gets n = Tk (fuse to MultiHeadAttention + RotaryEmbedding instead)');
   }
   const sizes = attrInts(node, 'qkv_hidden_sizes');
+  const n: NPlan = perRow && !rotary ? { kind: 'mask-index', causal: unidirectional, unidirectional, mask, maskRank, tk } : { kind: 'keys', tk };
+  const why = unidirectional ? `causal: unidirectional=1${mask !== undefined ? ` and a mask_index of rank ${maskRank}` : ''}`
+    : mask !== undefined ? `mask_index of rank ${maskRank}: n counts the keys it leaves visible` : 'no mask_index';
   return {
-    node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'),
-    mask: unidirectional ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [3, 5], 'no mask_index'),
-    query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0] },
-    n: { kind: 'keys', tk }, queryLength: { input: 0, axis: 1 },
+    node, op: 'com.microsoft.Attention', heads: headsFromAttr(node, 'num_heads'), mask: { causal: unidirectional, reason: why },
+    query: { layout: 'weights', weights: 1, bias: present(node, 2) ? 2 : undefined, qWidth: sizes?.[0], expandable: !rotary },
+    n, queryLength: { input: 0, axis: 1 },
     deviation: deviations.length ? deviations.join('; ') : undefined,
   };
 }
@@ -249,7 +273,10 @@ function onnxAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   if (qRank !== 3 && qRank !== 4) return { reason: 'ONNX Attention: rank of Q unknown (3-D or 4-D layout cannot be told)' };
   if (kRank !== 3 && kRank !== 4) return { reason: 'ONNX Attention: rank of K unknown' };
   const softcap = attrFloat(node, 'softcap') ?? 0;
-  const deviation = softcap !== 0 ? `softcap=${softcap}: tanh capping after the factor is not SSMax` : undefined;
+  const mode = attrInt(node, 'qk_matmul_output_mode') ?? 0;
+  // onnxruntime 1.30's qk_matmul_output: 0 the scaled Q·Kᵀ, 1 after softcap, 2 after the mask, 3 the probabilities.
+  const expand = softcap !== 0 ? `softcap=${softcap}: the cap comes after a factor on Q, so the factor goes after it in the expanded node`
+    : node.output[3] && mode <= 1 ? `qk_matmul_output_mode=${mode} outputs the logits before the mask, which a factor on Q would change` : undefined;
   const h = declaredDim(ctx.graph, node.input[0], 1);
   const heads: HeadInfo = qRank === 3 ? headsFromAttr(node, 'q_num_heads')
     : h ? { heads: h, axis: 1, reason: `declared shape of Q has ${h} heads at axis 1` } : { axis: 1, reason: 'heads are axis 1 of Q; its size is not declared' };
@@ -262,7 +289,7 @@ function onnxAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   else if (isCausal) n = { kind: 'causal-offset', tk, offset: present(node, 4) ? [{ input: 4, axis: 2 }] : [] };
   else n = mask.causal ? { kind: 'causal', tk } : { kind: 'keys', tk };
   return {
-    node, op: 'Attention', heads, mask, n, deviation,
+    node, op: 'Attention', heads, mask, n, expand,
     query: qRank === 3 ? { layout: 'bsd', input: 0 } : { layout: 'bnsd', input: 0 },
     queryLength: { input: 0, axis: qRank === 3 ? 1 : 2 },
   };

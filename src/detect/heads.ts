@@ -4,8 +4,9 @@
  */
 import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { opInfo } from '../graph/ops';
+import { constantOf, div, Poly } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
-import { toNumber } from '../io/onnx';
+import { NodeProto, toNumber } from '../io/onnx';
 
 /** `axis`: the axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], merged with batch). */
 export interface HeadInfo { heads?: number; axis?: number; reason: string }
@@ -58,6 +59,24 @@ interface AxisState { name: string; axis: number; merged: boolean }
 
 type Step = { heads: number; reason: string } | AxisState[] | null;
 
+/**
+ * The head count a Reshape folds into axis `axis` of its output, read from the symbolic shapes (torch
+ * nn.MultiheadAttention and fairseq compute that dim as Mul(batch, H) at run time): the output dim is H times an
+ * input dim, and the input's last dim is H times the output's (the head size).
+ */
+function foldedHeads(node: NodeProto, axis: number, shapes: Shapes): number | undefined {
+  const out = shapes.shape(node.output[0]);
+  const input = shapes.shape(node.input[0]);
+  if (!out || !input || !out[axis]) return undefined;
+  const ratio = (a: Poly | undefined, b: Poly | undefined): number | undefined => {
+    const q = a && b ? div(a, b) : undefined;
+    const c = q ? constantOf(q) : undefined;
+    return c !== undefined && Number.isInteger(c) && c > 1 ? c : undefined;
+  };
+  const widths = ratio(input[input.length - 1], out[out.length - 1]);
+  return input.map((d) => ratio(out[axis], d)).find((h) => h !== undefined && h === widths);
+}
+
 /** Depth-first, in input order, each (tensor, axis) once: the first Reshape that names the heads wins. */
 function traceHeadAxis(graph: Graph, name: string, axis: number, merged: boolean, shapes: Shapes): { heads: number; reason: string } | null {
   const stack: AxisState[] = [{ name, axis, merged }];
@@ -84,12 +103,14 @@ function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shape
   if (!node) return null;
   if (node.opType === 'Transpose') {
     const perm = attrInts(node, 'perm');
-    return !perm || merged ? null : [{ name: node.input[0], axis: perm[axis], merged }];
+    return perm ? [{ name: node.input[0], axis: perm[axis], merged }] : null;
   }
   if (node.opType === 'Reshape') {
     const shape = shapeElements(graph, node.input[1]);
     // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
     if (merged && shape?.length === 3 && shapes.rank(node.input[0]) === 4) return [{ name: node.input[0], axis: 1, merged: false }];
+    const folded = merged ? foldedHeads(node, axis, shapes) : undefined;
+    if (folded) return { heads: folded, reason: `Reshape '${nodeLabel(node)}' folds ${folded} heads into the batch axis (its symbolic shape: batch·${folded})` };
     const h = !merged && shape && shape.length >= 4 ? shape[axis] : undefined;
     return h !== undefined && h > 0 ? { heads: h, reason: `Reshape '${nodeLabel(node)}' splits ${h} heads` } : null;
   }

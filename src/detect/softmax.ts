@@ -28,7 +28,9 @@ export const opset11Reshape = softmaxRule('softmax/opset11-reshape', true);
 function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | undefined): Found | Stop {
   const { graph, shapes, opset } = ctx.scope;
   const rank = shapes.rank(softmax.input[0]);
-  const axisProblem = checkAxis(softmax, opset, rank);
+  // Opset < 13 normalises the flattened axes from `axis` on; with the rank unknown, n is that group's size at run time.
+  const groupAxis = rank === undefined && opset < 13 && attrInt(softmax, 'axis') !== -1 ? attrInt(softmax, 'axis') ?? 1 : undefined;
+  const axisProblem = groupAxis === undefined ? checkAxis(softmax, opset, rank) : null;
   const passed = axisProblem ? 0 : 1;
   // An axis problem is the first failed check, whatever the later ones say.
   const stop = (at: NodeProto, reason: string, steps: number): Stop => (axisProblem ? { at: softmax, reason: axisProblem, steps } : { at, reason, steps });
@@ -50,7 +52,7 @@ function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | un
     softmax, qkMatMul: product, valueMatMul, logits: point.logits, consumer: point.consumer, afterLogits: after, logitsRank,
     logitsType: shapes.type(point.logits), heads: headsOf(ctx, product, logitsRank, point.logits),
     mask: classifyMasks(graph, maskOperands(after)), patchedBy: patched.find((n) => /\/apply(_\d+)?$/.test(n.name)) ?? patched[0],
-    ...(axisProblem ? { forced: axisProblem } : {}),
+    ...(axisProblem ? { forced: axisProblem } : {}), ...(groupAxis !== undefined ? { groupAxis } : {}),
   } };
 }
 

@@ -7,6 +7,7 @@
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { chosenDefinition, ConstantDef, defTensor, defValue, repeatedConstants } from './duplicates';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
@@ -62,6 +63,8 @@ export class Graph {
   private readonly nodeNames: Set<string>;
   private readonly constantInputs: Set<string>;
   private constCache = new Map<string, ConstTensor | null>();
+  /** Names defined several times: the definition onnxruntime uses (duplicates.ts). */
+  private repeated = new Map<string, ConstantDef>();
   /** Memoised questions about the graph (see query.ts), forgotten on every edit. */
   readonly query: Query = new Query(this);
 
@@ -103,6 +106,24 @@ export class Graph {
       }
     }
     for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.names.add(n);
+    this.repeated.clear();
+    for (const [name, defs] of repeatedConstants(this.proto)) {
+      const i = chosenDefinition(defs, defValue);
+      if (i !== null) this.repeated.set(name, defs[i]);
+    }
+  }
+
+  /** The tensor a constant name holds: the definition onnxruntime uses when there are several. */
+  constantTensor(name: string): TensorProto | undefined {
+    const def = this.repeated.get(name);
+    if (def) return defTensor(def);
+    const node = this.producer.get(name);
+    return node?.opType === 'Constant' ? constantNodeTensor(node) : this.initializers.get(name);
+  }
+
+  /** An index over a graph held in one of this graph's node attributes (names stay unique model-wide). */
+  child(proto: GraphProto): Graph {
+    return new Graph(proto, { parent: this, registry: { tensors: this.names, nodes: this.nodeNames } });
   }
 
   consumersOf(name: string): NodeProto[] {
@@ -224,18 +245,18 @@ export class Graph {
   constValue(name: string): ConstTensor | null {
     if (this.constCache.has(name)) return this.constCache.get(name) ?? null;
     let value: ConstTensor | null = null;
-    if (this.initializers.has(name) && !this.inputs.has(name)) value = readTensor(this.initializers.get(name)!);
-    else {
-      const node = this.producer.get(name);
-      if (node?.opType === 'Constant') value = constantNodeValue(node);
-    }
+    const def = this.repeated.get(name);
+    const node = def ? ('node' in def ? def.node : undefined) : this.producer.get(name);
+    if (node?.opType === 'Constant') value = constantNodeValue(node);
+    else if (def && 'tensor' in def) value = readTensor(def.tensor);
+    else if (this.initializers.has(name) && !this.inputs.has(name)) value = readTensor(this.initializers.get(name)!);
     this.constCache.set(name, value);
     return value;
   }
 
   /** Element type of a tensor when the graph declares it (input, output, value_info, initializer). */
   elemType(name: string): number | undefined {
-    const init = this.initializers.get(name);
+    const init = this.constantTensor(name);
     if (init) return init.dataType;
     return this.valueInfo.get(name)?.type?.tensorType?.elemType || undefined;
   }
@@ -270,6 +291,11 @@ export function attrInts(node: NodeProto, name: string): number[] | undefined {
 
 export function attrFloat(node: NodeProto, name: string): number | undefined {
   return attr(node, name)?.f;
+}
+
+/** The tensor of a Constant node's `value` attribute (the other forms are scalars or lists built on read). */
+function constantNodeTensor(node: NodeProto): TensorProto | undefined {
+  return node.attribute.find((a) => a.name === 'value')?.t;
 }
 
 function constantNodeValue(node: NodeProto): ConstTensor | null {

@@ -45,7 +45,7 @@ export const elementwise: ShapeRule = (node, ins) => {
   const shapes = ins.map((i) => i.shape);
   const shape = shapes.length > 0 && shapes.every(Boolean) ? broadcast(shapes as Poly[][]) : undefined;
   const [a, b] = [ins[0]?.value, ins[1]?.value];
-  const f = { Add: (x: Poly, y: Poly) => add(x, y), Sub: (x: Poly, y: Poly) => add(x, y, -1), Mul: mul, Div: div }[node.opType as 'Add'];
+  const f = { Add: (x: Poly, y: Poly) => add(x, y), Sub: (x: Poly, y: Poly) => add(x, y, -1), Mul: mul, Div: intDiv }[node.opType as 'Add'];
   let value: Poly[] | undefined;
   if (f && a && b && (a.length === b.length || a.length === 1 || b.length === 1)) {
     const at = (v: Poly[], i: number): Poly => v[v.length === 1 ? 0 : i];
@@ -54,6 +54,12 @@ export const elementwise: ShapeRule = (node, ins) => {
   }
   return [{ shape, value }];
 };
+
+/** Div of shape values (integers): truncating for constants (torch's chunk computes (E + 2) / 3), exact otherwise. */
+function intDiv(x: Poly, y: Poly): Poly | undefined {
+  const [a, b] = [constantOf(x), constantOf(y)];
+  return a !== undefined && b !== undefined && b !== 0 ? num(Math.trunc(a / b)) : div(x, y);
+}
 
 export const shapeOf: ShapeRule = (node, ins) => {
   const s = ins[0]?.shape;

@@ -7,7 +7,7 @@
  * accident.
  */
 import { DataType, NodeProto, toNumber } from '../io/onnx';
-import { attr, Graph } from './graph';
+import { Graph } from './graph';
 import { OpInfo, opInfo } from './ops';
 import { num, Poly, sym } from './poly';
 import { OutSym, Sym } from './shape-rules';
@@ -64,7 +64,7 @@ export class Shapes {
     if (known) return known;
     if (!this.graph.definesLocally(name) && this.outer) return this.outer.get(name);
     const producer = this.graph.producer.get(name);
-    const init = this.graph.initializers.get(name) ?? (producer?.opType === 'Constant' ? attr(producer, 'value')?.t : undefined);
+    const init = producer?.opType === 'Constant' || this.graph.initializers.has(name) ? this.graph.constantTensor(name) : undefined;
     // Values only of the small integer tensors shapes are built from: weights (maybe external data) stay unread.
     const small = (t: { dims: unknown[]; dataType: number }): boolean => t.dims.length <= 1 && INTEGERS.has(t.dataType)
       && t.dims.reduce((a: number, d) => a * toNumber(d as number), 1) <= 16;

@@ -1,24 +1,31 @@
 /**
- * Structural checks of a graph before anything walks it: every tensor defined once, every name a node reads
- * defined somewhere, nodes in topological order, no cycles, graph outputs produced. Each problem is one
- * InputError naming the node and tensor involved.
+ * Structural checks of a graph before anything walks it: every name a node reads defined somewhere, no cycles,
+ * graph outputs produced, no name produced by two computing nodes. Each problem is one InputError naming the node
+ * and tensor involved. What onnxruntime itself accepts is accepted here too and returned as findings, so the
+ * caller can say what it did about them: nodes out of topological order (onnxruntime sorts them), and a name
+ * defined by several initializers or Constant nodes (onnxruntime keeps one definition, see constantDefinition).
  */
-import { InputError, opt } from '../errors';
+import { InputError } from '../errors';
 import { GraphProto, NodeProto } from '../io/onnx';
+import { chosenDefinition, ConstantDef, defValue, repeatedConstants } from './duplicates';
 import { nodeLabel, subgraphsOf } from './graph';
 import { readsOf, topoSort } from './toposort';
 
-export interface ValidateOptions {
-  /** Accept nodes out of topological order (the caller sorts them); cycles are still refused. */
-  allowUnsorted?: boolean;
+export interface GraphFindings {
+  /** Per graph out of topological order: where, and the first read before its producer. */
+  unsorted: string[];
+  /** Names with more than one constant definition, and which one onnxruntime uses. */
+  duplicates: string[];
 }
 
-export function validateGraph(graph: GraphProto, options: ValidateOptions = {}): void {
-  check(graph, new Set(), 'the graph', options);
+export function validateGraph(graph: GraphProto): GraphFindings {
+  const findings: GraphFindings = { unsorted: [], duplicates: [] };
+  check(graph, new Set(), 'the graph', findings);
+  return findings;
 }
 
-function check(g: GraphProto, outer: Set<string>, where: string, options: ValidateOptions): void {
-  const producer = definitions(g, where);
+function check(g: GraphProto, outer: Set<string>, where: string, findings: GraphFindings): void {
+  const producer = definitions(g, where, findings);
   const available = new Set<string>([...outer, ...g.input.map((v) => v.name), ...g.initializer.map((t) => t.name)]);
   const visible = new Set<string>([...available, ...producer.keys()]);
   let unsorted: string | null = null;
@@ -31,43 +38,53 @@ function check(g: GraphProto, outer: Set<string>, where: string, options: Valida
       unsorted ??= `node '${nodeLabel(node)}' reads '${name}' before node '${nodeLabel(p)}' produces it`;
     }
     for (const o of node.output) if (o) available.add(o);
-    for (const sub of subgraphsOf(node)) check(sub, visible, `subgraph of '${nodeLabel(node)}'`, options);
+    for (const sub of subgraphsOf(node)) check(sub, visible, `subgraph of '${nodeLabel(node)}'`, findings);
   });
   for (const v of g.output) {
     if (!available.has(v.name)) throw new InputError(`${where}: output '${v.name}' is not produced by any node, initializer or input`);
   }
   if (unsorted) {
-    topoSort({ ...g, node: [...g.node] });
-    if (!options.allowUnsorted) {
-      throw new InputError(`${where}: nodes are not in topological order (${unsorted}); ONNX requires it: ${opt('sortNodes')} sorts them`);
-    }
+    topoSort({ ...g, node: [...g.node] }); // a cycle is an error, not a finding
+    findings.unsorted.push(`${where}: ${unsorted}`);
   }
 }
 
-/** The node producing each tensor; duplicate definitions are errors. */
-function definitions(g: GraphProto, where: string): Map<string, NodeProto> {
+/**
+ * The node producing each tensor. A name defined by several initializers or Constant nodes is accepted as
+ * onnxruntime accepts it, with the definition it uses (duplicates.ts); two computing nodes producing one name, or
+ * a node producing a graph input, are not.
+ */
+function definitions(g: GraphProto, where: string, findings: GraphFindings): Map<string, NodeProto> {
   const inputs = new Set<string>();
   for (const v of g.input) {
     if (inputs.has(v.name)) throw new InputError(`${where}: input '${v.name}' is declared twice`);
     inputs.add(v.name);
   }
-  const initializers = new Set<string>();
-  for (const t of g.initializer) {
-    if (initializers.has(t.name)) throw new InputError(`${where}: two initializers are named '${t.name}'`);
-    initializers.add(t.name);
-  }
+  const initializers = new Set(g.initializer.map((t) => t.name));
   const producer = new Map<string, NodeProto>();
   for (const node of g.node) {
     for (const o of node.output) {
       if (!o) continue;
       const other = producer.get(o);
-      if (other) throw new InputError(`${where}: tensor '${o}' is produced twice (by '${nodeLabel(other)}' and '${nodeLabel(node)}')`);
-      if (inputs.has(o) || initializers.has(o)) {
-        throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already ${inputs.has(o) ? 'a graph input' : 'an initializer'}`);
-      }
+      const constant = node.opType === 'Constant' && (!other || other.opType === 'Constant');
+      if (other && !constant) throw new InputError(`${where}: tensor '${o}' is produced twice (by '${nodeLabel(other)}' and '${nodeLabel(node)}')`);
+      if (inputs.has(o)) throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already a graph input`);
+      if (initializers.has(o) && !constant) throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already an initializer`);
       producer.set(o, node);
     }
   }
+  for (const [name, defs] of repeatedConstants(g)) findings.duplicates.push(`${where}: ${describeRepeated(name, defs)}`);
   return producer;
 }
 
+function describeRepeated(name: string, defs: ConstantDef[]): string {
+  const kinds = defs.map((d) => ('tensor' in d ? 'initializer' : `Constant node '${nodeLabel(d.node)}'`));
+  const chosen = chosenDefinition(defs, defValue);
+  if (chosen === null) {
+    throw new InputError(`'${name}' is defined ${defs.length} times with different values (${kinds.join(', ')}), some under and some over `
+      + "onnxruntime's 128-byte threshold, so which one it uses is not defined: keep one definition");
+  }
+  return `'${name}' is defined ${defs.length} times (${kinds.join(', ')}); every reader sees the ${ordinal(chosen, defs.length)} one (the ${kinds[chosen]}), as onnxruntime reads it, and the output keeps them all`;
+}
+
+const ordinal = (i: number, n: number): string => (i === n - 1 ? 'last' : i === 0 ? 'first' : `#${i + 1}`);

@@ -80,7 +80,7 @@ function emitPayload(type: TypeName, obj: object, out: Out, plan: EmitPlan): voi
   else if (origin.kind === 'container') emitContainer(type, value, origin, out, plan);
   else if (origin.kind === 'stub') emitStub(value, origin, out);
   else if (unchanged(type, value, origin)) out.span(origin.ctx.src, origin.entry.data, origin.entry.end);
-  else emitMerged(type, value, origin, out);
+  else emitMerged(type, value, origin, out, plan);
 }
 
 /**
@@ -162,8 +162,32 @@ function emitContainer(type: TypeName, obj: object, origin: ContainerOrigin, out
   for (const id of ids) if (!present.has(id)) emitField(id);
 }
 
+/** Message fields whose elements keep origins of their own (read.ts trackSubgraphs): re-emitted element by element. */
+const NESTED: Partial<Record<TypeName, Record<string, TypeName>>> = {
+  NodeProto: { attribute: 'AttributeProto' },
+  AttributeProto: { g: 'GraphProto', graphs: 'GraphProto' },
+};
+
+/** Emits a changed field of nested messages that have origins; false when it has none (then it is encoded anew). */
+function emitNested(type: TypeName, field: number, name: string, obj: object, out: Out, plan: EmitPlan): boolean {
+  const elemType = NESTED[type]?.[name];
+  const value = (obj as Record<string, unknown>)[name];
+  const elements = (Array.isArray(value) ? value : value ? [value] : []) as object[];
+  if (!elemType || !elements.some((el) => originOf(el))) return false;
+  for (const el of elements) {
+    if (Array.isArray(value)) emitElement(field, elemType, el, out, plan);
+    else {
+      const sub = new Out();
+      emitPayload(elemType, el, sub, plan);
+      out.bytes(lenHeader(field, sub.size));
+      out.append(sub);
+    }
+  }
+  return true;
+}
+
 /** A changed message: fields equal to the original keep their original bytes, unknown fields included. */
-function emitMerged(type: TypeName, obj: object, origin: MessageOrigin, out: Out): void {
+function emitMerged(type: TypeName, obj: object, origin: MessageOrigin, out: Out, plan: EmitPlan): void {
   const bytes = origin.ctx.src.read(origin.entry.data, origin.entry.end);
   const was = decodeAs<object>(type, bytes);
   const fields = new MemorySource(bytes, '').session((r) => scanFields(r, 0, bytes.length));
@@ -178,7 +202,7 @@ function emitMerged(type: TypeName, obj: object, origin: MessageOrigin, out: Out
     const now = encodeField(type, obj, name);
     if (Buffer.compare(now, encodeField(type, was, name)) === 0) out.bytes(bytes.subarray(f.start, f.end));
     else {
-      out.bytes(now);
+      if (!emitNested(type, f.field, name, obj, out, plan)) out.bytes(now);
       done.add(f.field);
     }
   }

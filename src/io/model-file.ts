@@ -12,7 +12,7 @@ import type { ModelProto } from './onnx';
 import { originOf } from './origin';
 import { Progress } from './progress';
 import { decodeModelFrom, ModelFormatError } from './read';
-import { commit, Job, PlaceJob } from './sink';
+import { commit, commitAsync, Job, JobResult, PlaceJob } from './sink';
 import { FileSource, MemorySource, SourceChangedError } from './source';
 import { WireError } from './wire';
 
@@ -98,6 +98,33 @@ export interface WriteReport {
 
 /** Writes to temporary files beside the targets and renames them into place, so no half-written output remains. */
 export function writeModel(file: string, model: ModelProto, options: WriteOptions = {}): WriteReport {
+  const plan = planWrite(file, model, options);
+  try {
+    return settleWrite(plan, commit(plan.jobs, options.progress ?? null));
+  } catch (e) {
+    throw writeError(file, e);
+  }
+}
+
+/**
+ * As writeModel, letting the event loop run between chunks: a signal handler can then remove the temporary
+ * files (removeTemporaryFiles in ./sink) while a large model is being written.
+ */
+export async function writeModelAsync(file: string, model: ModelProto, options: WriteOptions = {}): Promise<WriteReport> {
+  const plan = planWrite(file, model, options);
+  try {
+    return settleWrite(plan, await commitAsync(plan.jobs, options.progress ?? null));
+  } catch (e) {
+    throw writeError(file, e);
+  }
+}
+
+interface WritePlan {
+  jobs: Job[];
+  report: WriteReport;
+}
+
+function planWrite(file: string, model: ModelProto, options: WriteOptions): WritePlan {
   const target = path.resolve(file);
   const dir = path.dirname(target);
   const inputs = [...inputFiles(model), ...(options.protect ?? [])];
@@ -122,16 +149,16 @@ export function writeModel(file: string, model: ModelProto, options: WriteOption
   }
   jobs.push({ kind: 'write', target, out });
   report.bytes = out.size;
-  try {
-    const results = commit(jobs, options.progress ?? null);
-    for (const r of results) {
-      const entry = report.externalData.find((e) => e.file === r.target);
-      if (entry && r.how !== 'written') entry.how = r.how;
-    }
-  } catch (e) {
-    throw writeError(file, e);
+  return { jobs, report };
+}
+
+/** How each data file actually got there: a link can fall back to a copy. */
+function settleWrite(plan: WritePlan, results: JobResult[]): WriteReport {
+  for (const r of results) {
+    const entry = plan.report.externalData.find((e) => e.file === r.target);
+    if (entry && r.how !== 'written') entry.how = r.how;
   }
-  return report;
+  return plan.report;
 }
 
 /** The files a model was read from: its own file and its external data files. */

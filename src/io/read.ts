@@ -128,7 +128,10 @@ function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, w
   if (type === 'TensorProto') return decodeTensor(r, e, ctx, what);
   const el = decodeOrFail<object>(type, r.bytes(e.data, e.end), what);
   setOrigin(el, { kind: 'message', type, ctx, entry: e, canon: digest(encodeAs(type, el)) });
-  if (type === 'NodeProto') registerAttributeTensors((el as NodeProto).attribute, ctx);
+  if (type === 'NodeProto') {
+    trackSubgraphs(el as NodeProto, r, e, ctx);
+    registerAttributeTensors((el as NodeProto).attribute, ctx);
+  }
   if (type === 'FunctionProto') for (const n of (el as { node: NodeProto[] }).node) registerAttributeTensors(n.attribute, ctx);
   return el;
 }
@@ -187,6 +190,27 @@ function checkTypedCount(t: TensorProto, label: string, count: number): void {
   if (exact && held !== count * perElement) {
     throw new ModelFormatError(`${label}: holds ${held} values, but dims [${t.dims.map(toNumber).join(', ')}] need ${count * perElement}`);
   }
+}
+
+/**
+ * The graphs a node holds in its attributes (If branches, Loop bodies, GreedySearch decoders) are read as
+ * containers, like the main graph, and each such attribute keeps its origin: a patch inside a subgraph then
+ * re-emits only what it changed, and the rest of the node (other attributes, the subgraph's other nodes and
+ * tensors, however the file encoded them) keeps its bytes.
+ */
+function trackSubgraphs(node: NodeProto, r: Reader, e: Entry, ctx: ModelContext): void {
+  if (!node.attribute.some((a) => a.g || a.graphs?.length)) return;
+  const entries = scanFields(r, e.data, e.end).filter((f) => f.field === 5);
+  if (entries.length !== node.attribute.length) return;
+  node.attribute.forEach((a, k) => {
+    if (!a.g && !a.graphs?.length) return;
+    const fields = scanFields(r, entries[k].data, entries[k].end);
+    const single = fields.filter((f) => f.field === 6);
+    const list = fields.filter((f) => f.field === 11);
+    if (a.g && single.length === 1) a.g = decodeContainer<GraphProto>('GraphProto', r, single[0].data, single[0].end, ctx);
+    if (a.graphs?.length && list.length === a.graphs.length) a.graphs = list.map((f) => decodeContainer<GraphProto>('GraphProto', r, f.data, f.end, ctx));
+    setOrigin(a, { kind: 'message', type: 'AttributeProto', ctx, entry: entries[k], canon: digest(encodeAs('AttributeProto', a)) });
+  });
 }
 
 /** Tensors with external data inside node attributes (Constant values, subgraph initializers). */

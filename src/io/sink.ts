@@ -3,6 +3,9 @@
  * all are complete are they renamed into place (data files first, the model last). On any error every
  * temporary and every file already renamed is removed. Spans of input files are streamed in chunks, so
  * memory stays flat whatever the size; all-zero chunks are skipped, leaving holes, so sparse inputs stay sparse.
+ * The copy loops are generators that pause after every chunk: `commit` runs them straight through,
+ * `commitAsync` lets the event loop run between chunks, so a SIGINT or SIGTERM handler can remove the
+ * temporary files (`removeTemporaryFiles`) while a large write is under way.
  */
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -34,24 +37,82 @@ export interface JobResult {
 /** Small enough to stay in cache between the read and the write of each chunk (measured: 1 MB beats 8 MB). */
 const CHUNK = 1024 * 1024;
 
+/** Temporary files of every write in progress, not yet renamed into place. */
+const live = new Set<string>();
+
+/** Removes the temporary files of every write in progress (for signal handlers); returns how many existed. */
+export function removeTemporaryFiles(): number {
+  let removed = 0;
+  for (const f of live) {
+    if (fs.existsSync(f)) removed++;
+    fs.rmSync(f, { force: true });
+  }
+  live.clear();
+  return removed;
+}
+
 export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
-  const temps = jobs.map((j) => tempPath(j.target));
-  const renamed: string[] = [];
-  const results: JobResult[] = [];
-  const total = jobs.reduce((n, j) => n + (j.kind === 'write' ? j.out.size : j.kind === 'copy' ? fs.statSync(j.source).size : 0), 0);
-  progress?.start(`writing ${path.basename(jobs[jobs.length - 1].target)}`, total);
+  const tx = new Transaction(jobs, progress);
   try {
-    jobs.forEach((job, i) => results.push(run(job, temps[i], progress)));
-    jobs.forEach((job, i) => {
-      fs.renameSync(temps[i], job.target);
-      renamed.push(job.target);
-    });
-    return results;
+    const steps = tx.steps();
+    while (!steps.next().done);
+    return tx.complete();
   } catch (e) {
-    for (const f of [...temps, ...renamed]) fs.rmSync(f, { force: true });
+    tx.abort();
     throw e;
   } finally {
-    progress?.end();
+    tx.end();
+  }
+}
+
+/** As commit, letting the event loop run after every chunk (signal handlers, timers). */
+export async function commitAsync(jobs: Job[], progress: Progress | null): Promise<JobResult[]> {
+  const tx = new Transaction(jobs, progress);
+  try {
+    const steps = tx.steps();
+    while (!steps.next().done) await new Promise<void>((resolve) => setImmediate(resolve));
+    return tx.complete();
+  } catch (e) {
+    tx.abort();
+    throw e;
+  } finally {
+    tx.end();
+  }
+}
+
+class Transaction {
+  private readonly temps: string[];
+  private readonly renamed: string[] = [];
+  private readonly results: JobResult[] = [];
+
+  constructor(private readonly jobs: Job[], private readonly progress: Progress | null) {
+    this.temps = jobs.map((j) => tempPath(j.target));
+    for (const t of this.temps) live.add(t);
+    const total = jobs.reduce((n, j) => n + (j.kind === 'write' ? j.out.size : j.kind === 'copy' ? fs.statSync(j.source).size : 0), 0);
+    progress?.start(`writing ${path.basename(jobs[jobs.length - 1].target)}`, total);
+  }
+
+  *steps(): Generator<void> {
+    for (const [i, job] of this.jobs.entries()) this.results.push(yield* run(job, this.temps[i], this.progress));
+  }
+
+  /** Renames every temporary into place, in one synchronous stretch: no signal handler runs in between. */
+  complete(): JobResult[] {
+    this.jobs.forEach((job, i) => {
+      fs.renameSync(this.temps[i], job.target);
+      live.delete(this.temps[i]);
+      this.renamed.push(job.target);
+    });
+    return this.results;
+  }
+
+  abort(): void {
+    for (const f of [...this.temps, ...this.renamed]) fs.rmSync(f, { force: true });
+  }
+
+  end(): void {
+    for (const t of this.temps) live.delete(t);
+    this.progress?.end();
   }
 }
 
@@ -59,10 +120,10 @@ function tempPath(target: string): string {
   return path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
 }
 
-function run(job: Job, temp: string, progress: Progress | null): JobResult {
+function* run(job: Job, temp: string, progress: Progress | null): Generator<void, JobResult> {
   fs.mkdirSync(path.dirname(temp), { recursive: true });
   if (job.kind === 'write') {
-    writePieces(job.out, temp, progress);
+    yield* writePieces(job.out, temp, progress);
     return { target: job.target, how: 'written' };
   }
   if (job.kind !== 'copy') {
@@ -76,11 +137,11 @@ function run(job: Job, temp: string, progress: Progress | null): JobResult {
   const src = new FileSource(job.source);
   const out = new Out();
   out.span(src, 0, src.size);
-  writePieces(out, temp, progress);
+  yield* writePieces(out, temp, progress);
   return { target: job.target, how: 'copied' };
 }
 
-function writePieces(out: Out, file: string, progress: Progress | null): void {
+function* writePieces(out: Out, file: string, progress: Progress | null): Generator<void> {
   const fd = fs.openSync(file, 'wx');
   const open = new Map<Source, number>();
   try {
@@ -98,7 +159,7 @@ function writePieces(out: Out, file: string, progress: Progress | null): void {
           sfd = p.src.open();
           open.set(p.src, sfd);
         }
-        copyRange(sfd, p.start, p.end, fd, pos, progress);
+        yield* copyRange(sfd, p.start, p.end, fd, pos, progress);
       } else {
         writeAt(fd, p.src.read(p.start, p.end), pos);
       }
@@ -116,7 +177,7 @@ function writePieces(out: Out, file: string, progress: Progress | null): void {
 let chunk: Buffer | null = null;
 let zeros: Buffer | null = null;
 
-function copyRange(sfd: number, start: number, end: number, fd: number, pos: number, progress: Progress | null): void {
+function* copyRange(sfd: number, start: number, end: number, fd: number, pos: number, progress: Progress | null): Generator<void> {
   chunk ??= Buffer.allocUnsafe(CHUNK);
   let offset = start;
   while (offset < end) {
@@ -130,6 +191,7 @@ function copyRange(sfd: number, start: number, end: number, fd: number, pos: num
     if (!isZero(chunk, want)) writeAt(fd, chunk.subarray(0, want), pos + offset - start);
     offset += want;
     progress?.advance(want);
+    yield;
   }
 }
 

@@ -4,6 +4,7 @@
  *   ssmax      c = s·ln n (+ b)                              (Nakanishi 2025; b is the paper's bias variant)
  *   qwen-logn  c = max(1, ln n / ln L) = max(1, s·ln n)      s = 1/ln L, n the 1-based position (Qwen use_logn_attn)
  *   llama4     c = ln(⌊n / floor_scale⌋ + 1)·attn_scale + 1  n = pos + 1 (Llama 4 attention temperature tuning)
+ *   none       c = 1: no factor (a positional prior alone)
  */
 import { InputError, opt } from '../errors';
 import { scaleFromTrainLen } from './scale';
@@ -11,7 +12,8 @@ import { scaleFromTrainLen } from './scale';
 export type Preset =
   | { kind: 'ssmax'; b?: number }
   | { kind: 'qwen-logn'; trainLen: number }
-  | { kind: 'llama4'; floorScale: number; attnScale: number };
+  | { kind: 'llama4'; floorScale: number; attnScale: number }
+  | { kind: 'none' };
 
 export type PresetName = Preset['kind'];
 
@@ -40,7 +42,8 @@ export function resolvePreset(o: PresetOptions): Preset {
     if (!(floorScale >= 1) || !(attnScale > 0)) throw new InputError(`${opt('floorScale')} must be ≥ 1 and ${opt('attnScale')} > 0`);
     return { kind: 'llama4', floorScale, attnScale };
   }
-  throw new InputError(`${opt('preset')} must be ssmax, qwen-logn or llama4, got '${name}'`);
+  if (name === 'none') return { kind: 'none' };
+  throw new InputError(`${opt('preset')} must be ssmax, qwen-logn, llama4 or none, got '${name}'`);
 }
 
 /** The s a preset stores in the model (its learnable or tunable scale). */
@@ -52,7 +55,7 @@ export function presetScale(p: Preset): number | undefined {
 
 /** Presets defined on absolute positions always use the per-row (causal) n. */
 export function presetNeedsPositions(p: Preset): boolean {
-  return p.kind !== 'ssmax';
+  return p.kind === 'qwen-logn' || p.kind === 'llama4';
 }
 
 /**
@@ -63,5 +66,6 @@ export function presetNeedsPositions(p: Preset): boolean {
 export function factorValue(p: Preset, s: number, n: number): number {
   if (p.kind === 'qwen-logn') return Math.max(1, s * Math.log(n));
   if (p.kind === 'llama4') return Math.log(Math.floor(n / p.floorScale) + 1) * s + 1;
+  if (p.kind === 'none') return 1;
   return s * Math.log(n) + (p.b ?? 0);
 }

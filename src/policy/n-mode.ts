@@ -5,7 +5,6 @@
 import { InputError, opt } from '../errors';
 import { MaskUse } from '../detect/mask-uses';
 
-export type NOption = 'auto' | 'keys' | 'causal' | 'mask';
 /**
  * keys: n = Tk. causal: n_i = Tk − Tq + i + 1. padding: n = unpadded keys (a key-padding mask). causal-padding:
  * unpadded keys at or before the row's position (cumulative count). mask: count of visible keys per row from every
@@ -13,17 +12,24 @@ export type NOption = 'auto' | 'keys' | 'causal' | 'mask';
  */
 export type NMode = 'keys' | 'causal' | 'padding' | 'causal-padding' | 'mask';
 
+/** `--n`: every mode the report can print, or auto (the cheapest exact one, chosen per site). */
+export type NOption = 'auto' | NMode;
+
+export const N_OPTIONS: readonly NOption[] = ['auto', 'keys', 'causal', 'padding', 'causal-padding', 'mask'];
+
 export interface NChoice {
   mode: NMode;
   reason: string;
 }
 
 export function parseNOption(v: string): NOption {
-  if (v === 'auto' || v === 'keys' || v === 'causal' || v === 'mask') return v;
-  throw new InputError(`${opt('n')} must be auto, keys, causal or mask, got '${v}'`);
+  if ((N_OPTIONS as readonly string[]).includes(v)) return v as NOption;
+  throw new InputError(`${opt('n')} must be one of ${N_OPTIONS.join(', ')}; got '${v}'`);
 }
 
-export function chooseN(option: NOption, uses: MaskUse[], causalReason: string): NChoice {
+/** `where` names the site in errors, e.g. "layer 3". */
+export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, where = 'this site'): NChoice {
+  if (option === 'padding' || option === 'causal-padding') checkPaddingMask(option, uses, where);
   if (option !== 'auto') return { mode: option, reason: `n mode ${option} as asked` };
   const roles = new Set(uses.filter((u) => !(u.role === 'other' && u.rule === 'additive')).map((u) => u.role));
   if (roles.size === 0) {
@@ -32,7 +38,7 @@ export function chooseN(option: NOption, uses: MaskUse[], causalReason: string):
   const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
   if (!countable(counted)) {
     const causal = roles.has('causal') || roles.has('combined');
-    return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown or mixed rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
+    return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
   }
   if (roles.has('combined') || roles.has('other')) return { mode: 'mask', reason: 'auto: mask is neither plain causal nor key padding: count visible keys' };
   if (roles.has('causal') && roles.has('padding')) return { mode: 'causal-padding', reason: `auto: ${causalReason} plus a padding mask from the inputs` };
@@ -40,10 +46,19 @@ export function chooseN(option: NOption, uses: MaskUse[], causalReason: string):
   return { mode: 'padding', reason: 'auto: padding mask from the inputs: count unpadded keys' };
 }
 
-/** Masks can be counted when all are applied to 3-D or 4-D logits of one rank. */
+/** padding and causal-padding count the keys a key-padding mask from a model input leaves visible: it must be there. */
+function checkPaddingMask(option: NOption, uses: MaskUse[], where: string): void {
+  if (uses.some((u) => u.role === 'padding')) return;
+  const found = uses.length ? `its masks are ${[...new Set(uses.map((u) => u.role))].join(', ')}` : 'it has no mask';
+  throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`);
+}
+
+/**
+ * Masks can be counted when each is applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits; masks
+ * of both ranks are counted together in the 4-D view (n-source.ts).
+ */
 function countable(uses: MaskUse[]): boolean {
-  const rank = uses[0]?.viewRank;
-  return (rank === 3 || rank === 4) && uses.every((u) => u.viewRank === rank);
+  return uses.length > 0 && uses.every((u) => u.viewRank === 3 || u.viewRank === 4);
 }
 
 /** The per-row n the presets defined on positions need, whatever the mask. */

@@ -8,9 +8,10 @@ import { InputError, opt } from '../errors';
 import { Preset, presetScale, resolvePreset } from './factor';
 import { LayerSpec, parseLayers } from './layers';
 import { NOption, parseNOption } from './n-mode';
+import { PriorOptions, PriorSpec, resolvePrior } from './prior';
 import { resolveScaleSpec, ScaleOptions, ScaleSpec } from './scale';
 
-export interface PatchOptions extends ScaleOptions {
+export interface PatchOptions extends ScaleOptions, PriorOptions {
   /** How n is computed at each site (default auto). */
   n?: NOption;
   /** Already parsed s (from a JSON file or an API caller); overrides s / trainLen / sFile. */
@@ -19,25 +20,27 @@ export interface PatchOptions extends ScaleOptions {
   updateS?: boolean;
   /** Node names of refused sites to patch anyway (the deviation from exact SSMax is accepted knowingly). */
   force?: string[];
-  /** ssmax (default), qwen-logn or llama4, with their parameters. */
+  /** ssmax (default), qwen-logn, llama4, or none (a prior alone), with their parameters. */
   preset?: string;
   b?: number;
   floorScale?: number;
   attnScale?: number;
   /** Layers to patch: "3,7,11" or "every:4" (default all). */
   layers?: string;
-  /** Accept nodes out of topological order and write them sorted (otherwise such a graph is refused). */
+  /** Accepted for compatibility and ignored: nodes out of topological order are always accepted and written sorted. */
   sortNodes?: boolean;
 }
 
 export interface PatchPlan {
   preset: Preset;
-  spec: ScaleSpec;
+  /** Where s comes from; absent for the none preset and for an update of θ alone. */
+  spec?: ScaleSpec;
+  /** The positional prior to add, if any. */
+  prior?: PriorSpec;
   n: NOption;
   layers: LayerSpec;
   force: string[];
   update: boolean;
-  sortNodes: boolean;
   /** The training length the user stated, kept in the patch record. */
   trainLen?: number;
 }
@@ -49,10 +52,23 @@ export function resolvePlan(o: PatchOptions): PatchPlan {
   }
   if (o.updateS) refuseIgnoredByUpdate(o);
   const preset = resolvePreset(o);
+  const prior = resolvePrior(o);
   return {
-    preset, spec: o.scale ?? scaleSpecFor(preset, o), n, layers: parseLayers(o.layers), force: o.force ?? [],
-    update: Boolean(o.updateS), sortNodes: Boolean(o.sortNodes), trainLen: o.trainLen,
+    preset, spec: scaleSpecOf(preset, prior, o), prior, n, layers: parseLayers(o.layers), force: o.force ?? [],
+    update: Boolean(o.updateS), trainLen: o.trainLen,
   };
+}
+
+/** s is needed for a factor; the none preset has none, and an update may change θ alone. */
+function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PatchOptions): ScaleSpec | undefined {
+  const sGiven = o.scale !== undefined || o.s !== undefined || o.sFile !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
+  if (preset.kind === 'none') {
+    if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`);
+    if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')}, ${opt('trainLen')} and ${opt('sFile')} would be ignored`);
+    return undefined;
+  }
+  if (o.updateS && prior && !sGiven && preset.kind !== 'llama4') return undefined;
+  return o.scale ?? scaleSpecFor(preset, o);
 }
 
 /** An update replaces s and nothing else: options that shape the factor would be silently ignored. */
@@ -69,6 +85,9 @@ function refuseIgnoredByUpdate(o: PatchOptions): void {
 
 /** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
 function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
+  if (preset.kind === 'qwen-logn' && (options.s !== undefined || options.sFile !== undefined)) {
+    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')} or ${opt('sFile')}`);
+  }
   if (preset.kind === 'llama4') {
     if (options.s !== undefined || options.sFile !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')} or ${opt('sFile')}`);
     return { kind: 'scalar', s: presetScale(preset)!, from: opt('attnScale') };

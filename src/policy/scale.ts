@@ -22,18 +22,21 @@ export function scaleFromTrainLen(trainLen: number): number {
   return 1 / Math.log(trainLen);
 }
 
+/**
+ * s from --s or --s-file (exclusive), else s = 1/ln L from --train-len. Given with --s or --s-file, --train-len
+ * only states the training length (recorded for verification; a warning says when s·ln L is far from 1).
+ */
 export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
-  const given = [options.s !== undefined, options.trainLen !== undefined, options.sFile !== undefined].filter(Boolean);
-  if (given.length === 0) throw new InputError(`give one of ${opt('s')}, ${opt('trainLen')} or ${opt('sFile')}`);
-  if (given.length > 1) throw new InputError(`${opt('s')}, ${opt('trainLen')} and ${opt('sFile')} are exclusive: give one`);
-  if (options.trainLen !== undefined) {
-    if (!Number.isInteger(options.trainLen) || options.trainLen < 2) {
-      throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`);
-    }
-    return { kind: 'scalar', s: scaleFromTrainLen(options.trainLen), from: `1/ln ${options.trainLen}` };
+  if (options.s === undefined && options.trainLen === undefined && options.sFile === undefined) {
+    throw new InputError(`give one of ${opt('s')}, ${opt('trainLen')} or ${opt('sFile')}`);
+  }
+  if (options.s !== undefined && options.sFile !== undefined) throw new InputError(`${opt('s')} and ${opt('sFile')} are exclusive: give one`);
+  if (options.trainLen !== undefined && (!Number.isInteger(options.trainLen) || options.trainLen < 2)) {
+    throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`);
   }
   if (options.s !== undefined) return { kind: 'scalar', s: checkS(options.s, opt('s')), from: 'given' };
-  return readScaleFile(options.sFile!);
+  if (options.sFile !== undefined) return readScaleFile(options.sFile);
+  return { kind: 'scalar', s: scaleFromTrainLen(options.trainLen!), from: `1/ln ${options.trainLen}` };
 }
 
 function checkS(v: unknown, where: string): number {

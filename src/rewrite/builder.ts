@@ -4,10 +4,11 @@
  */
 import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
-import { AttributeProto, AttributeType, DataType, NodeProto, TensorProto } from '../io/onnx';
+import { AttributeProto, AttributeType, DataType, GraphProto, NodeProto, TensorProto } from '../io/onnx';
 import { Editor } from './journal';
 
-export type AttrValue = number | number[] | string | TensorProto;
+/** Integers as numbers; a float attribute as `{ float: x }`; a graph (an If branch) as `{ graph: g }`. */
+export type AttrValue = number | number[] | string | TensorProto | { float: number } | { graph: GraphProto };
 
 export interface BuilderOptions {
   /** Function bodies have no initializers: constants become Constant nodes. */
@@ -33,6 +34,26 @@ export class Builder {
       attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
     });
     return output;
+  }
+
+  /**
+   * A builder for a new graph to put in a node's attribute (an If branch). Nothing it adds is journalled on its
+   * own: the graph goes with the node that holds it. `output` names what the built graph returns.
+   */
+  branch(name: string, build: (b: Builder) => string): GraphProto {
+    const proto: GraphProto = { node: [], name: this.graph.uniqueName(`${this.prefix}${name}`), initializer: [], input: [], output: [], valueInfo: [] };
+    const editor = new Editor(this.graph.child(proto), { scope: proto.name, owner: 'branch', nodes: [], initializers: [], inputs: [], rewired: [] });
+    const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.options));
+    proto.output = [{ name: output }];
+    return proto;
+  }
+
+  /** Adds a node that writes the given output names (those of a node it replaces); `domain` for contrib ops. */
+  node(opType: string, inputs: string[], outputs: string[], attrs: Record<string, AttrValue> = {}, domain = ''): void {
+    this.insert({
+      opType, domain, input: inputs, output: outputs, name: this.graph.uniqueNodeName(`${this.prefix}${opType}`),
+      attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
+    });
   }
 
   constant(name: string, dataType: number, dims: number[], values: number[]): string {
@@ -73,6 +94,8 @@ export class Builder {
 function makeAttribute(name: string, v: AttrValue): AttributeProto {
   const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
   if (typeof v === 'string') return { ...base, type: AttributeType.STRING, s: Buffer.from(v) };
+  if (typeof v === 'object' && 'float' in v) return { ...base, type: AttributeType.FLOAT, f: v.float };
+  if (typeof v === 'object' && 'graph' in v) return { ...base, type: AttributeType.GRAPH, g: v.graph };
   if (typeof v === 'object' && !Array.isArray(v)) return { ...base, type: AttributeType.TENSOR, t: v };
   if (Array.isArray(v)) return { ...base, type: AttributeType.INTS, ints: v };
   return { ...base, type: AttributeType.INT, i: v };

@@ -12,26 +12,39 @@
  * added here before the factor, and the operator gets the bias with that part set to zero.
  */
 import { FusedSite, NPlan, Term } from '../detect/fused';
+import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
+import { Preset } from '../policy/factor';
 import { NMode } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { Applied, applyFactor } from './dtype';
+import { presetFactor } from './factor';
+import { fusedPrior, ThetaTensors } from './prior';
+import { unsqueeze } from './versioned';
 
 export interface InsertedFused {
   sName: string;
   factor: string;
   apply: string;
   factorType: number;
+  /** n and ln n of the rows, [Bn, Sn]: a prior's factor is built from them. */
+  rows: Rows;
 }
+
+/** n (at least 1) and ln n per batch item and query row, float [Bn, Sn] (Bn = 1 or batch, Sn = 1 or S). */
+export interface Rows { n: string; ln: string }
+
+/** What the factor of a fused site is made of: the preset's formula, s (one, or one per head) and the rows' n. */
+export interface RowFactor { preset: Preset; s: string; perHead: boolean; rows: Rows }
 
 // Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
 const INT64_MAX = Number.MAX_SAFE_INTEGER;
 
 /** The n plan after the user's --n choice: keys turns causal plans into key counts and the reverse. */
-export function planFor(site: FusedSite, mode: NMode): NPlan {
+export function planFor(site: FusedSite, mode: NMode | 'mask'): NPlan {
   const n = site.n;
-  if (site.query.layout === 'weights') return n; // one factor per head: keys only
+  if (site.query.layout === 'weights') return weightsPlan(site.query.expandable, n, mode);
   if (mode === 'keys') {
     if (n.kind === 'causal' || n.kind === 'causal-offset') return { kind: 'keys', tk: n.tk };
     if (n.kind === 'lengths') return { ...n, causal: false };
@@ -40,6 +53,17 @@ export function planFor(site: FusedSite, mode: NMode): NPlan {
   if (n.kind === 'keys') return { kind: 'causal', tk: n.tk };
   if (n.kind === 'lengths') return { ...n, causal: true };
   return n;
+}
+
+/**
+ * com.microsoft Attention: keys on the query columns of its weights; any other n on the node expanded (unless it
+ * cannot be: then keys, the only form left).
+ */
+function weightsPlan(expandable: boolean, n: NPlan, mode: NMode | 'mask'): NPlan {
+  const tk = n.kind === 'keys' || n.kind === 'mask-index' ? n.tk : [];
+  if (mode === 'keys' || !expandable) return { kind: 'keys', tk };
+  if (n.kind === 'mask-index') return mode === 'causal' ? { ...n, causal: true } : n;
+  return mode === 'causal' ? { kind: 'mask-index', causal: true, unidirectional: false, tk } : n;
 }
 
 /** One line on how n is computed, for the report. */
@@ -54,29 +78,67 @@ export function describePlan(plan: NPlan): string {
       const rows = plan.causal ? `n_{b,i} = T_b − S + i + 1${plan.promptTotal !== undefined ? ' (i + 1 on the first prompt)' : ''}` : 'n_b = T_b';
       return `${rows}, ${total}${plan.window !== undefined ? `, at most ${plan.window}` : ''}`;
     }
+    case 'mask-index': {
+      const seen = [plan.mask !== undefined ? `left visible by mask_index (input ${plan.mask}, rank ${plan.maskRank})` : '',
+        plan.causal ? 'at or before the row\'s position P + i' : ''].filter(Boolean).join(' and ');
+      return `n_{b,i} = keys ${seen || 'in the cache and the input'}, counted outside the node (expanded)`;
+    }
   }
 }
 
 export function modeOf(plan: NPlan): NMode {
+  if (plan.kind === 'mask-index') {
+    if (plan.mask === undefined) return plan.causal ? 'causal' : 'keys';
+    const keyPadding = (plan.maskRank ?? 4) <= 2;
+    return keyPadding ? (plan.causal ? 'causal-padding' : 'padding') : 'mask';
+  }
   return plan.kind === 'keys' || (plan.kind === 'lengths' && !plan.causal) ? 'keys' : 'causal';
 }
 
-/** `sInput`: s already in the graph (a function input), else a new constant `ssmax/L<k>/s`. */
-export function insertFused(b: Builder, site: FusedSite, s: LayerScale, plan: NPlan, opset: number, sInput?: string): InsertedFused {
-  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention needs opset ≥ 11 for the inserted ops`);
-  const perHead = Array.isArray(s);
-  const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
-  const lnN = lnRows(b, site, plan);
+/** The factor of the preset on the query (or weights) of a fused site; s is already in the graph (`sName`). */
+export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: LayerScale, plan: NPlan, opset: number, sName: string): InsertedFused {
+  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention at opset ${opset}`); // opset.ts raises it first
+  const f: RowFactor = { preset, s: sName, perHead: Array.isArray(s), rows: nRows(b, site, plan) };
   const q = site.query;
   let applied: Applied;
   switch (q.layout) {
-    case 'bsd': applied = scaleBsd(b, site, q.input, sName, lnN, perHead, q.bias, opset); break;
-    case 'packed': applied = scalePacked(b, site, q, sName, lnN, perHead, opset); break;
-    case 'bnsd': applied = scaleBnsd(b, site, q.input, sName, lnN, opset); break;
-    case 'bsn3h': applied = scaleBsn3h(b, site, q.input, sName, lnN, perHead, opset); break;
-    case 'weights': applied = scaleWeights(b, site, q, sName, lnN, perHead, opset); break;
+    case 'bsd': applied = scaleBsd(b, site, q.input, f, q.bias, opset); break;
+    case 'packed': applied = scalePacked(b, site, q, f, opset); break;
+    case 'bnsd': applied = scaleBnsd(b, site, q.input, f, opset); break;
+    case 'bsn3h': applied = scaleBsn3h(b, site, q.input, f, opset); break;
+    case 'weights': applied = scaleWeights(b, site, q, f, opset); break;
   }
-  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType };
+  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
+}
+
+/** The additive bias input of each fused operator: where a prior goes. */
+const BIAS_INPUT: Record<FusedSite['op'], number> = {
+  'com.microsoft.MultiHeadAttention': 5, 'com.microsoft.GroupQueryAttention': 10, 'com.microsoft.DecoderMaskedMultiHeadAttention': 4,
+  'com.microsoft.Attention': 5, Attention: 3,
+};
+
+/**
+ * A positional prior on a fused operator through its additive bias input (attention_bias; ONNX Attention's attn_mask,
+ * a bool one turned into 0 / −inf): the operator adds it to its scaled logits, after the factor on the query, so
+ * it must be c·B. `f.rows` is absent for the none preset (c = 1).
+ */
+export function addFusedPrior(b: Builder, site: FusedSite, plan: NPlan, f: Partial<RowFactor> & { preset: Preset }, theta: ThetaTensors,
+  shapes: Shapes, opset: number): void {
+  const dtype = (site.query.layout === 'weights' ? undefined : site.queryType) ?? DataType.FLOAT;
+  const factor = f.rows && f.s ? factorBnsd(b, f as RowFactor, opset) : undefined;
+  const prior = fusedPrior(b, theta, priorPositions(b, site, plan), factor, dtype);
+  const index = BIAS_INPUT[site.op];
+  let existing = site.node.input[index] || undefined;
+  if (existing && site.op === 'Attention' && shapes.type(existing) === DataType.BOOL) {
+    existing = b.op('Where', [existing, b.constant('kept', dtype, [], [0]), b.constant('hidden', dtype, [], [-Infinity])], {}, 'attn_mask_additive');
+  }
+  b.rewire(site.node, index, existing ? b.op('Add', [existing, prior], {}, 'bias_prior') : prior);
+}
+
+/** c in the [B, H, S, 1] layout of an additive bias [B|1, H|1, S, T]: per head when s is, per row and item. */
+export function factorBnsd(b: Builder, f: RowFactor, opset: number): string {
+  const s = f.perHead ? b.op('Reshape', [f.s, b.int64('heads_4d', [1, -1, 1, 1])], {}, 's_bnsd') : f.s;
+  return presetFactor(b, f.preset, s, unsqueeze(b, f.rows.n, [1, 3], opset, 'n_4d'), unsqueeze(b, f.rows.ln, [1, 3], opset, 'ln_n_4d'));
 }
 
 // ---- n ---------------------------------------------------------------------------------------------------
@@ -93,28 +155,32 @@ function sum(b: Builder, site: FusedSite, terms: Term[]): string {
   return terms.map((t) => termValue(b, site, t)).reduce((acc, v) => b.op('Add', [acc, v], {}, 'len_sum'));
 }
 
-function logOf(b: Builder, n: string): string {
-  return b.op('Log', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n')], {}, 'ln_n');
+/** n as float rows [Bn, Sn] with its logarithm. */
+function withLog(b: Builder, n: string, shape: number[]): Rows {
+  const rows = b.op('Reshape', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n'), b.int64('rows_shape', shape)], {}, 'n_rows_f');
+  return { n: rows, ln: b.op('Log', [rows], {}, 'ln_n_rows') };
 }
 
-/** ln n as a float tensor [Bn, Sn]. */
-function lnRows(b: Builder, site: FusedSite, plan: NPlan): string {
+/** n and ln n as float tensors [Bn, Sn]. */
+function nRows(b: Builder, site: FusedSite, plan: NPlan): Rows {
   const one = b.int64('one', [1], true);
   const S = termValue(b, site, site.queryLength);
   const rows = (start: string): string => b.op('Range', [start, b.op('Add', [start, S], {}, 'n_end'), one], {}, 'n_rows');
   switch (plan.kind) {
     case 'keys':
-      return b.op('Reshape', [logOf(b, sum(b, site, plan.tk)), b.int64('one_one', [1, 1])], {}, 'ln_n_rows');
+      return withLog(b, sum(b, site, plan.tk), [1, 1]);
     case 'causal': {
       const first = b.op('Add', [b.op('Sub', [sum(b, site, plan.tk), S], {}, 'past'), one], {}, 'n_first');
-      return b.op('Reshape', [logOf(b, rows(first)), b.int64('row', [1, -1])], {}, 'ln_n_rows');
+      return withLog(b, rows(first), [1, -1]);
     }
     case 'causal-offset': {
       const first = b.op('Add', [sum(b, site, plan.offset), one], {}, 'n_first');
-      return b.op('Reshape', [logOf(b, rows(first)), b.int64('row', [1, -1])], {}, 'ln_n_rows');
+      return withLog(b, rows(first), [1, -1]);
     }
     case 'lengths':
-      return lnFromLengths(b, site, plan, S, one);
+      return nFromLengths(b, site, plan, S, one);
+    case 'mask-index':
+      throw new Error('mask-index n is built by rewrite/ms-attention.ts');
   }
 }
 
@@ -122,44 +188,76 @@ function lnRows(b: Builder, site: FusedSite, plan: NPlan): string {
  * Per-batch lengths T_b: n_b = T_b, or causal n_{b,i} = past_b + i + 1, clamped to ≥ 1 and to the window
  * (onnxruntime 1.30's GroupQueryAttention lets row i see keys i − W + 1 … i: W keys, self included).
  */
-function lnFromLengths(b: Builder, site: FusedSite, plan: Extract<NPlan, { kind: 'lengths' }>, S: string, one: string): string {
-  let total = b.op('Cast', [site.node.input[plan.lengths]], { to: DataType.INT64 }, 'total');
-  if (plan.plusOne) total = b.op('Add', [total, one], {}, 'total');
+function nFromLengths(b: Builder, site: FusedSite, plan: LengthsPlan, S: string, one: string): Rows {
   const column = b.int64('column', [-1, 1]);
   let n: string;
-  if (!plan.causal) n = b.op('Reshape', [total, column], {}, 'n_batch');
+  if (!plan.causal) n = b.op('Reshape', [totalOf(b, site, plan, one), column], {}, 'n_batch');
   else {
-    let past = b.op('Sub', [total, S], {}, 'past');
-    if (plan.promptTotal !== undefined) {
-      // GroupQueryAttention's first prompt (S equals total_sequence_length) starts at position 0 in every row.
-      const maxTotal = b.op('Reshape', [b.op('Cast', [site.node.input[plan.promptTotal]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'max_total');
-      const prompt = b.op('Equal', [S, maxTotal], {}, 'first_prompt');
-      past = b.op('Where', [prompt, b.int64('zero', [0], true), past], {}, 'past');
-    }
     const positions = b.op('Range', [one, b.op('Add', [S, one], {}, 'n_end'), one], {}, 'positions');
-    n = b.op('Add', [b.op('Reshape', [past, column]), b.op('Unsqueeze', [positions, b.int64('axes0', [0])], {}, 'positions_row')], {}, 'n_rows');
+    n = b.op('Add', [b.op('Reshape', [pastOf(b, site, plan, S, one), column]), b.op('Unsqueeze', [positions, b.int64('axes0', [0])], {}, 'positions_row')], {}, 'n_rows');
   }
   let nf = b.op('Cast', [n], { to: DataType.FLOAT }, 'n');
   if (plan.window !== undefined) nf = b.op('Min', [nf, b.constant('window', DataType.FLOAT, [], [plan.window])], {}, 'n_window');
   // Rows before the first visible key (n ≤ 0) see nothing; factor 0 there instead of ln 0 = −inf.
   nf = b.op('Max', [nf, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_clamped');
-  return b.op('Log', [nf], {}, 'ln_n_rows');
+  return { n: nf, ln: b.op('Log', [nf], {}, 'ln_n_rows') };
+}
+
+type LengthsPlan = Extract<NPlan, { kind: 'lengths' }>;
+
+/** T_b: the keys item b has in total (GroupQueryAttention: seqlens_k + 1; ONNX Attention: nonpad_kv_seqlen). */
+function totalOf(b: Builder, site: FusedSite, plan: LengthsPlan, one: string): string {
+  const total = b.op('Cast', [site.node.input[plan.lengths]], { to: DataType.INT64 }, 'total');
+  return plan.plusOne ? b.op('Add', [total, one], {}, 'total') : total;
+}
+
+/** past_b = T_b − S, the absolute position of item b's first query row; 0 while GroupQueryAttention processes the first prompt. */
+function pastOf(b: Builder, site: FusedSite, plan: LengthsPlan, S: string, one: string): string {
+  let past = b.op('Sub', [totalOf(b, site, plan, one), S], {}, 'past');
+  if (plan.promptTotal !== undefined) {
+    // GroupQueryAttention's first prompt (S equals total_sequence_length) starts at position 0 in every row.
+    const maxTotal = b.op('Reshape', [b.op('Cast', [site.node.input[plan.promptTotal]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'max_total');
+    const prompt = b.op('Equal', [S, maxTotal], {}, 'first_prompt');
+    past = b.op('Where', [prompt, b.int64('zero', [0], true), past], {}, 'past');
+  }
+  return past;
+}
+
+/**
+ * Where a prior goes on a fused site: S query rows, T keys along the bias's last axis, and the absolute position of
+ * each item's first row (T − S when every item has the same keys; per item from the lengths otherwise).
+ */
+export function priorPositions(b: Builder, site: FusedSite, plan: NPlan): { S: string; T: string; past: string } {
+  const one = b.int64('one', [1], true);
+  const S = termValue(b, site, site.queryLength);
+  if (plan.kind === 'lengths') {
+    const T = plan.promptTotal !== undefined
+      ? b.op('Reshape', [b.op('Cast', [site.node.input[plan.promptTotal]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'bias_keys')
+      : sum(b, site, keyBuffer(site));
+    return { S, T, past: pastOf(b, site, plan, S, one) };
+  }
+  if (plan.kind === 'mask-index') throw new Error('the expanded operator places its prior itself');
+  const T = sum(b, site, plan.tk);
+  return { S, T, past: plan.kind === 'causal-offset' ? sum(b, site, plan.offset) : b.op('Sub', [T, S], {}, 'past') };
+}
+
+/** ONNX Attention's key buffer length (a static cache with nonpad_kv_seqlen): K's sequence axis, plus the past. */
+function keyBuffer(site: FusedSite): Term[] {
+  const kAxis = site.query.layout === 'bnsd' ? 2 : 1;
+  return [{ input: 1, axis: kAxis }, ...(site.node.input[4] ? [{ input: 4, axis: 2 }] : [])];
 }
 
 // ---- c and the query -------------------------------------------------------------------------------------
 
-function unsqueeze(b: Builder, x: string, axes: number[], opset: number, name: string): string {
-  return opset >= 13 ? b.op('Unsqueeze', [x, b.int64('axes', axes)], {}, name) : b.op('Unsqueeze', [x], { axes }, name);
-}
 
 /** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
-function factorRowsHeads(b: Builder, sName: string, lnN: string, perHead: boolean, opset: number): string {
-  if (!perHead) return unsqueeze(b, b.op('Mul', [lnN, sName], {}, 'factor'), [2], opset, 'factor_rows');
-  const sHeads = b.op('Reshape', [sName, b.int64('heads_col', [-1, 1])], {}, 's_heads');
-  return b.op('Mul', [unsqueeze(b, lnN, [2, 3], opset, 'ln_n_4d'), sHeads], {}, 'factor');
+export function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {
+  if (!f.perHead) return unsqueeze(b, presetFactor(b, f.preset, f.s, f.rows.n, f.rows.ln), [2], opset, 'factor_rows');
+  const sHeads = b.op('Reshape', [f.s, b.int64('heads_col', [-1, 1])], {}, 's_heads');
+  return presetFactor(b, f.preset, sHeads, unsqueeze(b, f.rows.n, [2, 3], opset, 'n_4d'), unsqueeze(b, f.rows.ln, [2, 3], opset, 'ln_n_4d'));
 }
 
-function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
+export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
   if (!perHead) return applyFactor(b, q, c, qType, opset);
   const view = b.op('Reshape', [q, b.int64('heads_view', [0, 0, heads!, -1])], {}, 'q_heads');
   const applied = applyFactor(b, view, c, qType, opset);
@@ -167,13 +265,12 @@ function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: nu
 }
 
 /** [B,S,N·H] query; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
-function scaleBsd(b: Builder, site: FusedSite, input: number, sName: string, lnN: string, perHead: boolean,
-  bias: number | undefined, opset: number): Applied {
+function scaleBsd(b: Builder, site: FusedSite, input: number, f: RowFactor, bias: number | undefined, opset: number): Applied {
   let q = site.node.input[input];
   let qType = site.queryType;
   if (bias !== undefined) ({ q, qType } = foldQueryBias(b, site, q, bias, qType));
-  const c = factorRowsHeads(b, sName, lnN, perHead, opset);
-  const applied = scaleRows(b, q, c, perHead, site.heads.heads, qType, opset);
+  const c = factorRowsHeads(b, f, opset);
+  const applied = scaleRows(b, q, c, f.perHead, site.heads.heads, qType, opset);
   const out = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
   b.rewire(site.node, input, out);
   return { ...applied, output: out };
@@ -196,8 +293,7 @@ function foldQueryBias(b: Builder, site: FusedSite, q: string, biasIndex: number
 }
 
 /** Packed [B,S,W]: only the first W·qParts/parts columns are the query. */
-function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'packed' }>, sName: string, lnN: string,
-  perHead: boolean, opset: number): Applied {
+function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'packed' }>, f: RowFactor, opset: number): Applied {
   const packed = site.node.input[q.input];
   const width = b.op('Slice', [b.op('Shape', [packed]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
   const qWidth = b.op('Mul', [b.op('Div', [width, b.int64('parts', [q.parts])], {}, 'part'), b.int64('q_parts', [q.qParts])], {}, 'q_width');
@@ -207,8 +303,8 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
   let qIn = query;
   let qType = site.queryType;
   if (q.bias !== undefined) ({ q: qIn, qType } = foldQueryBias(b, site, query, q.bias, qType));
-  const c = factorRowsHeads(b, sName, lnN, perHead, opset);
-  const applied = scaleRows(b, qIn, c, perHead, site.heads.heads, qType, opset);
+  const c = factorRowsHeads(b, f, opset);
+  const applied = scaleRows(b, qIn, c, f.perHead, site.heads.heads, qType, opset);
   const scaled = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
   const out = b.op('Concat', [scaled, rest], { axis: 2 }, 'qkv_scaled');
   b.rewire(site.node, q.input, out);
@@ -216,23 +312,20 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
 }
 
 /** [B,N,S,H]: c as [Bn,N,Sn,1] (per head) or [Bn,1,Sn,1]. */
-function scaleBnsd(b: Builder, site: FusedSite, input: number, sName: string, lnN: string, opset: number): Applied {
-  const ln4 = unsqueeze(b, lnN, [1, 3], opset, 'ln_n_4d');
-  const c = b.op('Mul', [ln4, sName], {}, 'factor');
+function scaleBnsd(b: Builder, site: FusedSite, input: number, f: RowFactor, opset: number): Applied {
+  const c = factorBnsd(b, f, opset);
   const applied = applyFactor(b, site.node.input[input], c, site.queryType, opset);
   b.rewire(site.node, input, applied.output);
   return applied;
 }
 
 /** MultiHeadAttention packed [B,S,N,3,H]: factor [Bn,Sn,N|1,3,1] = [c, 1, 1] along the Q/K/V axis. */
-function scaleBsn3h(b: Builder, site: FusedSite, input: number, sName: string, lnN: string, perHead: boolean, opset: number): Applied {
-  const c4 = perHead
-    ? factorRowsHeads(b, sName, lnN, true, opset)
-    : unsqueeze(b, b.op('Mul', [lnN, sName], {}, 'factor'), [2, 3], opset, 'factor_rows');
+function scaleBsn3h(b: Builder, site: FusedSite, input: number, f: RowFactor, opset: number): Applied {
+  const c4 = f.perHead ? factorRowsHeads(b, f, opset) : unsqueeze(b, factorRowsHeads(b, f, opset), [3], opset, 'factor_rows');
   const c5 = unsqueeze(b, c4, [3], opset, 'factor_5d');
   const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
-  const f = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
-  const applied = applyFactor(b, site.node.input[input], f, site.queryType, opset);
+  const qkv = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
+  const applied = applyFactor(b, site.node.input[input], qkv, site.queryType, opset);
   b.rewire(site.node, input, applied.output);
   return applied;
 }
@@ -241,15 +334,16 @@ function scaleBsn3h(b: Builder, site: FusedSite, input: number, sName: string, l
  * com.microsoft Attention: the query columns of weights [in, W] and bias [W] times c per head (n = Tk is the
  * same for every row, so one column factor is exact in keys mode).
  */
-function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'weights' }>, sName: string,
-  lnN: string, perHead: boolean, opset: number): Applied {
+function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'weights' }>, f: RowFactor, opset: number): Applied {
+  const perHead = f.perHead;
   const weights = site.node.input[q.weights];
   const width = b.op('Slice', [b.op('Shape', [weights]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
   const qWidth = q.qWidth !== undefined ? b.int64('q_width', [q.qWidth]) : b.op('Div', [width, b.int64('three', [3])], {}, 'q_width');
   // width and qWidth are 1-D [1]; the column layout is [N, H] per head, or [1, hidden].
   const heads = site.heads.heads ?? 1;
-  const ln = b.op('Reshape', [lnN, b.int64('scalar', [])], {}, 'ln_n');
-  const perHeadC = b.op('Mul', [b.op('Reshape', [sName, b.int64('heads_col', [-1, 1])], {}, 's_heads'), ln], {}, 'factor_heads');
+  const scalar = (x: string, name: string): string => b.op('Reshape', [x, b.int64('scalar', [])], {}, name);
+  const sHeads = b.op('Reshape', [f.s, b.int64('heads_col', [-1, 1])], {}, 's_heads');
+  const perHeadC = presetFactor(b, f.preset, sHeads, scalar(f.rows.n, 'n'), scalar(f.rows.ln, 'ln_n'));
   const headSize = b.op('Div', [qWidth, b.int64('heads', [heads])], {}, 'head_size');
   const shape = b.op('Concat', [b.int64('heads1', [perHead ? heads : 1]), perHead ? headSize : qWidth], { axis: 0 }, 'cols_shape');
   const qCols = b.op('Reshape', [b.op('Expand', [perHeadC, shape], {}, 'q_cols_2d'), b.int64('flat', [-1])], {}, 'q_cols');

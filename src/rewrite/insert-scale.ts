@@ -20,6 +20,7 @@ import { NChoice } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
+import { presetFactor } from './factor';
 import { NSources, NTensor } from './n-source';
 
 export interface ScaleContext {
@@ -39,6 +40,8 @@ export interface InsertedScale {
   factorType: number;
   target: Target;
   nKey: string;
+  /** True when the factor is one value per head for every row (n = Tk): it can scale a per-head table. */
+  perHead: boolean;
 }
 
 interface TargetTensor {
@@ -56,9 +59,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (perHead && target.rank !== 3 && target.rank !== 4) {
     throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
   }
-  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) {
-    throw new InputError(`layer ${site.layer}: per-row n needs opset ≥ 11 (Range, CumSum)`);
-  }
+  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) throw new Error(`layer ${site.layer}: per-row n at opset ${ctx.opset}`);
   const source = ctx.sources.get(site, n.mode, uses);
   const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   const heads = perHead ? s.length : site.heads.heads;
@@ -72,7 +73,25 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.rewire(target.consumer.node, target.consumer.index, scaled);
-  return { sName, factor, apply, factorType, target: target.where, nKey: source.key };
+  return { sName, factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
+}
+
+/**
+ * An opset < 13 Softmax on logits of unknown rank normalises the axes from `groupAxis` on as one group: one factor
+ * s·ln(group size) for the whole tensor, multiplied into the logits where the factor would go (before any mask).
+ */
+export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): InsertedScale {
+  if (Array.isArray(s)) throw new InputError(`layer ${site.layer}: per-head s needs the head count, and these logits have no known rank; give one s for the layer`);
+  const sName = sInput ?? b.constant('s', DataType.FLOAT, [], [s]);
+  const shape = b.op('Shape', [site.logits], {}, 'logits_shape');
+  const rows = b.op('ReduceProd', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('group_axis', [site.groupAxis!])], {}, 'row_dims')], { keepdims: 0 }, 'rows');
+  const n = b.op('Div', [b.op('Size', [site.logits], {}, 'size'), rows], {}, 'n_group');
+  const nf = b.op('Max', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n_group_f'), b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
+  const factor = presetFactor(b, ctx.preset, sName, nf, b.op('Log', [nf], {}, 'ln_n'));
+  const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
+  b.rewire(site.consumer.node, site.consumer.index, output);
+  // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
+  return { sName, factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {
@@ -90,21 +109,11 @@ function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): 
 
 /** c from n (and ln n) for the preset, with s the layer's initializer. */
 function factorOf(ctx: ScaleContext, b: Builder, source: NTensor, s: string): string {
-  const p = ctx.preset;
-  const one = (): string => b.constant('one', DataType.FLOAT, [], [1]);
-  if (p.kind === 'llama4') {
-    const steps = b.op('Floor', [b.op('Div', [source.n, b.constant('floor_scale', DataType.FLOAT, [], [p.floorScale])], {}, 'n_over_floor')], {}, 'n_floor');
-    const ln = b.op('Log', [b.op('Add', [steps, one()], {}, 'n_floor_1')], {}, 'ln_floor');
-    return b.op('Add', [b.op('Mul', [s, ln], {}, 'temperature'), one()], {}, 'factor');
-  }
-  const scaled = b.op('Mul', [s, ctx.sources.ln(source)], {}, p.kind === 'ssmax' && p.b === undefined ? 'factor' : 's_ln_n');
-  if (p.kind === 'qwen-logn') return b.op('Max', [scaled, one()], {}, 'factor');
-  if (p.b !== undefined) return b.op('Add', [scaled, b.constant('b', DataType.FLOAT, [], [p.b])], {}, 'factor');
-  return scaled;
+  return presetFactor(b, ctx.preset, s, source.n, ctx.sources.ln(source));
 }
 
 /** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */
-function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
+export function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
   const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
   const batch = b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch');
   const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])], {}, 'batch_1'), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');

@@ -6,7 +6,8 @@
  * input's position, and what it read before and after.
  */
 import { Graph } from '../graph/graph';
-import { NodeProto, TensorProto, ValueInfoProto } from '../io/onnx';
+import { parseModel, serializeModel } from '../io/model-file';
+import { ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../io/onnx';
 
 export interface Rewire {
   /** First output of the node whose input was changed. */
@@ -28,6 +29,13 @@ export interface ScopeEdits {
   /** Graph inputs added: function inputs through which s comes in, IR < 4 declarations of initializers. */
   inputs: string[];
   rewired: Rewire[];
+  /**
+   * Nodes the patch replaced (a fused operator expanded into the ops it is defined by), each as base64 of a
+   * one-node model holding the node's own bytes, so revert puts back exactly what was there.
+   */
+  removed?: string[];
+  /** For the model-wide entry (scope `model`): the default-domain opset import raised from `from` to `to`. */
+  opset?: { from: number; to: number };
   /**
    * The scope's original nodes in their original order (by first output), when the topological sort after the
    * patch had to move one of them (a factor reading a mask computed after the query, say).
@@ -54,6 +62,12 @@ export class Editor {
     this.graph.setInput(node, index, name);
   }
 
+  /** Takes a node out of the graph; its bytes go into the journal. */
+  remove(node: NodeProto): void {
+    this.graph.removeNodes(new Set([node]));
+    (this.edits.removed ??= []).push(Buffer.from(serializeModel(holding(node))).toString('base64'));
+  }
+
   addInitializer(t: TensorProto): void {
     this.graph.addInitializer(t);
     this.edits.initializers.push(t.name);
@@ -68,6 +82,7 @@ export class Editor {
 /** One journal for the whole patch; entries appear in the order they were first edited. */
 export class Journal {
   private readonly scopes = new Map<string, Editor>();
+  private opset?: ScopeEdits;
 
   editor(scope: string, graph: Graph, owner = 'shared'): Editor {
     const key = `${owner}@${scope}`;
@@ -79,16 +94,36 @@ export class Journal {
     return e;
   }
 
+  /** Notes that the model's default-domain opset import was raised, so revert can lower it again. */
+  raiseOpset(from: number, to: number): void {
+    this.opset = { scope: 'model', owner: 'opset', nodes: [], initializers: [], inputs: [], rewired: [], opset: { from, to } };
+  }
+
   /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */
   keepOrder(scope: string, graph: Graph, before: readonly NodeProto[]): void {
     const now = new Set(before);
     const after = graph.nodes.filter((n) => now.has(n));
-    if (after.every((n, i) => n === before[i])) return;
+    if (after.length === before.length && after.every((n, i) => n === before[i])) return;
     this.editor(scope, graph, 'order').edits.order = before.map(nodeKey);
   }
 
   record(): ScopeEdits[] {
-    return [...this.scopes.values()].map((e) => e.edits)
-      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length > 0 || e.order);
+    const edits = [...this.scopes.values()].map((e) => e.edits)
+      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length + (e.removed?.length ?? 0) > 0 || e.order);
+    // The opset goes first: revert replays in reverse, so it is lowered last.
+    return this.opset ? [this.opset, ...edits] : edits;
   }
+}
+
+/** A model holding one node: serialized, the node's bytes are the ones it was read from (io/emit.ts). */
+function holding(node: NodeProto): ModelProto {
+  return {
+    irVersion: 8, opsetImport: [{ domain: '', version: 1 }], producerName: '', producerVersion: '', metadataProps: [], functions: [],
+    graph: { node: [node], name: 'removed', initializer: [], input: [], output: [], valueInfo: [] },
+  };
+}
+
+/** A node the journal removed, decoded from its entry (keeping those bytes, so it is written back unchanged). */
+export function removedNode(entry: string): NodeProto {
+  return parseModel(Buffer.from(entry, 'base64'), 'the patch journal').graph!.node[0];
 }

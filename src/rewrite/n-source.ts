@@ -37,8 +37,17 @@ function shapeSources(site: AttentionSite): [string, string] {
   return [site.logits, site.logits];
 }
 
+/** Relative positions for a positional prior: d = j − i over every (row, key) a run can see. */
+export interface Positions {
+  /** [Tq, Tk] int32: the index of d_ij = j − i in `d` (i the row's absolute position Tk − Tq + row). */
+  index: string;
+  /** [Tq + Tk − 1, 1] float: every d from 1 − Tk to Tq − 1, as a column. */
+  d: string;
+}
+
 export class NSources {
   private readonly cache = new Map<string, NTensor>();
+  private readonly positionCache = new Map<string, Positions>();
 
   constructor(private readonly b: Builder, private readonly sym: Shapes, private readonly opset: number) {}
 
@@ -63,10 +72,42 @@ export class NSources {
     return this.cache.size;
   }
 
-  private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
+  /** The relative positions of a site, shared by every site whose Tq and Tk have the same symbolic size. */
+  positions(site: AttentionSite): Positions {
+    const key = this.dimsKey(site);
+    let entry = this.positionCache.get(key);
+    if (!entry) {
+      entry = this.buildPositions(site);
+      this.positionCache.set(key, entry);
+    }
+    return entry;
+  }
+
+  private buildPositions(site: AttentionSite): Positions {
+    if (this.opset < 11) throw new InputError(`layer ${site.layer}: a positional prior needs opset ≥ 11 (Range)`);
+    const b = this.b;
+    const [q, k] = shapeSources(site);
+    const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
+    const tq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('row', [-2], true)], {}, 'tq');
+    const zero = b.int64('zero', [0], true), one = b.int64('one', [1], true);
+    const d = b.op('Range', [b.op('Sub', [one, tk], {}, 'd_first'), tq, one], {}, 'd_range');
+    const keys = b.op('Reshape', [b.op('Range', [zero, tk, one], {}, 'keys'), b.int64('row_shape', [1, -1])], {}, 'key_row');
+    const rows = b.op('Reshape', [b.op('Range', [zero, tq, one], {}, 'rows'), b.int64('column', [-1, 1])], {}, 'row_column');
+    const index = b.op('Add', [b.op('Sub', [keys, rows], {}, 'j_minus_i'), b.op('Sub', [tq, one], {}, 'tq_minus_1')], {}, 'd_index');
+    return {
+      index: b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32'),
+      d: b.op('Reshape', [b.op('Cast', [d], { to: DataType.FLOAT }, 'd'), b.int64('column', [-1, 1])], {}, 'd_column'),
+    };
+  }
+
+  private dimsKey(site: AttentionSite): string {
     const [q, k] = shapeSources(site);
     const tq = this.sym.dim(q, -2), tk = this.sym.dim(k, -1);
-    const dims = tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
+    return tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
+  }
+
+  private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
+    const dims = this.dimsKey(site);
     if (mode === 'keys' || mode === 'causal') return `${mode}|${dims}`;
     // causal-padding reads only the padding masks (the causal part is positional), so layers that slice their own
     // causal mask still share one count.
@@ -95,13 +136,29 @@ export class NSources {
   /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
   private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
     if (uses.length === 0) throw new InputError(`layer ${site.layer}: ${opt('n', 'mask')} needs a mask on the logits`);
-    const rank = uses[0].viewRank;
-    if ((rank !== 3 && rank !== 4) || uses.some((u) => u.viewRank !== rank)) {
-      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to 3-D or 4-D logits of one rank`);
+    if (uses.some((u) => u.viewRank !== 3 && u.viewRank !== 4)) {
+      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits`);
     }
     const b = this.b;
-    const visible = uses.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
+    // Masks of both ranks are counted in the 4-D view: a 3-D one goes there through its [B·H] axis.
+    const rank = uses.every((u) => u.viewRank === 3) ? 3 : 4;
+    const visibles = uses.map((u) => (u.viewRank === 3 && rank === 4 ? this.headsView(site, this.visible(u)) : this.visible(u)));
+    const visible = visibles.reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
     return { n: this.reduceSum(b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), 'n_mask'), view: 'batch-rows', rank };
+  }
+
+  /**
+   * A 3-D [B·H|1, R, Tk] mask verdict as [B, H, R, Tk]: broadcast over B·H first (the first axis of the query, which
+   * exists before the product, so the factor can still go on the query), then split.
+   */
+  private headsView(site: AttentionSite, v: string): string {
+    const heads = site.heads.heads;
+    if (!heads) throw new InputError(`layer ${site.layer}: counting masks of 3-D and 4-D views together needs the head count, not found in the graph (${site.heads.reason})`);
+    const b = this.b;
+    const bh = b.op('Slice', [b.op('Shape', [shapeSources(site)[0]], {}, 'q_shape'), b.int64('zero1', [0]), b.int64('one1', [1])], {}, 'bh');
+    const full = b.op('Expand', [v, b.op('Concat', [bh, b.int64('ones2', [1, 1])], { axis: 0 }, 'bh11')], {}, 'visible_bh');
+    const rest = b.op('Slice', [b.op('Shape', [full], {}, 'visible_shape'), b.int64('one1', [1]), b.int64('three1', [3])], {}, 'rows_keys');
+    return b.op('Reshape', [full, b.op('Concat', [b.int64('heads_split', [-1, heads]), rest], { axis: 0 }, 'heads_shape')], {}, 'visible_4d');
   }
 
   /** Causal plus key padding: the unpadded keys up to each row's position, a cumulative count over keys. */

@@ -6,17 +6,17 @@ import { defaultOpset, Detection, detectAttention, PATCH_PREFIX, SkippedSoftmax 
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
-import { topoSort } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
 import { cloneModel as cloneTracked, GraphProto, ModelProto, toNumber } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchOptions, PatchPlan, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
+import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchedSite, PatchResult } from './report';
-import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode } from './sites';
-import { describeSpec, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
+import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
+import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
 
 export type { PatchOptions } from '../policy/plan';
@@ -27,10 +27,15 @@ export function cloneModel(model: ModelProto): ModelProto {
   return cloneTracked(model);
 }
 
-/** Checks the graph before anything walks it; sorts it when asked to accept unsorted nodes. */
-export function prepareGraph(graph: GraphProto, sortNodes = false): void {
-  validateGraph(graph, { allowUnsorted: sortNodes });
-  if (sortNodes) topoSort(graph);
+/**
+ * Checks the graph before anything walks it. What onnxruntime accepts is accepted and said in notes: nodes out of
+ * topological order (the patched model is written sorted, as ONNX requires, and revert restores their order) and
+ * names defined by several constants (kept as they are; every reader sees the value onnxruntime uses).
+ */
+export function prepareGraph(graph: GraphProto): string[] {
+  const { unsorted, duplicates } = validateGraph(graph);
+  return [...unsorted.map((u) => `nodes out of topological order in ${u}: written sorted, as onnxruntime sorts them on load; revert restores their order`),
+    ...duplicates];
 }
 
 /** Patches a copy of `model`; the argument is left unchanged. */
@@ -39,19 +44,22 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   // An update keeps the preset the model was patched with unless another one is named.
   const plan = resolvePlan(options.updateS && options.preset === undefined && record ? { ...options, preset: record.preset } : options);
   const out = cloneModel(model);
-  prepareGraph(out.graph!, plan.sortNodes);
+  const notes = prepareGraph(out.graph!);
   const scopes = modelScopes(out);
   const detection = detectAttention(out, scopes, { force: plan.force });
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
-  if (all.length === 0) throw new InputError(noAttentionMessage(detection));
+  // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
+  if (all.length === 0 && !record?.journal) throw new InputError(noAttentionMessage(detection));
   const existing = existingPatch(scopes, all, record);
   if (existing) {
     if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`);
-    return { model: out, report: update(out, scopes, detection, all, plan, existing.record) };
+    return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes } };
   }
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`);
-  return { model: out, report: insertFactors(out, scopes, detection, all, plan) };
+  const report = insertFactors(out, scopes, detection, all, plan);
+  checkInsertedTypes(out);
+  return { model: out, report: { ...report, notes: [...notes, ...report.notes] } };
 }
 
 /**
@@ -78,20 +86,22 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   const named = all.filter(patchedBy);
   if (named.length) return updateByNames(model, scopes, detection, named, plan);
   const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX));
-  return updateRenamed(model, scopes[0].graph, renamed, plan.spec, detection.skipped);
+  return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 
 function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): PatchResult['report'] {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
-  const scales = scalesForSites(plan.spec, sites, skipped);
+  const scales = plan.spec && scalesForSites(plan.spec, sites, skipped);
+  const thetas = plan.prior && thetasForSites(plan.prior, sites, skipped);
   const irVersion = toNumber(out.irVersion);
-  const patcher = new SitePatcher(scopes, plan.preset, plan.n, irVersion);
-  const results = sites.map((a, i) => patcher.patch(a, scales[i]));
-  const { journal, nSources } = patcher.finish();
-  writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: describeSpec(plan.spec),
+  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion);
+  const results = sites.map((a, i) => patcher.patch(a, { s: scales?.[i], theta: thetas?.[i] }));
+  const { journal, nSources, notes } = patcher.finish();
+  writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
+    ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const patched: PatchedSite[] = results.map((r) => r.site);
-  return { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources };
+  return { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources, notes };
 }
 
 /** The sites in the chosen layers; the others are reported as skipped. */

@@ -3,6 +3,8 @@ import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { ScopeEdits } from './journal';
+import type { PresetName } from '../policy/factor';
+import type { PriorName, ThetaName } from '../policy/prior';
 
 export const RECORD_KEY = 'ssmax_patch';
 
@@ -14,23 +16,34 @@ export interface SiteRecord {
   softmax: string;
   /** The fused operator, for fused sites. */
   kind?: string;
+  /** The n mode; `none` for the none preset (no factor). */
   n: string;
-  s: number | number[];
-  sInitializer: string;
-  apply: string;
-  factor: string;
-  factorType: number;
+  /** s, its initializer, the Mul applying the factor, the factor and its type: absent for the none preset. */
+  s?: number | number[];
+  sInitializer?: string;
+  apply?: string;
+  factor?: string;
+  factorType?: number;
+  /** The θ initializers of the site's positional prior, if any. */
+  prior?: Record<ThetaName, string>;
   /** Where the factor multiplies: the query rows or the logits. */
   target?: 'query' | 'logits';
   /** The QK MatMul output: the logits before any scaling, for probes. */
   logits?: string;
+  /**
+   * Set for a fused operator the patch expanded (its node is gone, so an update finds the site by this record
+   * alone): its head count, for per-head s.
+   */
+  expanded?: { heads?: number };
 }
 
 export interface PatchRecord {
   tool: 'ssmax-patch';
   version: string;
-  preset: 'ssmax' | 'qwen-logn' | 'llama4';
+  preset: PresetName;
   scale: string;
+  /** The positional prior added, if any, and where its θ came from. */
+  prior?: { kind: PriorName; from: string };
   trainLen?: number;
   b?: number;
   floorScale?: number;
@@ -44,6 +57,7 @@ export interface PatchRecord {
 export function recordedPreset(r: PatchRecord): Preset {
   if (r.preset === 'qwen-logn') return { kind: 'qwen-logn', trainLen: r.trainLen ?? NaN };
   if (r.preset === 'llama4') return { kind: 'llama4', floorScale: r.floorScale ?? 8192, attnScale: r.attnScale ?? 0.1 };
+  if (r.preset === 'none') return { kind: 'none' };
   return r.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: r.b };
 }
 

@@ -2,6 +2,7 @@
 import type { SkippedSoftmax } from '../detect/find-attention';
 import type { ModelProto } from '../io/onnx';
 import type { PresetName } from '../policy/factor';
+import type { ThetaName } from '../policy/prior';
 import type { LayerScale } from '../policy/scale';
 import type { Target } from './insert-scale';
 
@@ -20,8 +21,11 @@ export interface PatchedSite {
   logitsRank: number | null;
   /** The tensor the factor multiplies: the content logits, or the fused operator's query (or weights). */
   logits: string;
-  s: LayerScale;
+  /** s of the factor; null for the none preset. */
+  s: LayerScale | null;
   sInitializer: string;
+  /** The θ initializers of a positional prior added at the site. */
+  prior?: Record<ThetaName, string>;
   /** Set when a forced site accepted a deviation from exact SSMax. */
   deviation?: string;
   /** Where the factor multiplies: the query rows (cheap) or the logits. */
@@ -30,6 +34,10 @@ export interface PatchedSite {
   nShared: string;
   /** The detection rule that matched the site. */
   rule?: string;
+  /** Set when the fused operator was replaced by the ops it is defined by: what replaced it and what that costs. */
+  expanded?: string;
+  /** What a user should know about how the patch sits with the model's own attention (one line each). */
+  notes?: string[];
 }
 
 export interface PatchReport {
@@ -41,6 +49,8 @@ export interface PatchReport {
   preset: PresetName;
   /** Distinct computations of n in the patched model. */
   nSources: number;
+  /** What was accepted as onnxruntime accepts it (nodes out of order, names defined twice), and how. */
+  notes: string[];
 }
 
 export interface PatchResult {

@@ -6,12 +6,14 @@
  * the patch is found from the main graph's structure instead.
  */
 import { InputError } from '../errors';
-import { Graph, nodeLabel, subgraphsOf } from '../graph/graph';
+import { removeUnread } from '../graph/cleanup';
+import { Graph, nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
-import { GraphProto, ModelProto, NodeProto } from '../io/onnx';
+import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
-import { nodeKey, ScopeEdits } from './journal';
+import { nodeKey, removedNode, ScopeEdits } from './journal';
+import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
 
@@ -38,14 +40,15 @@ export interface RevertReport {
   note?: string;
 }
 
+/** `sortNodes` is accepted for compatibility: nodes out of order are always accepted now. */
 export interface RevertOptions {
   sortNodes?: boolean;
 }
 
 /** Reverts a copy of `model`; the argument is left unchanged. */
-export function revertModel(model: ModelProto, options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
+export function revertModel(model: ModelProto, _options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
   const out = cloneModel(model);
-  prepareGraph(out.graph!, options.sortNodes);
+  prepareGraph(out.graph!);
   const record = readRecord(out);
   if (!record?.journal?.length) return revertByStructure(out);
   try {
@@ -55,7 +58,7 @@ export function revertModel(model: ModelProto, options: RevertOptions = {}): { m
   } catch (e) {
     if (!(e instanceof StaleJournal)) throw e;
     const fallback = cloneModel(model);
-    prepareGraph(fallback.graph!, options.sortNodes);
+    prepareGraph(fallback.graph!);
     try {
       const result = revertByStructure(fallback);
       return { ...result, report: { ...result.report, note: e.message } };
@@ -73,15 +76,19 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const scopeOf = (path: string): Scope => byPath.get(path) ?? stale(`the journal names scope '${path}', which the model does not have`);
   const sites = record.sites.map((site): RevertedSite => {
-    const value = scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer);
+    const value = site.sInitializer ? scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer) : null;
     return {
-      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply, softmax: site.softmax,
+      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply ?? '', softmax: site.softmax,
       s: value ? (value.values.length === 1 && value.dims.length === 0 ? value.values[0] : value.values) : null,
       removedNodes: 0, removedInitializers: [],
     };
   });
   const touched = new Set<Scope>();
   for (const edits of [...journal].reverse()) {
+    if (edits.opset) {
+      lowerOpset(model, edits.opset.from);
+      continue;
+    }
     const scope = scopeOf(edits.scope);
     undoEdits(scope.graph, edits);
     touched.add(scope);
@@ -120,7 +127,11 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
     graph.removeInitializer(name);
   }
   for (const name of edits.inputs) graph.removeInput(name);
-  const gone = new Set([...produced, ...edits.initializers, ...edits.inputs]);
+  // Nodes the patch replaced come back (in place, once restoreOrder runs), and their outputs keep their value_info.
+  const back = [...(edits.removed ?? [])].reverse().map(removedNode);
+  for (const node of back) graph.insertNode(node);
+  const kept = new Set(back.flatMap((n) => n.output));
+  const gone = new Set([...[...produced].filter((o) => !kept.has(o)), ...edits.initializers, ...edits.inputs]);
   graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !gone.has(v.name));
 }
 
@@ -135,7 +146,7 @@ function restoreOrder(graph: Graph, order: string[]): void {
 /** Every name a node reads is still defined: nothing the model kept depended on what the patch added. */
 function checkReads(model: ModelProto): void {
   try {
-    validateGraph(model.graph!, { allowUnsorted: true });
+    validateGraph(model.graph!);
   } catch (e) {
     stale(`after undoing the journal, ${(e as Error).message}`);
   }
@@ -157,12 +168,10 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
   for (const f of factors) rewire(graph, f);
   graph.reindex();
   // Shared computations of n go with the last factor that reads them; anything else still reads stays.
-  const removed = onlyReadByEachOther(graph, new Set(factors.flatMap((f) => f.nodes)));
-  const g = out.graph!;
-  const dropped = dropUnread(g, removed);
+  const { initializers } = removeUnread(graph, new Set(factors.flatMap((f) => f.nodes)));
   for (const [i, f] of factors.entries()) {
     sites[i].removedNodes = f.nodes.length;
-    sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => dropped.has(n));
+    sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => initializers.has(n));
   }
   const hadRecord = removeRecord(out);
   return { model: out, report: { sites, hadRecord, method: 'structure' } };
@@ -179,19 +188,6 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
 }
 
 /** The subset of `nodes` whose outputs no node outside the subset reads (and that are no graph outputs). */
-function onlyReadByEachOther(graph: Graph, nodes: Set<NodeProto>): Set<NodeProto> {
-  for (let changed = true; changed;) {
-    changed = false;
-    for (const n of [...nodes]) {
-      if (n.output.some((o) => graph.outputs.has(o) || graph.consumersOf(o).some((c) => !nodes.has(c)))) {
-        nodes.delete(n);
-        changed = true;
-      }
-    }
-  }
-  return nodes;
-}
-
 /** Every reader of the scaled value reads the original (logits or query) again. */
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
@@ -201,27 +197,4 @@ function rewire(graph: Graph, f: Factor): void {
       if (name === product) c.input[i] = f.logits;
     });
   }
-}
-
-/**
- * Removes the factor nodes, then the initializers (and, below IR 4, their graph inputs) and value_info
- * entries that only they used. Returns the initializer names removed.
- */
-function dropUnread(g: GraphProto, removed: Set<NodeProto>): Set<string> {
-  const candidates = new Set([...removed].flatMap((n) => n.input));
-  const produced = new Set([...removed].flatMap((n) => n.output));
-  g.node = g.node.filter((n) => !removed.has(n));
-  const read = new Set<string>(g.output.map((v) => v.name));
-  const collect = (nodes: NodeProto[]): void => {
-    for (const n of nodes) {
-      for (const i of n.input) read.add(i);
-      for (const sub of subgraphsOf(n)) collect(sub.node);
-    }
-  };
-  collect(g.node);
-  const drop = new Set([...candidates].filter((name) => !read.has(name) && g.initializer.some((t) => t.name === name)));
-  g.initializer = g.initializer.filter((t) => !drop.has(t.name));
-  g.input = g.input.filter((v) => !drop.has(v.name));
-  g.valueInfo = g.valueInfo.filter((v) => !produced.has(v.name));
-  return drop;
 }

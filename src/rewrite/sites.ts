@@ -7,27 +7,37 @@ import { AttentionSite, CallSite, Detection, PATCH_PREFIX, SkippedSoftmax } from
 import { FusedSite } from '../detect/fused';
 import { maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
-import { nodeLabel } from '../graph/graph';
+import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
-import { DataType, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
-import { chooseN, NMode, NOption, positionN } from '../policy/n-mode';
+import { chooseN, countsMasks, NChoice, NOption, positionN } from '../policy/n-mode';
+import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
-import { describePlan, insertFused, modeOf, planFor } from './fused';
-import { insertScale, ScaleContext } from './insert-scale';
+import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFor } from './fused';
+import { insertGroupScale, insertScale, ScaleContext } from './insert-scale';
+import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
+import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
 import { NSources } from './n-source';
+import { OpsetGuard } from './opset';
+import { insertPrior, thetaConstants, ThetaTensors } from './prior';
 import { SiteRecord } from './record';
 import { PatchedSite } from './report';
 
 export type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
 
 interface SiteResult { site: PatchedSite; record: SiteRecord }
-interface PatchedBody extends SiteResult { input: string }
+interface PatchedBody extends SiteResult { inputs: BodyInputs }
+
+/** What a site gets: s for its factor (absent for the none preset) and θ for its prior (if any). */
+export interface SiteParams { s?: LayerScale; theta?: LayerTheta }
+/** Inside a function body s and θ come in through function inputs, one set of constants per call. */
+interface BodyInputs { s?: string; theta?: ThetaTensors }
 
 /** Per graph: the shared builder for n and the context every Softmax site of the graph shares. */
-interface PatchContext { scope: Scope; ctx: ScaleContext }
+interface PatchContext { scope: Scope; ctx: ScaleContext; expansion: ExpansionShared }
 
 /** Patches sites one by one into the scopes of one model, and keeps the journal of every edit. */
 export class SitePatcher {
@@ -36,30 +46,32 @@ export class SitePatcher {
   private readonly bodies = new Map<object, PatchedBody>();
   private readonly byPath: Map<string, Scope>;
   private readonly originals: Map<Scope, NodeProto[]>;
+  private readonly opset: OpsetGuard;
 
-  constructor(private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
+  constructor(model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
     private readonly irVersion: number) {
+    this.opset = new OpsetGuard(model, scopes, this.journal);
     this.byPath = new Map(scopes.map((s) => [s.path, s]));
     this.originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
   }
 
-  patch(a: AnySite, s: LayerScale): SiteResult {
+  patch(a: AnySite, params: SiteParams): SiteResult {
     const scope = this.byPath.get(a.site.scope)!;
     const b = this.builder(scope, a.site.layer);
-    if (a.kind === 'softmax') return this.softmax(scope, b, a.site, s);
-    if (a.kind === 'fused') return this.fused(scope, b, a.site, s);
-    return this.call(b, a.site, s);
+    if (a.kind === 'softmax') return this.softmax(scope, b, a.site, params, this.constants(b, params));
+    if (a.kind === 'fused') return this.fused(scope, b, a.site, params, this.constants(b, params));
+    return this.call(b, a.site, params);
   }
 
   /** Sorts every scope and returns the journal; the original order is noted where the sort had to move a node. */
-  finish(): { journal: ScopeEdits[]; nSources: number } {
+  finish(): { journal: ScopeEdits[]; nSources: number; notes: string[] } {
     for (const scope of this.scopes) {
       const before = this.originals.get(scope)!;
       scope.commit();
       this.journal.keepOrder(scope.path, scope.graph, before);
     }
-    const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size, 0);
-    return { journal: this.journal.record(), nSources };
+    const nSources = [...this.contexts.values()].reduce((acc, c) => acc + c.ctx.sources.size + c.expansion.cache.size, 0);
+    return { journal: this.journal.record(), nSources, notes: this.opset.notes };
   }
 
   private builder(scope: Scope, layer: number | 'shared'): Builder {
@@ -70,87 +82,179 @@ export class SitePatcher {
     return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), { constantNodes });
   }
 
-  private context(scope: Scope): PatchContext {
-    let pc = this.contexts.get(scope.path);
-    if (!pc) {
-      const sources = new NSources(this.builder(scope, 'shared'), scope.shapes, scope.opset);
-      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes } };
-      this.contexts.set(scope.path, pc);
-    }
-    return pc;
-  }
-
-  private softmax(scope: Scope, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): SiteResult {
-    const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
-    const n = presetNeedsPositions(this.preset) ? positionN(this.option) : chooseN(this.option, uses, site.mask.reason);
-    const inserted = insertScale(this.context(scope).ctx, b, site, s, n, uses, sInput);
+  /** s and θ as constants of the site's own graph (the initializers a user fine-tunes). */
+  private constants(b: Builder, p: SiteParams): BodyInputs {
+    const s = p.s;
     return {
-      site: { ...describeSoftmax(site, n.mode, n.reason, s, inserted.sName), target: inserted.target, nShared: inserted.nKey },
-      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType, target: inserted.target,
-        logits: site.qkMatMul.output[0] },
+      s: s === undefined ? undefined : b.constant('s', DataType.FLOAT, Array.isArray(s) ? [s.length, 1, 1] : [], Array.isArray(s) ? s : [s]),
+      theta: p.theta ? thetaConstants(b, p.theta) : undefined,
     };
   }
 
-  private fused(scope: Scope, b: Builder, site: FusedSite, s: LayerScale, sInput?: string): SiteResult {
-    const { preset, option } = this;
-    const where = `${nodeLabel(site.node)} (${site.op})`;
-    if (preset.kind !== 'ssmax' || preset.b !== undefined) {
-      throw new InputError(`${where}: ${opt('preset', preset.kind)}${preset.kind === 'ssmax' ? ` with ${opt('b')}` : ''} is not supported on fused attention operators yet`);
+  private context(scope: Scope): PatchContext {
+    let pc = this.contexts.get(scope.path);
+    if (!pc) {
+      const shared = this.builder(scope, 'shared');
+      const sources = new NSources(shared, scope.shapes, scope.opset);
+      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
+        expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
+      this.contexts.set(scope.path, pc);
     }
-    if (option === 'mask') throw new InputError(`${where}: ${opt('n', 'mask')} needs the mask outside the kernel; use ${opt('n', 'auto')}`);
+    // The opset may have been raised since (opset.ts).
+    pc.ctx.opset = pc.expansion.opset = scope.opset;
+    return pc;
+  }
+
+  private softmax(scope: Scope, b: Builder, site: AttentionSite, p: SiteParams, inputs: BodyInputs): SiteResult {
+    const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
+    const n = this.preset.kind === 'none' ? { mode: 'none', reason: 'no factor (preset none)' }
+      : site.groupAxis !== undefined ? groupN(site.groupAxis)
+        : presetNeedsPositions(this.preset) ? positionN(this.option)
+          : chooseN(this.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
+    if (n.mode === 'causal' || n.mode === 'causal-padding') this.opset.ensure(scope, `layer ${site.layer}: per-row n (Range, CumSum)`);
+    const ctx = this.context(scope).ctx;
+    const inserted = n.mode === 'none' ? undefined : site.groupAxis !== undefined ? insertGroupScale(ctx, b, site, p.s!, inputs.s!)
+      : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
+    if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
+    const target = inserted?.target ?? 'logits';
+    const biases = uses.filter((u) => u.rule === 'additive' && (u.role === 'other' || gathersTable(scope.graph, u.tensor))).map((u) => `'${u.tensor}'`);
+    const notes = inputs.theta && biases.length
+      ? [`the model adds its own position bias (${biases.join(', ')}) after the content logits: the prior adds to it, and the factor scales content and prior only`] : [];
+    return {
+      site: { ...describeSoftmax(site, n.mode, n.reason, p, inputs), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}) },
+      record: {
+        layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s: p.s, sInitializer: inputs.s,
+        apply: inserted?.apply, factor: inserted?.factor, factorType: inserted?.factorType, target, logits: site.qkMatMul.output[0],
+        ...(inputs.theta ? { prior: inputs.theta } : {}),
+      },
+    };
+  }
+
+  private fused(scope: Scope, b: Builder, site: FusedSite, p: SiteParams, inputs: BodyInputs): SiteResult {
+    const { preset } = this;
+    const where = `${nodeLabel(site.node)} (${site.op})`;
+    // Presets defined on positions take the causal n, as at Softmax sites.
+    const option = presetNeedsPositions(preset) ? positionN(this.option).mode as NOption : this.option;
+    const params: ExpansionParams = { preset, s: p.s, sName: inputs.s, theta: inputs.theta };
+    if (site.expand) return this.expandedOnnx(scope, b, site, params);
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
-    const mode = modeOf(plan);
+    if (countsMasks(option) && plan.kind !== 'mask-index') {
+      throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
+    }
+    const mode = preset.kind === 'none' ? 'none' : modeOf(plan);
+    this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
-    const inserted = insertFused(b, site, s, plan, scope.opset, sInput);
+    let inserted: InsertedFused | undefined;
+    if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
+    else {
+      if (preset.kind !== 'none') inserted = insertFused(b, site, preset, p.s!, plan, scope.opset, inputs.s!);
+      if (inputs.theta) addFusedPrior(b, site, plan, { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows }, inputs.theta, scope.shapes, scope.opset);
+    }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
-    const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+    const nReason = preset.kind === 'none' ? 'no factor (preset none)'
+      : `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+    const expanded = plan.kind === 'mask-index';
     return {
       site: {
         node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
-        logitsRank: 4, logits, s, sInitializer: inserted.sName, ...(site.forced ? { deviation: site.deviation } : {}),
-        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        logitsRank: 4, logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.deviation } : {}),
+        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(expanded ? { expanded: EXPANSION_COST } : {}),
+        ...(inputs.theta ? { prior: inputs.theta } : {}),
       },
-      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, s, sInitializer: inserted.sName,
-        apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, ...factorRecord(p, inputs, inserted),
+        ...(expanded ? { expanded: { heads: site.heads.heads } } : {}), ...(inputs.theta ? { prior: inputs.theta } : {}) },
     };
   }
 
-  /** One function used by N layers gets N independent s values: each call passes its own. */
-  private call(b: Builder, call: CallSite, s: LayerScale): SiteResult {
-    const fnScope = this.byPath.get(call.inner.scope)!;
-    const body = this.bodies.get(call.inner) ?? this.patchBody(fnScope, call, s);
-    const position = fnScope.graph.proto.input.findIndex((v) => v.name === body.input);
-    const perHead = Array.isArray(s);
-    const sName = b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
-    b.rewire(call.call, position, sName);
-    const node = `${nodeLabel(call.call)} → ${body.site.node}`;
-    const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s, sInitializer: sName,
-      rule: `call/function → ${body.site.rule}` };
-    return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s, sInitializer: sName } };
+  /** ONNX Attention whose factor cannot go on Q: expanded, the factor on the logits after the cap. */
+  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, params: ExpansionParams): SiteResult {
+    this.opset.ensure(scope, `${nodeLabel(site.node)} (${site.op})`);
+    const keys = this.option === 'keys' && !presetNeedsPositions(this.preset);
+    const inserted = expandOnnxAttention(b, scope.shapes, site, params, scope.opset, keys);
+    const nReason = params.preset.kind === 'none' ? 'no factor (preset none)' : keys ? 'n mode keys as asked; n = Tk'
+      : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: n = keys each row may see under the attention's mask, causal mask and nonpad lengths (bias entries above −9000)`;
+    const n = params.preset.kind === 'none' ? 'none' : inserted.mode;
+    return {
+      site: {
+        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n, nReason,
+        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: 4, logits: inserted.factor,
+        s: params.s ?? null, sInitializer: params.sName ?? '', target: 'logits', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
+        expanded: `${ONNX_EXPANSION_COST} (${site.expand})`, ...(params.theta ? { prior: params.theta } : {}),
+      },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n,
+        ...factorRecord({ s: params.s }, { s: params.sName }, inserted), expanded: { heads: site.heads.heads },
+        ...(params.theta ? { prior: params.theta } : {}) },
+    };
   }
 
-  private patchBody(fnScope: Scope, call: CallSite, s: LayerScale): PatchedBody {
-    const input = fnScope.graph.uniqueName(`ssmax_s_${call.inner.layer}`);
+  /** One function used by N layers gets N independent s (and θ) values: each call passes its own. */
+  private call(b: Builder, call: CallSite, p: SiteParams): SiteResult {
+    const fnScope = this.byPath.get(call.inner.scope)!;
+    const body = this.bodies.get(call.inner) ?? this.patchBody(fnScope, call, p);
+    const given = this.constants(b, p);
+    const pass = (input: string | undefined, value: string | undefined): void => {
+      if (input === undefined || value === undefined) return;
+      b.rewire(call.call, fnScope.graph.proto.input.findIndex((v) => v.name === input), value);
+    };
+    pass(body.inputs.s, given.s);
+    for (const t of THETAS) pass(body.inputs.theta?.[t], given.theta?.[t]);
+    const node = `${nodeLabel(call.call)} → ${body.site.node}`;
+    const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s: p.s ?? null,
+      sInitializer: given.s ?? '', rule: `call/function → ${body.site.rule}`, ...(given.theta ? { prior: given.theta } : {}) };
+    return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s: p.s, sInitializer: given.s,
+      ...(given.theta ? { prior: given.theta } : {}) } };
+  }
+
+  private patchBody(fnScope: Scope, call: CallSite, p: SiteParams): PatchedBody {
     const bb = this.builder(fnScope, call.inner.layer);
-    bb.editor.addInput({ name: input });
+    const input = (name: string): string => {
+      const v = fnScope.graph.uniqueName(`ssmax_${name}_${call.inner.layer}`);
+      bb.editor.addInput({ name: v });
+      return v;
+    };
+    const inputs: BodyInputs = {};
+    if (p.s !== undefined) inputs.s = input('s');
+    if (p.theta) inputs.theta = Object.fromEntries(THETAS.map((t) => [t, input(`theta_${t}`)])) as ThetaTensors;
     // Function inputs are untyped: a Reshape gives s its rank, so shapes downstream of the factor stay known.
-    const sRanked = bb.op('Reshape', [input, bb.int64('s_shape', Array.isArray(s) ? [-1, 1, 1] : [])], {}, 's_ranked');
+    const ranked: BodyInputs = {
+      ...inputs, s: inputs.s && bb.op('Reshape', [inputs.s, bb.int64('s_shape', Array.isArray(p.s) ? [-1, 1, 1] : [])], {}, 's_ranked'),
+    };
     const inner = 'softmax' in call.inner
-      ? this.softmax(fnScope, bb, call.inner, s, sRanked)
-      : this.fused(fnScope, bb, call.inner, s, sRanked);
-    const body = { input, ...inner };
+      ? this.softmax(fnScope, bb, call.inner, p, ranked)
+      : this.fused(fnScope, bb, call.inner, p, ranked);
+    const body = { inputs, ...inner };
     this.bodies.set(call.inner, body);
     return body;
   }
 }
 
-function describeSoftmax(site: AttentionSite, n: NMode, nReason: string, s: LayerScale, sInitializer: string): Omit<PatchedSite, 'target' | 'nShared'> {
+/** n of an opset < 13 Softmax over logits of unknown rank: the size of the group it normalises. */
+function groupN(axis: number): NChoice {
+  return { mode: 'keys', reason: `the Softmax (opset < 13, axis ${axis}, logits of unknown rank) normalises the axes from ${axis} on as one `
+    + 'group: n = its size, read at run time (Tk for [Tq, Tk] logits)' };
+}
+
+/** T5-style position biases gather a learned [buckets, heads] table (ALiBi-style ones come from constants alone). */
+function gathersTable(graph: Graph, tensor: string): boolean {
+  return graph.query.first('bias-table', tensor, (_t, p) => {
+    const table = p?.opType === 'Gather' ? graph.initializers.get(p.input[0]) : undefined;
+    return table && table.dims.length === 2 && table.dataType !== DataType.INT64 ? true : undefined;
+  }) ?? false;
+}
+
+/** The record's factor fields: absent for the none preset (no factor was inserted). */
+function factorRecord(p: SiteParams, inputs: BodyInputs, inserted: InsertedFused | undefined): Partial<SiteRecord> {
+  if (p.s === undefined || !inserted?.apply) return {};
+  return { s: p.s, sInitializer: inputs.s, apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType };
+}
+
+function describeSoftmax(site: AttentionSite, n: string, nReason: string, p: SiteParams, inputs: BodyInputs): Omit<PatchedSite, 'target' | 'nShared'> {
   return {
     node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
     headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
-    logits: site.logits, s, sInitializer, ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
+    logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
+    ...(inputs.theta ? { prior: inputs.theta } : {}),
   };
 }
 
@@ -169,11 +273,11 @@ export function orderedSites(d: Detection, scopes: Scope[]): AnySite[] {
 }
 
 /**
- * s for every site. Layers are numbered per graph, so a per-layer s file gives row k to layer k of every graph
- * that holds attention (e.g. both branches of an If, or the init and step decoders of a GreedySearch).
- * Refused attention keeps its layer number: its row is read and not used.
+ * One row per site from per-layer rows of each graph. Layers are numbered per graph, so a per-layer file gives row
+ * k to layer k of every graph that holds attention (e.g. both branches of an If, or the init and step decoders of a
+ * GreedySearch). Refused attention keeps its layer number: its row is read and not used.
  */
-export function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: SkippedSoftmax[]): LayerScale[] {
+function rowsForSites<T>(sites: AnySite[], skipped: SkippedSoftmax[], rowsOf: (heads: (number | undefined)[]) => T[]): T[] {
   const heads = new Map<string, (number | undefined)[]>();
   const slot = (scope: string, layer: number, h: number | undefined): void => {
     const list = heads.get(scope) ?? [];
@@ -183,22 +287,38 @@ export function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: Skipp
   };
   for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
   for (const a of sites) slot(a.site.scope, a.site.layer, headsOf(a));
-  const rows = new Map<string, LayerScale[]>();
+  const rows = new Map<string, T[]>();
   for (const [scope, list] of heads) {
     try {
-      rows.set(scope, scalesForLayers(spec, list));
+      rows.set(scope, rowsOf(list));
     } catch (e) {
       if (e instanceof InputError && scope !== 'main') throw new InputError(`${scope}: ${e.raw}`);
       throw e;
     }
   }
-  return sites.map((a) => {
-    const row = rows.get(a.site.scope)![a.site.layer];
+  return sites.map((a) => rows.get(a.site.scope)![a.site.layer]);
+}
+
+const headsReason = (a: AnySite): string => (a.kind === 'call' ? a.site.inner.heads.reason : a.site.heads.reason);
+const where = (a: AnySite): string => `layer ${a.site.layer}${a.site.scope === 'main' ? '' : ` of ${a.site.scope}`}`;
+
+/** s for every site, checked against each layer's head count where per-head s is given. */
+export function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: SkippedSoftmax[]): LayerScale[] {
+  const rows = rowsForSites(sites, skipped, (heads) => scalesForLayers(spec, heads));
+  return sites.map((a, i) => {
+    const row = rows[i];
     if (Array.isArray(row) && row.length > 1 && headsOf(a) === undefined) {
-      const why = a.kind === 'call' ? a.site.inner.heads.reason : a.site.heads.reason;
-      const where = a.site.scope === 'main' ? '' : ` of ${a.site.scope}`;
-      throw new InputError(`layer ${a.site.layer}${where}: per-head s given, but the head count is unknown (${why}); give one s for the layer`);
+      throw new InputError(`${where(a)}: per-head s given, but the head count is unknown (${headsReason(a)}); give one s for the layer`);
     }
     return row;
+  });
+}
+
+/** θ of a positional prior for every site: one value per head, so the head count must be known. */
+export function thetasForSites(prior: PriorSpec, sites: AnySite[], skipped: SkippedSoftmax[]): LayerTheta[] {
+  const rows = rowsForSites(sites, skipped, (heads) => thetasForLayers(prior, heads));
+  return sites.map((a, i) => {
+    if (!rows[i]) throw new InputError(`${where(a)}: a positional prior needs the head count (${headsReason(a)})`);
+    return rows[i]!;
   });
 }

@@ -4,7 +4,8 @@
  * every node), the factors are found from the graph.
  */
 import { CallSite, defaultOpset, Detection, SkippedSoftmax } from '../detect/find-attention';
-import { InputError } from '../errors';
+import { InputError, opt } from '../errors';
+import { THETAS } from '../policy/prior';
 import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { makeTensor } from '../graph/tensor';
@@ -12,37 +13,73 @@ import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { PatchPlan } from '../policy/plan';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Factor } from './existing';
-import { findScaleTensor, PatchRecord, readRecord, writeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, SiteRecord, writeRecord } from './record';
 import { PatchedSite, PatchReport } from './report';
-import { AnySite, headsOf, orderedSites, scalesForSites, siteNode } from './sites';
+import { AnySite, headsOf, orderedSites, scalesForSites, siteNode, thetasForSites } from './sites';
 
-/** The record's sites get the s the plan gives their layers; the record notes the new s and train length. */
+/**
+ * The record's sites get the s (and θ) the plan gives their layers, in place; the record notes the new s, train
+ * length and prior. Sites whose operator the patch expanded are found by the record alone (their node is gone).
+ */
 export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: Detection, record: PatchRecord, plan: PatchPlan): PatchReport {
   if (record.preset !== plan.preset.kind) {
     throw new InputError(`the model is patched with the ${record.preset} preset; an update keeps it: give no other preset, or revert and patch again`);
   }
+  if (plan.prior && !record.prior) throw new InputError(`the patch has no positional prior to update: revert and patch again with ${opt('prior')}`);
   const all = orderedSites(detection, scopes);
-  const scales = scalesForSites(plan.spec, all, detection.skipped);
-  const byLayer = new Map(all.map((a, i) => [`${a.site.scope}|${a.site.layer}`, { a, s: scales[i] }]));
+  const rows = plan.spec && layerScales(plan.spec, all, record, detection.skipped);
+  const thetas = plan.prior && thetasForSites(plan.prior, all, detection.skipped);
+  const byLayer = new Map(all.map((a, i) => [`${a.site.scope}|${a.site.layer}`, i]));
   const graphOf = new Map(scopes.map((s) => [s.path, s.graph]));
   const sites = record.sites.map((rec): PatchedSite => {
     const scope = rec.scope ?? 'main';
-    const found = byLayer.get(`${scope}|${rec.layer}`);
-    if (!found) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
-    replaceScale(graphOf.get(scope)!, rec.sInitializer, found.s, rec.layer);
-    rec.s = found.s;
-    return updatedSite(found.a, found.s, rec.sInitializer, rec.n, rec.target);
+    const i = byLayer.get(`${scope}|${rec.layer}`);
+    if (i === undefined && !rec.expanded) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
+    const graph = graphOf.get(scope)!;
+    if (rows && rec.sInitializer) {
+      const s = rows.get(scope)![rec.layer];
+      replaceScale(graph, rec.sInitializer, s, rec.layer);
+      rec.s = s;
+    }
+    if (thetas && rec.prior && i !== undefined) for (const t of THETAS) replaceValues(graph, rec.prior[t], [thetas[i][t].length], thetas[i][t], rec.layer, `theta_${t}`);
+    return i !== undefined ? updatedSite(all[i], rec.s ?? null, rec.sInitializer ?? '', rec.n, rec.target) : expandedSite(rec, rec.s ?? null);
   });
-  record.scale = describeSpec(plan.spec);
-  record.trainLen = plan.trainLen;
+  if (plan.spec) {
+    record.scale = describeSpec(plan.spec);
+    record.trainLen = plan.trainLen;
+  }
+  if (plan.prior) record.prior = { kind: plan.prior.kind, from: plan.prior.from };
   if (plan.preset.kind === 'llama4') record.attnScale = plan.preset.attnScale;
   writeRecord(model, record);
   return report(model, sites, detection.skipped, record.preset);
 }
 
+/** s per layer of each scope, head counts from the sites found and from the record's expanded sites. */
+function layerScales(spec: ScaleSpec, all: AnySite[], record: PatchRecord, skipped: SkippedSoftmax[]): Map<string, LayerScale[]> {
+  const heads = new Map<string, (number | undefined)[]>();
+  const slot = (scope: string, layer: number, h: number | undefined): void => {
+    const list = heads.get(scope) ?? [];
+    while (list.length <= layer) list.push(undefined);
+    list[layer] = h;
+    heads.set(scope, list);
+  };
+  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
+  for (const a of all) slot(a.site.scope, a.site.layer, headsOf(a));
+  for (const rec of record.sites) if (rec.expanded) slot(rec.scope ?? 'main', rec.layer, rec.expanded.heads);
+  return new Map([...heads].map(([scope, list]) => [scope, scalesForLayers(spec, list)]));
+}
+
+function expandedSite(rec: SiteRecord, s: LayerScale | null): PatchedSite {
+  return {
+    node: rec.softmax, layer: rec.layer, scope: rec.scope ?? 'main', kind: rec.kind ?? 'fused', n: rec.n, nReason: 'kept from the earlier patch',
+    heads: rec.expanded?.heads ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '', s, sInitializer: rec.sInitializer ?? '',
+    target: rec.target ?? 'query', nShared: 'unchanged', expanded: 'expanded by the earlier patch',
+  };
+}
+
 /** Sites patched by this tool whose record is gone: the inserted apply nodes are found by their names. */
 export function updateByNames(model: ModelProto, scopes: Scope[], detection: Detection, sites: AnySite[], plan: PatchPlan): PatchReport {
-  const scales = scalesForSites(plan.spec, sites, []);
+  const scales = scalesForSites(specOf(plan), sites, []);
   const record = readRecord(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const out = sites.map((a, i): PatchedSite => {
@@ -80,10 +117,16 @@ export function describeSpec(spec: ScaleSpec): string {
 }
 
 function report(model: ModelProto, sites: PatchedSite[], skipped: SkippedSoftmax[], preset: PatchReport['preset']): PatchReport {
-  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0 };
+  return { sites, skipped, updated: true, opset: defaultOpset(model), irVersion: toNumber(model.irVersion), preset, nSources: 0, notes: [] };
 }
 
-function updatedSite(a: AnySite, s: LayerScale, sInitializer: string, n: string, target: PatchedSite['target'] = 'logits'): PatchedSite {
+/** Without the record, only s can be found (from the structure of each factor). */
+export function specOf(plan: PatchPlan): ScaleSpec {
+  if (plan.prior) throw new InputError(`updating a prior needs the patch record (it is gone): revert and patch again`);
+  return plan.spec!;
+}
+
+function updatedSite(a: AnySite, s: LayerScale | null, sInitializer: string, n: string, target: PatchedSite['target'] = 'logits'): PatchedSite {
   return {
     node: siteNode(a), layer: a.site.layer, scope: a.site.scope,
     kind: a.kind === 'softmax' ? 'Softmax' : a.kind === 'fused' ? a.site.op : `call ${a.site.fn.name}`,
@@ -97,16 +140,20 @@ export class StaleRecord extends InputError {}
 
 /** Replaces an s initializer (of this graph or an enclosing one) with the new values, same shape. */
 function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number): void {
+  replaceValues(graph, name, Array.isArray(s) ? [s.length, 1, 1] : [], s, layer, 's');
+}
+
+/** Replaces the values of a float initializer in place; its shape must stay. */
+function replaceValues(graph: Graph, name: string, dims: number[], values: number | number[], layer: number, what: string): void {
   const old = graph.initializers.get(name);
-  if (!old) throw new StaleRecord(`layer ${layer}: its s initializer '${name}' is not in the model (renamed after patching?)`);
-  const dims = Array.isArray(s) ? [s.length, 1, 1] : [];
+  if (!old) throw new StaleRecord(`layer ${layer}: its initializer '${name}' is not in the model (renamed after patching?)`);
   if (old.dims.map(toNumber).join() !== dims.join()) {
-    throw new InputError(`layer ${layer}: cannot change s from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
+    throw new InputError(`layer ${layer}: cannot change ${what} from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
   }
   // The initializer may belong to an enclosing graph.
   let owner: Graph | undefined = graph;
   while (owner && !owner.proto.initializer.includes(old)) owner = owner.parent;
-  owner!.replaceInitializer(makeTensor(name, DataType.FLOAT, dims, Array.isArray(s) ? s : [s]));
+  owner!.replaceInitializer(makeTensor(name, DataType.FLOAT, dims, Array.isArray(values) ? values : [values]));
 }
 
 function callScaleName(call: CallSite, byPath: Map<string, Scope>, apply: NodeProto): string | null {

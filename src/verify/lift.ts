@@ -42,7 +42,10 @@ export async function liftedProbes(original: ModelProto, patched: ModelProto, op
   });
   for (const [root, indices] of groups) {
     const results = await liftOne(original, patched, record, root, options, verify, labels);
-    indices.forEach((i) => out.set(i, typeof results === 'string' ? results : results.get(i) ?? 'the lifted graph\'s probe did not reach it'));
+    const missing = (i: number): string => (record.sites[i].expanded
+      ? 'expanded into its definition; the probe does not read the expanded nodes (wiring parity covers it)'
+      : 'the lifted graph\'s probe did not reach it');
+    indices.forEach((i) => out.set(i, typeof results === 'string' ? results : results.get(i) ?? missing(i)));
   }
   return out;
 }

@@ -14,7 +14,8 @@ import { nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
-import { countsMasks } from '../policy/n-mode';
+import { countsMasks, NMode } from '../policy/n-mode';
+import { planFor } from '../rewrite/fused';
 import { Exposer, Unexposable } from './expose';
 import { lastRow, node, PREFIX } from './nodes';
 import { VerifySite } from './sites';
@@ -31,6 +32,8 @@ export interface ProbeOutputs {
   values?: Map<number, string>;
   /** Element type of what the probe reads after the factor, for its rounding tolerance. */
   type?: number;
+  /** The positional prior: what its Add read (absent: nothing, a fused operator without a bias) and what it made. */
+  prior?: { before?: string; after: string; type?: number };
 }
 
 /** Per site: its outputs, why the site cannot be seen (`unprobed`), or what is wrong with it (`problem`). */
@@ -47,6 +50,7 @@ class Problem extends Error {}
 
 function wire(x: Exposer, site: VerifySite, rows: 'all' | 'last'): ProbeWiring {
   const t = site.tensors;
+  if (site.unprobed) return { unprobed: site.unprobed };
   if (!t) return { problem: site.problem ?? `${site.label}: not found` };
   const scope = x.scope(t.scope);
   const consumer = scope?.graph.nodes.find((n) => nodeKey(n) === t.consumer);
@@ -78,10 +82,12 @@ type Out = (tensor: string, name: string) => string;
 function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: NodeProto, rows: 'all' | 'last', out: Out): ProbeOutputs {
   const t = site.tensors!;
   const g = scope.graph;
-  const actual = consumer.input[t.input];
+  const actual = t.after ?? consumer.input[t.input];
   const query = site.record.target === 'query';
-  const before = rows === 'last' ? slice(x, scope, t.before) : t.before;
-  const after = rows === 'last' ? slice(x, scope, actual) : actual;
+  const lastOf = (tensor: string): string => (rows === 'last' ? slice(x, scope, tensor) : tensor);
+  const before = lastOf(t.before);
+  const after = lastOf(actual);
+  const prior = t.prior ? { before: out(lastOf(t.prior.before), 'prior_before'), after: out(lastOf(t.prior.after), 'prior_after'), type: scope.shapes.type(t.prior.after) } : undefined;
   let keys: string | undefined;
   if (query) {
     const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/qk_shape`);
@@ -92,7 +98,7 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
   const wantMasked = countsMasks(site.record.n) && softmax;
   return {
-    type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}),
+    type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
     ...(wantMasked ? { masked: out(rows === 'last' ? slice(x, scope, softmax.input[0]) : softmax.input[0], 'masked') } : {}),
   };
 }
@@ -107,7 +113,8 @@ function slice(x: Exposer, scope: Scope, tensor: string): string {
 function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: Scope, out: Out): ProbeOutputs {
   const t = site.tensors!, f = site.fused!;
   const g = scope.graph;
-  const terms: Term[] = [...termsOf(f.n), { input: f.queryLength.input, axis: f.queryLength.axis }];
+  // The plan the patch used for the recorded n mode (keys on a causal operator reads other inputs than its own plan).
+  const terms: Term[] = [...termsOf(planFor(f, site.record.n as NMode)), { input: f.queryLength.input, axis: f.queryLength.axis }];
   const shapes = new Map<number, string>(), values = new Map<number, string>();
   for (const term of terms) {
     const input = consumer.input[term.input];
@@ -121,9 +128,12 @@ function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: 
     }
   }
   const bias = t.bias ? { before: out(t.bias.from, 'bias_before'), after: out(consumer.input[t.bias.input], 'bias_after') } : undefined;
+  const prior = t.prior ? {
+    ...(t.prior.before ? { before: out(t.prior.before, 'prior_before') } : {}), after: out(t.prior.after, 'prior_after'), type: scope.shapes.type(t.prior.after),
+  } : undefined;
   return {
     type: scope.shapes.type(consumer.input[t.input]),
-    before: out(t.before, 'before'), after: out(consumer.input[t.input], 'after'), shapes, values, ...(bias ? { bias } : {}),
+    before: out(t.before || t.prior!.after, 'before'), after: out(consumer.input[t.input], 'after'), shapes, values, ...(bias ? { bias } : {}), ...(prior ? { prior } : {}),
   };
 }
 
@@ -132,5 +142,6 @@ function termsOf(plan: NPlan): Term[] {
     case 'keys': case 'causal': return plan.tk;
     case 'causal-offset': return [...plan.tk, ...plan.offset];
     case 'lengths': return [{ input: plan.lengths, value: true }, ...(plan.promptTotal !== undefined ? [{ input: plan.promptTotal, value: true as const }] : [])];
+    case 'mask-index': return [];
   }
 }

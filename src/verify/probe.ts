@@ -7,7 +7,8 @@
  * with c from the preset's own formula (factorValue), s of head h as the model's initializer holds it, and n of
  * batch item b and row i from the site's n mode (keys: n = Tk; causal: n_i = Tk − Tq + i + 1, also with a
  * cache; modes counted from masks: the keys the row's Softmax input leaves visible; fused operators: the n plan
- * of the operator's inputs). `prior` is an additive term a patch may add to the logits (none so far).
+ * of the operator's inputs). `prior` is the positional prior B the patch adds (BAM's formula with θ as the model
+ * holds it); a prior added to a fused operator's bias is probed as after = before + c·B (preset none, prior c·B).
  * Entries are compared as after ≈ c·before, never by dividing, so logits near 0 cannot produce a false ratio.
  * When a site fails, the probe names the wiring its numbers do match: the other n mode, n = Tq, 2n, n + 1,
  * per-head s reversed, the factor indexed by key, another layer's s, the factor applied twice, or no factor.
@@ -31,6 +32,8 @@ export interface ProbeSiteResult {
   message?: string;
   /** The wirings the numbers match instead, when the site fails. */
   matches?: string[];
+  /** This result is of the site's positional prior (after its Add = before + c·B), not of its factor. */
+  prior?: boolean;
 }
 
 /** One run's tensors of a site arranged as blocks × rows × cols (index (g·rows + i)·cols + j). */
@@ -54,10 +57,12 @@ export interface ProbeView {
   colsAreKeys: boolean;
   /** How a block is named in messages (`head 3`, or `block 2` when heads are out of view). */
   where(g: number, i: number): string;
+  /** The query's absolute position (past length + row) of block g's row i, where a prior needs it. */
+  pos?(g: number, i: number): number;
 }
 
-/** An additive term the patch adds to the logits before its factor, per batch item, head, row and key. */
-export type Prior = (b: number, h: number, i: number, j: number) => number;
+/** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
+export type Prior = (v: ProbeView, g: number, i: number, j: number) => number;
 
 interface Hypothesis {
   name: string;
@@ -82,6 +87,8 @@ export interface ProbeSubject {
   /** Rounding of a dot product relative to its row's largest entry (float32 1e-6: a factor on the query is a separately rounded product). */
   rowEps?: number;
   prior?: Prior;
+  /** The subject is a prior's Add (after = before + prior): failures are described by what was added. */
+  additive?: boolean;
 }
 
 /** Collects a site's tensors over every run, then judges them. */
@@ -162,7 +169,7 @@ export class SiteProbe {
     const offset = (g * v.rows + i) * v.cols;
     const b = v.before, a = v.after;
     const prior = this.subject.prior;
-    const base = (j: number): number => (prior ? b[offset + j] + prior(v.batch(g), v.head(g), v.row(i), j) : b[offset + j]);
+    const base = (j: number): number => (prior ? b[offset + j] + prior(v, g, i, j) : b[offset + j]);
     let top = -1, topAbs = 0;
     for (let j = 0; j < v.cols; j++) {
       const x = Math.abs(base(j));
@@ -174,20 +181,30 @@ export class SiteProbe {
       const x = base(j), y = a[offset + j];
       if (!Number.isFinite(x)) continue;
       this.entries++;
+      // Each term carries its own rounding: a sum that cancels keeps the error of its larger term.
+      const magnitude = prior ? Math.abs(b[offset + j]) + Math.abs(x - b[offset + j]) : Math.abs(x);
       for (const h of hypotheses) {
         if (!h.fits && h !== declared) continue;
         const c = h.factor(v, g, i, j);
         const expected = c * x;
-        const ok = Math.abs(y - expected) <= this.subject.rtol * Math.abs(expected) + (this.subject.rowEps ?? 1e-6) * Math.abs(c) * topAbs + 1e-30;
+        const ok = Math.abs(y - expected) <= this.subject.rtol * Math.abs(c) * magnitude + (this.subject.rowEps ?? 1e-6) * Math.abs(c) * topAbs + 1e-30;
         if (h === declared) {
           if (!ok) rowFails = true;
+          if (!ok && this.subject.additive) this.describeAddition(v, g, i, j, y - b[offset + j], x - b[offset + j]);
           const rel = Math.abs(y - expected) / Math.abs(expected);
           if (Math.abs(x) >= 1e-3 * topAbs && expected !== 0 && Number.isFinite(y)) this.maxRel = Math.max(this.maxRel, rel);
         } else if (!ok) h.fits = false;
       }
     }
     if (rowFails) declared.fits = false;
-    if (top >= 0) this.describeRow(v, g, i, top, topAbs, rowFails, base);
+    if (top >= 0 && !this.subject.additive) this.describeRow(v, g, i, top, topAbs, rowFails, base);
+  }
+
+  private describeAddition(v: ProbeView, g: number, i: number, j: number, added: number, expected: number): void {
+    const score = Math.abs(added - expected) / Math.max(Math.abs(expected), 1e-12);
+    if (this.worst && score <= this.worst.score) return;
+    const d = v.pos ? `, d = j − i = ${j - v.pos(g, i)}` : '';
+    this.worst = { score, text: `${v.where(g, i)} key ${j}: the prior added ${fmt(added)}, expected c·B = ${fmt(expected)} (n = ${v.n(g, i)}${d})` };
   }
 
   private describeRow(v: ProbeView, g: number, i: number, top: number, topAbs: number, rowFails: boolean, base: (j: number) => number): void {
@@ -219,12 +236,14 @@ export class SiteProbe {
   result(): ProbeSiteResult {
     const { layer, scope, label, n } = this.subject;
     const s = this.subject.s.length === 1 ? this.subject.s[0] : this.subject.s;
-    const base = { layer, ...(scope && scope !== 'main' ? { scope } : {}), site: label, n, s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel };
+    const base = { layer, ...(scope && scope !== 'main' ? { scope } : {}), site: label, n, s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel,
+      ...(this.subject.additive ? { prior: true } : {}) };
     if (this.problem) return { ...base, passed: false, message: `${label}: ${this.problem}` };
     if (this.entries === 0) return { ...base, passed: false, message: `${label}: no finite values to check` };
     if (this.hypotheses[0].fits) return { ...base, passed: true };
     const alternatives = [...this.tried].filter((name) => !this.rejected.has(name));
     const matches = [...alternatives, ...this.hypotheses.slice(1).filter((h) => h.fits).map((h) => h.name)];
+    if (this.subject.additive) return { ...base, passed: false, message: `${label}: ${this.worst?.text ?? 'mismatch'}; c·B recomputed from θ as the model holds it` };
     const example = this.varying?.text ?? this.worst?.text ?? 'mismatch';
     const pattern = matches.length ? `matches ${matches.join(' or ')}`
       : this.varying ? 'the factor varies along a row: it must be constant within a row (a [Tq,1] column, not a [1,Tk] row)'

@@ -73,13 +73,14 @@ export interface SessionReport {
 export interface VerifyReport {
   /** No check failed, and with strict, nothing was left unverified. */
   passed: boolean;
-  strict: boolean;
+  /** Whether the verification ran with strict (then `passed` also needs `unverified` empty). */
+  strictMode: boolean;
   /** Everything left unverified: skipped checks, unprobed sites, refused attention (each fails --strict). */
   unverified: string[];
   /** The preset the patch was made with, as its record says. */
   preset: string;
   /** Attention in the original that the patch refused (each fails --strict). */
-  refused: string[];
+  refusedAttention: string[];
   trainLen?: number;
   /** Where L came from: the patch record, --train-len, or the length at which the mean s gives factor 1. */
   trainLenSource: string;

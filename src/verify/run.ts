@@ -1,6 +1,7 @@
 /** onnxruntime-node sessions: one per model variant, created once and reused across every run and check. */
 import * as os from 'node:os';
-import * as ort from 'onnxruntime-node';
+import type * as ort from 'onnxruntime-node';
+import { onnxruntime } from '../onnxruntime';
 import { encodeModel, ModelProto } from '../io/onnx';
 import { Feeds, HostTensor, hostValues } from './tensors';
 
@@ -30,7 +31,7 @@ export class Runner {
       logSeverityLevel: 4, intraOpNumThreads: Math.max(1, threads), graphOptimizationLevel: optimization, enableCpuMemArena: false,
       enableMemPattern: false, extra: { session: { disable_prepacking: '1' } },
     };
-    const session = typeof model === 'string' ? await ort.InferenceSession.create(model, options) : await ort.InferenceSession.create(model, options);
+    const session = typeof model === 'string' ? await onnxruntime().InferenceSession.create(model, options) : await onnxruntime().InferenceSession.create(model, options);
     return new Runner(session, label, performance.now() - start);
   }
 
@@ -67,5 +68,5 @@ export class Runner {
 }
 
 function toOrt(t: HostTensor): ort.Tensor {
-  return new ort.Tensor(t.type, t.data as never, t.dims);
+  return new (onnxruntime().Tensor)(t.type, t.data as never, t.dims);
 }

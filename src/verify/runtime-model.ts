@@ -5,9 +5,10 @@
  * has its factors found from the main graph's structure. The files on disk are never touched.
  */
 import { Graph } from '../graph/graph';
+import { makeTensor } from '../graph/tensor';
 import { modelScopes, Scope } from '../graph/scopes';
 import { readsOf, topoSort } from '../graph/toposort';
-import { DataType, ModelProto, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { findFactors } from '../rewrite/existing';
 import { cloneModel } from '../rewrite/patch';
 import { readRecord } from '../rewrite/record';
@@ -33,8 +34,10 @@ export function forceUnitFactor(model: ModelProto): ModelProto {
     // A site the model no longer has as its journal says is left as it is: the probe fails it, naming it.
     for (const site of findSites(model, scopes, record, null)) {
       const t = site.tensors;
-      const scope = t && byPath.get(t.scope);
-      const apply = scope?.graph.nodes.find((n) => n.name === t!.apply);
+      // An expanded operator's factor is among the nodes that replaced it, in the site's own graph.
+      const scope = t ? byPath.get(t.scope) : site.record.expanded ? byPath.get(site.record.scope ?? 'main') : undefined;
+      const name = t ? t.apply : site.record.apply;
+      const apply = name ? scope?.graph.nodes.find((n) => n.name === name) : undefined;
       if (scope && apply) applies.push({ scope, apply });
     }
   } else {
@@ -44,6 +47,10 @@ export function forceUnitFactor(model: ModelProto): ModelProto {
   for (const { scope, apply } of applies) {
     replaceFactor(scope, apply);
     touched.add(scope);
+  }
+  for (const site of record?.sites ?? []) {
+    const scope = byPath.get(site.scope ?? 'main');
+    if (site.prior && scope) neutralPrior(scope, site.prior);
   }
   const inserted = insertedNodes(model, record?.journal);
   for (const scope of touched) {
@@ -72,6 +79,20 @@ function replaceFactor(scope: Scope, apply: NodeProto): void {
       if (name === factor) graph.setInput(reader, i, value);
     });
   }
+}
+
+/**
+ * θ = 0 at every head: B = −(|d − μ| + 1e-5)^0 = −1 everywhere, a constant a Softmax does not see, so the wiring
+ * copy computes what the original did (up to rounding) whatever θ the model was fine-tuned to.
+ */
+function neutralPrior(scope: Scope, theta: Record<string, string>): void {
+  for (const name of Object.values(theta)) {
+    const t = scope.graph.initializers.get(name);
+    if (!t) continue;
+    const dims = (t.dims ?? []).map(toNumber);
+    scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(0)));
+  }
+  scope.commit();
 }
 
 /** Names of the nodes the patch inserted, per scope path (the journal's), or the factors' nodes without one. */

@@ -86,7 +86,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   const preset = recordedPreset(record);
   const { sites, refused } = siteSetup(original, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
-  const identity = identityOf(preset, L, known);
+  const identity = identityOf(preset, L, known, sites);
   const plan = makePlan({
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast,
@@ -95,7 +95,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
     record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source,
-    identity, liveFrom: identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
+    identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
@@ -188,23 +188,28 @@ function trainLength(option: number | undefined, record: PatchRecord, preset: Pr
   if (preset.kind === 'llama4') return { L: preset.floorScale, known: true, source: 'llama4: floor_scale, below which the factor is 1' };
   if (record.trainLen) return { L: record.trainLen, known: true, source: 'the patch record' };
   const all = sites.flatMap((s) => s.s);
-  const mean = all.length ? all.reduce((a, b) => a + b, 0) / all.length : 1;
+  // The none preset has no s: the sweep is centred where a default retrofit would put it.
+  if (all.length === 0) return { L: 256, known: false, source: 'no factor (the none preset): the sweep is centred on 256' };
+  const mean = all.reduce((a, b) => a + b, 0) / all.length;
   const L = Math.min(1 << 20, Math.max(2, Math.round(Math.exp(1 / mean))));
   return { L, known: false, source: `factor 1 at n = e^(1/s) for the mean s ${mean.toPrecision(3)}` };
 }
 
 /** Rows where the preset's factor is 1 by promise: none without a train length, or with the bias variant. */
-function identityOf(p: Preset, L: number, known: boolean): Identity | null {
+function identityOf(p: Preset, L: number, known: boolean, sites: VerifySite[]): Identity | null {
+  // A prior that varies with position (θβ ≠ 0 at some head) changes the logits at every length.
+  if (p.kind === 'none' || sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return null;
   if (p.kind === 'llama4') return { from: 1, upTo: p.floorScale - 1, text: `n < floor_scale = ${p.floorScale}` };
   if (!known) return null;
   if (p.kind === 'qwen-logn') return { from: 1, upTo: L, text: `n ≤ L = ${L}` };
-  if (p.b !== undefined && p.b !== 0) return null;
+  if (p.kind === 'ssmax' && p.b !== undefined && p.b !== 0) return null;
   return { from: L, upTo: L, text: `n = L = ${L}` };
 }
 
 /** Where the model's s differs from the record's (fine-tuned, say): a note, and the probe expects the model's. */
 function noteScaleDrift(setup: Setup): void {
   for (const site of setup.sites) {
+    if (site.record.s === undefined) continue;
     const recorded = Array.isArray(site.record.s) ? site.record.s : [site.record.s];
     if (site.s.length && recorded.some((v, h) => Math.abs(v - site.s[h % site.s.length]) > 1e-6 * Math.abs(v))) {
       setup.plan.notes.push(`${site.label}: the record says s = ${recorded.map((v) => v.toPrecision(4)).join(', ')}, the model holds ${site.s.map((v) => v.toPrecision(4)).join(', ')}; the probe expects the model's`);

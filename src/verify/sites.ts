@@ -13,6 +13,7 @@ import { calledFunction, functionKey, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey, ScopeEdits } from '../rewrite/journal';
 import { PatchRecord, SiteRecord } from '../rewrite/record';
+import { THETAS, ThetaName } from '../policy/prior';
 
 /** Where the probe reads a site: all names are tensors or node keys (first outputs) of `scope`. */
 export interface SiteTensors {
@@ -29,17 +30,28 @@ export interface SiteTensors {
   bias?: { input: number; from: string };
   /** The Softmax of a plain-op site (its input: the masked logits), by label. */
   softmax?: string;
+  /** Where the factor's product is read when a positional prior was added after it (else the consumer's input). */
+  after?: string;
+  /**
+   * The positional prior: the input the patch rewired to add c·B, what it read before (empty: nothing, a fused
+   * operator without a bias) and what it reads now.
+   */
+  prior?: { consumer: string; input: number; before: string; after: string };
 }
 
 export interface VerifySite {
   record: SiteRecord;
   /** How messages name the site: `layer 3`, `layer 0 of main/If.then_branch`, `layer 2 (call 'f')`. */
   label: string;
-  /** s per head (one value for every head), from the initializer the record names, as the model holds it. */
+  /** s per head (one value for every head), from the initializer the record names, as the model holds it; empty without a factor. */
   s: number[];
+  /** θ of the positional prior per head, as the model's initializers hold them. */
+  theta?: Record<ThetaName, number[]>;
   tensors: SiteTensors | null;
   /** Why the site's tensors were not found: the model is not what its journal says (the site fails). */
   problem?: string;
+  /** Why the probe does not read the site (it is listed as unverified, not failed). */
+  unprobed?: string;
   /** For a call of a function: the call node (by key) and the scope holding it. */
   call?: { scope: string; node: string; label: string };
   /** Detection's view of a fused operator site (query layout, n plan, heads), on the original model. */
@@ -54,7 +66,10 @@ export function findSites(model: ModelProto, scopes: Scope[], record: PatchRecor
     try {
       const scope = byPath.get(r.scope ?? 'main') ?? fail(`its graph ${r.scope} is not in the model`);
       site.s = scaleValues(scope.graph, r);
-      locate(model, byPath, record, r, site);
+      if (r.prior) site.theta = thetaValues(scope.graph, r.prior);
+      // An expanded operator's factor and prior are inside the nodes that replaced it, with n from its mask: not read.
+      if (r.expanded) site.unprobed = `${site.label}: expanded into its definition; the probe does not read the expanded nodes (wiring and retrofit parity cover it)`;
+      else locate(model, byPath, record, r, site);
       if (detection) site.fused = fusedSite(detection, r, site);
     } catch (e) {
       if (!(e instanceof SiteProblem)) throw e;
@@ -78,9 +93,20 @@ function siteLabel(r: SiteRecord, call?: string): string {
 
 /** s as the model holds it (an initializer, or a Constant in a graph without initializers). */
 function scaleValues(graph: Graph, r: SiteRecord): number[] {
+  if (r.sInitializer === undefined) return [];
   const value = graph.constValue(r.sInitializer);
   if (!value || value.values.length === 0) fail(`its s '${r.sInitializer}' is not a constant of the model`);
   return value.values;
+}
+
+function thetaValues(graph: Graph, names: Record<ThetaName, string>): Record<ThetaName, number[]> {
+  const out = {} as Record<ThetaName, number[]>;
+  for (const t of THETAS) {
+    const value = graph.constValue(names[t]);
+    if (!value || value.values.length === 0) fail(`its prior's θ${t} '${names[t]}' is not a constant of the model`);
+    out[t] = value.values;
+  }
+  return out;
 }
 
 function entriesOf(record: PatchRecord, scope: string, owner?: string): ScopeEdits[] {
@@ -107,20 +133,52 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
     if (call.node.input[call.input] !== call.s) fail(`the call no longer passes s '${call.s}'`);
   }
   const graph = byPath.get(body)?.graph ?? fail(`its graph ${body} is not in the model`);
-  const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply));
+  const prior = r.prior ? priorRewire(graph, entriesOf(record, body, call ? undefined : `L${r.layer}`), thetaIn(r, call), Boolean(r.expanded)) : undefined;
+  if (r.apply === undefined) {
+    // The none preset: a prior and no factor.
+    if (!prior) fail(r.expanded ? 'its prior is inside the nodes its operator was expanded into, which the probe does not read' : 'the record names neither a factor nor a prior');
+    site.tensors = { scope: body, before: prior.before, consumer: prior.consumer, input: prior.input, apply: '', prior,
+      ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }) };
+    return;
+  }
+  const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply!));
   if (entries.length === 0) fail(`the journal lists no edit that inserted its factor '${r.apply}'`);
   const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
-  const rewires = entries.flatMap((e) => e.rewired);
+  const rewires = entries.flatMap((e) => e.rewired).filter((w) => !prior || w.to !== prior.after);
   const scaled = rewires.filter((w) => w.to && graph.query.dependsOn(w.to, apply.output[0]));
   if (scaled.length === 0) fail(`no input the journal rewired reads its factor '${r.apply}'`);
   const main = scaled[0];
   const consumer = nodeIn(graph, main.node) ?? fail(`the node producing '${main.node}' that the patch rewired is not in the graph`);
   const bias = rewires.find((w) => w !== main && w.node === main.node && !graph.query.dependsOn(w.to, apply.output[0]));
+  // A prior added on the very input the factor's product went to: the product is read where the prior's Add reads it.
+  const samePlace = prior && prior.consumer === nodeKey(consumer) && prior.input === main.input;
   site.tensors = {
     scope: body, before: main.from, consumer: nodeKey(consumer), input: main.input, apply: r.apply,
     ...(bias ? { bias: { input: bias.input, from: bias.from } } : {}),
     ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }),
+    ...(prior ? { prior } : {}), ...(samePlace ? { after: main.to } : {}),
   };
+}
+
+/** The θα tensor as the site's graph names it: the initializer, or in a function body the input the call passes it to. */
+function thetaIn(r: SiteRecord, call: { node: NodeProto; fn: FunctionProto } | null): string {
+  const alpha = r.prior!.alpha;
+  if (!call) return alpha;
+  const k = call.node.input.indexOf(alpha);
+  if (k < 0 || !call.fn.input[k]) fail(`the call no longer passes θα '${alpha}'`);
+  return call.fn.input[k];
+}
+
+/**
+ * The input the journal rewired to add the prior: the one whose new value depends on θα. None for an expanded
+ * operator, whose prior is inside the nodes that replaced it (the probe says it did not look).
+ */
+function priorRewire(graph: Graph, entries: ScopeEdits[], alpha: string, expanded: boolean): SiteTensors['prior'] {
+  const w = entries.flatMap((e) => e.rewired).find((x) => x.to && graph.query.dependsOn(x.to, alpha));
+  if (!w && expanded) return undefined;
+  if (!w) fail(`no input the journal rewired adds its prior (θα '${alpha}')`);
+  const consumer = nodeIn(graph, w.node) ?? fail(`the node producing '${w.node}' that the patch rewired is not in the graph`);
+  return { consumer: nodeKey(consumer), input: w.input, before: w.from, after: consumer.input[w.input] };
 }
 
 /**
@@ -128,7 +186,7 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
  * itself is in the function body (not among this scope's inserted nodes).
  */
 function callOf(model: ModelProto, scope: Scope, own: ScopeEdits[], r: SiteRecord): { node: NodeProto; fn: FunctionProto; input: number; s: string } | null {
-  if (own.some((e) => e.nodes.includes(r.apply))) return null;
+  if (r.apply !== undefined && own.some((e) => e.nodes.includes(r.apply!))) return null;
   for (const w of own.flatMap((e) => e.rewired)) {
     const node = nodeIn(scope.graph, w.node);
     const fn = node && calledFunction(model, node);
@@ -146,6 +204,7 @@ function softmaxOf(graph: Graph, r: SiteRecord, call: boolean): string {
 
 /** Records written before the journal: the factor's Mul by its recorded name, in the main graph only. */
 function legacyTensors(graph: Graph, r: SiteRecord): SiteTensors {
+  if (r.apply === undefined) fail('the record names no factor, and the model has no journal');
   const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
   const readers = graph.consumersOf(apply.output[0]);
   const narrow = readers.length === 1 && readers[0].opType === 'Cast' ? readers[0] : null;

@@ -78,7 +78,7 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   for (const id of CHECK_IDS) done.set(id, units.find((u) => u.id === id)!.judge(done));
   const checks = CHECK_IDS.map((id) => done.get(id)!);
   const report: VerifyReport = {
-    passed: false, strict: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refused: setup.refused,
+    passed: false, strictMode: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refusedAttention: setup.refused,
     trainLen: setup.L, trainLenSource: setup.trainLenSource, tolerance: setup.tolerance, inputs: inputReports(setup), sweep: setup.plan.sweep,
     notes: setup.plan.notes, runs, checks, sharpness: sharpness.curve, sessions: factory.reports, totalMs: Math.round(performance.now() - started),
   };

@@ -301,5 +301,101 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
         return clamp((prompt ? 0 : T - S) + i + 1);
       };
     }
+    case 'mask-index':
+      return 'n from a mask index is built inside the expanded operator, which the probe does not read';
   }
+}
+
+// ---- the positional prior ---------------------------------------------------------------------------------
+
+/**
+ * One run's view of a site's prior: what its Add read (before) and what it made (after), as the site's logits
+ * (plain ops, with the factor probe's n) or as the fused operator's additive bias [B|1, H, S, T], with each
+ * row's absolute query position, so the probe can recompute c·B.
+ */
+export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: { id: string; seq: number }, lastRow: boolean): ProbeView | string {
+  const p = w.prior!;
+  const after = out[p.after];
+  const before = p.before ? out[p.before] : undefined;
+  if (!after || (p.before && !before)) return `the prior's tensors were not produced (${run.id})`;
+  const heads = site.theta!.alpha.length;
+  if (site.fused) return biasView(site, w, out, run.id, before, after);
+  const v = logitsView({
+    run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+  });
+  if (typeof v === 'string') return v;
+  const tq = lastRow ? run.seq : v.rows, tk = v.cols;
+  return { ...v, pos: (_g, i) => tk - tq + v.row(i) };
+}
+
+/** A fused operator's bias with the prior added, the bias it had (broadcast; zeros when it had none) and each row's n and position. */
+function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, before: OutputTensor | undefined, after: OutputTensor): ProbeView | string {
+  const f = site.fused!;
+  const d = after.dims;
+  if (d.length !== 4) return `the bias with the prior is [${d.join(', ')}], not [B|1, H, S, T] (${run})`;
+  const [Bb, Hb, S, T] = d;
+  const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
+    const name = m?.get(input);
+    return name && out[name] ? [...out[name].data] : undefined;
+  };
+  const terms = { shape: read(w.shapes), value: read(w.values) };
+  const plan = planFor(f, site.record.n as NMode);
+  const n = planRows(plan, terms, S);
+  if (typeof n === 'string') return n;
+  const pos = planPositions(plan, terms, S, T);
+  if (typeof pos === 'string') return pos;
+  const base = before ? broadcast(before, d) : new Float64Array(after.data.length);
+  if (typeof base === 'string') return `${base} (${run})`;
+  return {
+    run, blocks: Bb * Hb, rows: S, cols: T, before: base, after: after.data, colsAreKeys: true, alternatives: [],
+    batch: (g) => Math.floor(g / Hb), head: (g) => g % Hb, row: (i) => i,
+    n: (g, i) => n(Math.floor(g / Hb), i), pos: (g, i) => pos(Math.floor(g / Hb), i),
+    where: (g, i) => `head ${g % Hb} row ${i} of the bias (${run}, batch item ${Math.floor(g / Hb)})`,
+  };
+}
+
+/** The absolute position of each item's query rows, as the patch places the prior (rewrite/fused.ts priorPositions). */
+function planPositions(plan: NPlan, v: TermValues, S: number, T: number): Rows | string {
+  switch (plan.kind) {
+    case 'keys': case 'causal': return (_b, i) => T - S + i;
+    case 'causal-offset': {
+      let p = 0;
+      for (const t of plan.offset) {
+        const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
+        if (x === undefined) return `input ${t.input} of the operator was not read`;
+        p += x;
+      }
+      return (_b, i) => p + i;
+    }
+    case 'lengths': {
+      const lengths = v.value(plan.lengths);
+      if (!lengths) return `the lengths input ${plan.lengths} of the operator was not read`;
+      const prompt = plan.promptTotal !== undefined && v.value(plan.promptTotal)?.[0] === S;
+      return (b, i) => (prompt ? 0 : lengths[b] + (plan.plusOne ? 1 : 0) - S) + i;
+    }
+    case 'mask-index':
+      return 'positions from a mask index are built inside the expanded operator, which the probe does not read';
+  }
+}
+
+/** `t` broadcast to `dims` (numpy rules, aligned on the right). */
+function broadcast(t: OutputTensor, dims: number[]): Float64Array | string {
+  const src = t.dims;
+  if (src.length > dims.length || src.some((x, k) => x !== 1 && x !== dims[dims.length - src.length + k])) {
+    return `the bias the prior was added to is [${src.join(', ')}], which does not broadcast to [${dims.join(', ')}]`;
+  }
+  const total = dims.reduce((a, x) => a * x, 1);
+  const out = new Float64Array(total);
+  const pad = dims.length - src.length;
+  for (let k = 0; k < total; k++) {
+    let rest = k, at = 0, stride = 1;
+    for (let a = dims.length - 1; a >= 0; a--) {
+      const idx = rest % dims[a];
+      rest = Math.floor(rest / dims[a]);
+      if (a >= pad && src[a - pad] !== 1) at += idx * stride;
+      if (a >= pad) stride *= src[a - pad];
+    }
+    out[k] = t.data[at];
+  }
+  return out;
 }

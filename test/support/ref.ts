@@ -18,25 +18,29 @@ export function onnxFiles(dir: string): string[] {
   });
 }
 
-interface RefTensor { dtype: 'int64' | 'float32'; dims: number[]; data: string }
+interface RefTensor { dtype: 'int64' | 'float32' | 'int32' | 'float16' | 'bool'; dims: number[]; data: string }
 export interface RefCase {
   name: string;
-  patch: null | { n: 'keys' | 'causal'; s: number | number[] | number[][] };
+  patch: null | { n?: 'keys' | 'causal'; s: number | number[] | number[][] };
   inputs: Record<string, RefTensor>;
   outputs: Record<string, RefTensor>;
 }
 export interface RefFile { model: string; opset: number; num_layers: number; num_heads: number; causal: boolean; cases: RefCase[] }
 
-export function loadRef(name: string): RefFile {
-  return JSON.parse(fs.readFileSync(path.join(TORCH, `${name}.ref.json`), 'utf8')) as RefFile;
+export function loadRef(name: string, dir = TORCH): RefFile {
+  return JSON.parse(fs.readFileSync(path.join(dir, `${name}.ref.json`), 'utf8')) as RefFile;
 }
 
 export function decode(t: RefTensor): HostTensor {
   const bytes = Buffer.from(t.data, 'base64');
   const buf = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
-  return t.dtype === 'int64'
-    ? { type: 'int64', dims: t.dims, data: new BigInt64Array(buf) }
-    : { type: 'float32', dims: t.dims, data: new Float32Array(buf) };
+  switch (t.dtype) {
+    case 'int64': return { type: 'int64', dims: t.dims, data: new BigInt64Array(buf) };
+    case 'int32': return { type: 'int32', dims: t.dims, data: new Int32Array(buf) };
+    case 'float16': return { type: 'float16', dims: t.dims, data: new Uint16Array(buf) };
+    case 'bool': return { type: 'bool', dims: t.dims, data: new Uint8Array(buf) };
+    case 'float32': return { type: 'float32', dims: t.dims, data: new Float32Array(buf) };
+  }
 }
 
 export function feedsOf(c: RefCase): Feeds {

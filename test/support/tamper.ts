@@ -48,7 +48,7 @@ export function between(g: Graph, tensor: string, make: (add: (n: NodeProto) => 
 /** The s of layer `layer` reaches its factor reversed along the head axis (the initializer unchanged). */
 export function reverseHeadsOfS(m: ModelProto, layer: number): void {
   const g = new Graph(m.graph!);
-  const s = siteOf(m, layer).sInitializer;
+  const s = siteOf(m, layer).sInitializer!;
   between(g, s, (add) => {
     add(constant(`t/${s}/starts`, DataType.INT64, [1], [-1]));
     add(constant(`t/${s}/ends`, DataType.INT64, [1], [-(2 ** 53 - 1)]));
@@ -62,7 +62,7 @@ export function reverseHeadsOfS(m: ModelProto, layer: number): void {
 /** The s of layer `layer` is multiplied by `k` on its way to the factor (0: no factor at all). */
 export function scaleS(m: ModelProto, layer: number, k: number): void {
   const g = new Graph(m.graph!);
-  const s = siteOf(m, layer).sInitializer;
+  const s = siteOf(m, layer).sInitializer!;
   between(g, s, (add) => {
     add(constant(`t/${s}/k`, DataType.FLOAT, [], [k]));
     add(node('Mul', [s, `t/${s}/k`], `t/${s}/scaled`));
@@ -73,8 +73,8 @@ export function scaleS(m: ModelProto, layer: number, k: number): void {
 /** Layer `layer`'s factor reads layer `other`'s s initializer. */
 export function useSOf(m: ModelProto, layer: number, other: number): void {
   const g = new Graph(m.graph!);
-  const s = siteOf(m, layer).sInitializer;
-  const t = siteOf(m, other).sInitializer;
+  const s = siteOf(m, layer).sInitializer!;
+  const t = siteOf(m, other).sInitializer!;
   for (const r of [...g.consumersOf(s)]) r.input.forEach((x, i) => { if (x === s) g.setInput(r, i, t); });
 }
 

@@ -18,7 +18,7 @@ export class LivenessCheck implements CheckUnit {
   constructor(private readonly ctx: UnitContext) {
     const { setup } = ctx;
     const p = setup.preset;
-    const beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : `L = ${setup.liveFrom}`;
+    const beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? 'one token (the none preset: the prior alone)' : `L = ${setup.liveFrom}`;
     this.data = { longRuns: [], saturated: new Set(), finiteRuns: 0, nonFinite: [], errors: [], beyond };
   }
 
@@ -64,6 +64,9 @@ export class LivenessCheck implements CheckUnit {
     if (!setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     if (setup.integerOutputs) {
       return skippedCheck('liveness', this.criterion, 'every output is an integer (token ids, say): a factor that works may change none of them, so equal outputs prove nothing', 'not applicable');
+    }
+    if (setup.preset.kind === 'none' && setup.sites.every((s) => s.theta?.beta.every((b) => b === 0))) {
+      return skippedCheck('liveness', this.criterion, 'a neutral prior (θβ = 0 at every head) without a factor changes nothing by design: fine-tune θ, then verify again', 'not applicable');
     }
     // The float noise of a patch that must equal the original: runs that did (a failed run is no noise).
     const noise: RunResult[] = [...(done.get('wiring')?.runs ?? []), ...(done.get('retrofit')?.runs ?? [])].filter((r) => r.passed);

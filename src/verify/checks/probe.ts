@@ -4,7 +4,8 @@
  * seen is listed with the reason; a site whose tensors are not where the journal says fails.
  */
 import { DataType } from '../../io/onnx';
-import { Preset } from '../../policy/factor';
+import { factorValue, Preset } from '../../policy/factor';
+import { priorValue } from '../../policy/prior';
 import { CheckId, RunSpec } from '../plan';
 import { fmt, ProbeSiteResult, SiteProbe } from '../probe';
 import { ProbeWiring } from '../probe-model';
@@ -12,7 +13,7 @@ import { CheckResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { VerifySite } from '../sites';
-import { siteViews, Unchanged } from '../views';
+import { priorView, siteViews, Unchanged } from '../views';
 import { opt } from '../../errors';
 import { check, e2, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
@@ -21,6 +22,7 @@ import { CheckUnit, Outcome, UnitContext } from './unit';
 export function formulaText(p: Preset): string {
   if (p.kind === 'qwen-logn') return 'max(1, s·ln n)';
   if (p.kind === 'llama4') return `(ln(⌊n/${p.floorScale}⌋ + 1)·s + 1)`;
+  if (p.kind === 'none') return '1';
   return p.b !== undefined ? `(s·ln n + ${p.b})` : 's·ln(n)';
 }
 
@@ -38,6 +40,8 @@ function tolerances(type: number | undefined): { rtol: number; rowEps: number } 
 /** A probe over one set of runs, reading one probe copy's outputs. */
 export class Prober {
   readonly probes: SiteProbe[];
+  /** Per site with a positional prior: the probe of the prior's Add, after = before + c·B. */
+  private readonly priorProbes: (SiteProbe | undefined)[];
   private readonly problems = new Map<number, string>();
   private readonly unprobed = new Map<number, string>();
   readonly runIds: string[] = [];
@@ -46,6 +50,7 @@ export class Prober {
     const sites = ctx.setup.sites;
     const others = sites.map((s) => ({ layer: s.record.layer, s: s.s }));
     this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others.filter((o) => o.layer !== site.record.layer)));
+    this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
   }
 
   /** Feeds one run's outputs to every site; returns each site's views, for callers that look further. */
@@ -68,6 +73,14 @@ export class Prober {
     const before = out[w.before], after = out[w.after];
     if (!before || !after) { this.problems.set(i, `${site.label}: the probe outputs were not produced (${run.id})`); return; }
     if (before.data.length === 0 && after.data.length === 0) return; // an If branch this run did not take
+    const prior = this.priorProbes[i];
+    if (prior && w.prior) {
+      prior.setTolerance(tolerances(w.prior.type));
+      const v = priorView(site, w, out, run, this.key === 'probeLast');
+      if (typeof v === 'string') prior.fail(v);
+      else prior.observe(v);
+    }
+    if (site.s.length === 0) return; // the none preset: a prior and no factor
     const views = siteViews(site, w, out, run, this.key === 'probeLast');
     if (typeof views === 'string') { probe.fail(views); return; }
     for (const v of views.views) probe.observe(v);
@@ -94,12 +107,31 @@ export class Prober {
       const lifted = why ? this.ctx.lifted?.get(i) : undefined;
       if (lifted && typeof lifted !== 'string' && !problem) { results.push(lifted); return; }
       if (why && !problem) { unprobed.push(typeof lifted === 'string' ? `${p.label}: ${lifted}` : why); return; }
-      const r = p.result();
-      if (r.runs === 0 && !problem) { unprobed.push(`${p.label}: ${this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run'}`); return; }
-      results.push(r);
+      const site = this.ctx.setup.sites[i];
+      const notRun = `${this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run'}`;
+      for (const probe of [site.s.length ? p : undefined, this.priorProbes[i]]) {
+        if (!probe) continue;
+        if (problem && probe !== p) probe.fail(problem.replace(/^[^:]*: /, ''));
+        const r = probe.result();
+        if (r.runs === 0 && !problem) unprobed.push(`${probe.label}: ${notRun}`);
+        else results.push(r);
+      }
+      if (site.theta && !this.priorProbes[i]) unprobed.push(`${p.label}: its prior is inside the nodes its operator was expanded into, which the probe does not read`);
     });
     return { results, unprobed };
   }
+}
+
+const NO_FACTOR: Preset = { kind: 'none' };
+
+/** The prior's probe: after its Add = before it + c·B, with c from the preset and B from θ as the model holds them. */
+function priorSubject(site: VerifySite, preset: Preset): ConstructorParameters<typeof SiteProbe>[0] {
+  const theta = site.theta!;
+  const s = site.s.length ? site.s : [1];
+  return {
+    layer: site.record.layer, scope: site.record.scope, label: `${site.label} prior`, n: site.record.n, s: [1], rtol: 1e-5, additive: true,
+    prior: (v, g, i, j) => factorValue(preset, s[v.head(g) % s.length], v.n(g, i)) * priorValue(theta, v.head(g) % theta.alpha.length, j - v.pos!(g, i)),
+  };
 }
 
 function subject(site: VerifySite): ConstructorParameters<typeof SiteProbe>[0] {
@@ -115,7 +147,8 @@ export class ProbeCheck implements CheckUnit {
   }
 
   private get criterion(): string {
-    return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it`;
+    const prior = this.ctx.setup.sites.some((s) => s.theta) ? '; after each positional prior\'s Add = before it + c·B, B from θ as the model holds it, every head, row and key' : '';
+    return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}`;
   }
 
   sessions(run: RunSpec): SessionKey[] {
@@ -139,7 +172,9 @@ export class ProbeCheck implements CheckUnit {
       const entries = results.reduce((a, s) => a + s.entries, 0);
       const ids = this.prober.runIds;
       const left = unprobed.length ? `; ${unprobed.length} site(s) not probed: ${unprobed[0]}${unprobed.length > 1 ? ', …' : ''}` : '';
-      result = check('probe', 'PASSED', `after = ${formulaText(this.ctx.setup.preset)}·before at all ${results.length} site(s), ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max rel error ${e2(Math.max(...results.map((s) => s.maxRelError)))}${left}`, this.criterion);
+      const priors = results.filter((r) => r.prior).length;
+      const what = `${priors < results.length ? `after = ${formulaText(this.ctx.setup.preset)}·before at all ${results.length - priors} site(s)` : ''}${priors && priors < results.length ? ', ' : ''}${priors ? `after = before + c·B at ${priors} prior(s)` : ''}`;
+      result = check('probe', 'PASSED', `${what}, ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max rel error ${e2(Math.max(...results.map((s) => s.maxRelError)))}${left}`, this.criterion);
     }
     result.sites = results;
     if (unprobed.length) result.unchecked = unprobed;

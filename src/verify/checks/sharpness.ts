@@ -37,6 +37,9 @@ export class SharpnessCheck implements CheckUnit {
   judge(): CheckResult {
     const { setup, factory } = this.ctx;
     if (!setup.checks.has('sharpness')) return skippedCheck('sharpness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
+    if (setup.preset.kind === 'none') {
+      return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior alone, which promises no sharper attention at long lengths (the probe checks the prior itself)', 'not applicable');
+    }
     const unseen = factory.rowMax.patched?.unseen ?? [];
     const result = this.verdict(unseen);
     if (unseen.length && result.status !== 'SKIPPED') result.unchecked = unseen;

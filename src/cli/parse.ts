@@ -1,0 +1,55 @@
+/**
+ * Strict option values. Number('') is 0, Number(' 64 ') is 64 and Number('0x40') is 64: a typo would pass as a
+ * number nobody meant, so integers are decimal digits only and numbers plain or scientific decimals.
+ */
+import { Command } from 'commander';
+import { InputError } from '../errors';
+
+const INTEGER = /^[0-9]+$/;
+const REAL = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
+
+export function integerValue(v: string, flag: string, min: number): number {
+  const x = Number(v);
+  if (!INTEGER.test(v) || !Number.isSafeInteger(x) || x < min) throw new InputError(`${flag}: expected an integer ≥ ${min}, got '${v}'`);
+  return x;
+}
+
+export function optionalInteger(v: string | undefined, flag: string, min: number): number | undefined {
+  return v === undefined ? undefined : integerValue(v, flag, min);
+}
+
+/** A finite decimal number (1.5, -2, 1e-4); `min` rejects smaller values. */
+export function realValue(v: string, flag: string, min = -Infinity): number {
+  const x = Number(v);
+  if (!REAL.test(v) || !Number.isFinite(x)) throw new InputError(`${flag}: expected a number, got '${v}'`);
+  if (x < min) throw new InputError(`${flag}: expected a number ≥ ${min}, got '${v}'`);
+  return x;
+}
+
+export function optionalReal(v: string | undefined, flag: string, min = -Infinity): number | undefined {
+  return v === undefined ? undefined : realValue(v, flag, min);
+}
+
+/** A comma-separated list without empty items ("16,,64" and "16," are errors, not 16 and 64). */
+export function listValue(v: string, flag: string): string[] {
+  const items = v.split(',').map((t) => t.trim());
+  if (items.some((t) => t === '')) throw new InputError(`${flag}: empty item in '${v}'`);
+  return items;
+}
+
+/** `--s ""` is an error, not 0 (or a silently ignored option): every option value must be non-empty. */
+export function rejectEmptyValues(cmd: Command): void {
+  const values = cmd.opts() as Record<string, unknown>;
+  for (const option of cmd.options) {
+    const value = values[option.attributeName()];
+    const empty = value === '' || (Array.isArray(value) && value.some((x) => x === ''));
+    if (empty) throw new InputError(`${option.long ?? option.short}: empty value`);
+  }
+}
+
+/** Every positional argument after the ones a command takes is an error, with what the user probably meant. */
+export function rejectExtraArguments(args: string[], expected: number, what: string, hint = ''): void {
+  if (args.length <= expected) return;
+  const extra = args.slice(expected).map((a) => `'${a}'`).join(', ');
+  throw new InputError(`unexpected argument ${extra}: ${what}${hint}`);
+}

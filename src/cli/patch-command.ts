@@ -1,0 +1,207 @@
+/** `ssmax-patch patch MODEL` (also `ssmax-patch MODEL`): patch, warn, optionally verify, write, report. */
+import * as path from 'node:path';
+import { Command } from 'commander';
+import { InputError } from '../errors';
+import { externalFiles, isInside } from '../io/external';
+import { ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
+import type { ModelProto } from '../io/onnx';
+import { terminalProgress } from '../io/progress';
+import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
+import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
+import { patchModel, PatchReport } from '../rewrite/patch';
+import { revertModel } from '../rewrite/revert';
+import type { VerifyOptions, VerifyReport } from '../verify/verify';
+import { explainCommand } from './explain';
+import { formatPatch, formatVerify, formatWrite } from './format';
+import { optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { PatchDocument } from './report';
+import { printWarnings, Run } from './run';
+import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
+import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
+
+export interface PatchCliOptions extends VerifyCliOptions {
+  output?: string;
+  force?: boolean;
+  n: string;
+  s?: string;
+  trainLen?: string;
+  sFile?: string;
+  updateS?: boolean;
+  dryRun?: boolean;
+  json?: boolean;
+  verify?: boolean;
+  forceSite?: string[];
+  preset?: string;
+  prior?: string;
+  priorFile?: string;
+  b?: string;
+  floorScale?: string;
+  attnScale?: string;
+  layers?: string;
+  externalData?: string;
+  quiet?: boolean;
+  sortNodes?: boolean;
+  explain?: string;
+}
+
+const collect = (v: string, all: string[] = []): string[] => [...all, v];
+
+export function patchProgram(cmd: Command): Command {
+  return addVerifyOptions(cmd
+    .description('Retrofit Scalable-Softmax (softmax((s·ln n)·z)) into the attention of an ONNX model')
+    .argument('<model>', 'input ONNX model (never modified)')
+    .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
+    .option('--force', 'overwrite an existing output file')
+    .option('--n <mode>', `how n is computed: ${N_OPTIONS.join(' | ')}`, 'auto')
+    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4 | none (a prior alone)', 'ssmax')
+    .option('--prior <name>', 'add a positional prior to the logits: ggd (BAM, neutral θ = 0) | alibi')
+    .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
+    .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
+    .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
+    .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
+    .option('--layers <list>', 'patch only these attention layers: "3,7,11" or "every:4" (0-based; every:4 = 3,7,11,...)')
+    .option('--s <x>', 'one s for every layer and head')
+    .option('--train-len <L>', 's = 1/ln L: the factor is exactly 1 at n = L (with --s or --s-file: the training length, recorded)')
+    .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
+    .option('--update-s', 'on an already patched model, replace s instead of refusing')
+    .option('--dry-run', 'report what would be patched; write nothing')
+    .option('--json', 'print the JSON report on stdout (also on errors)')
+    .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
+    .option('--force-site <name>', 'patch refused attention anyway, accepting its stated deviation: a node name, a glob (* and ?) or all (repeatable)', collect)
+    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
+    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
+    .option('--quiet', 'no progress line on stderr')
+    .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing'));
+}
+
+const sentence = (items: string[]): string => (items.length > 1 ? `${items.slice(0, -1).join(', ')} and ${items[items.length - 1]}` : items[0]);
+
+function defaultOutput(input: string): string {
+  return path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
+}
+
+export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<number> {
+  const doc = run.doc as PatchDocument;
+  if (o.explain !== undefined) return explain(args, o, run);
+  const plan = planPatch(args, o, doc);
+  const original = readModel(plan.input);
+  const { model, report } = patchOrExplain(original, o, plan, doc);
+  Object.assign(doc, report);
+  doc.warnings.push(...warningsFor(original, report, o, plan));
+  printWarnings(doc.warnings);
+  const verification = o.verify ? await verifyBeforeWriting(original, model, report, o, plan, doc) : undefined;
+  const written = doc.exitCode === 0 && !o.dryRun ? await writeModelAsync(plan.output, model, plan.write) : null;
+  doc.output = written?.output ?? null;
+  if (written) doc.externalData = written.externalData;
+  const files = verification ? writeArtifacts(doc, {
+    verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(plan.input)}`, suite: `ssmax-patch patch ${plan.input}`,
+  }, o, [plan.input, plan.output]) : [];
+  run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
+  return doc.exitCode;
+}
+
+/** --explain prints a trace and writes nothing: options that patch, verify or write would be ignored. */
+function explain(args: string[], o: PatchCliOptions, run: Run): number {
+  rejectExtraArguments(args, 1, 'patch takes one model');
+  const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto') && !(k === 'preset' && o.preset === 'ssmax'));
+  if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`);
+  run.printed = true;
+  return explainCommand(args[0], o.explain!);
+}
+
+const flag = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
+
+interface PatchPlan {
+  input: string;
+  output: string;
+  n: NOption;
+  trainLen?: number;
+  verifyOptions: VerifyOptions;
+  write: WriteOptions;
+}
+
+/** Arguments and option values, all checked before any model is read. */
+function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
+  rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
+  const input = args[0];
+  const output = o.output ?? defaultOutput(input);
+  Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
+  const n = parseNOption(o.n);
+  const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
+  const verifyOptions = verifyOptionsFrom(o, trainLen);
+  const needVerify = [o.report && '--report', o.plot && '--plot', o.junit && '--junit', o.strict && '--strict'].filter((x): x is string => Boolean(x));
+  if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`);
+  const write = writeOptions(o, input);
+  if (o.verify) prepareVerification(o, [input, output]);
+  return { input, output, n, trainLen, verifyOptions, write };
+}
+
+/** patchModel; when it refuses, the document still lists every skipped node and why, for --json. */
+function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): ReturnType<typeof patchModel> {
+  try {
+    const force = expandForceSites(o.forceSite ?? [], original);
+    for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
+    return patchModel(original, {
+      n: plan.n, s: optionalReal(o.s, '--s'), trainLen: plan.trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
+      prior: o.prior, priorFile: o.priorFile,
+      b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
+      layers: o.layers, sortNodes: o.sortNodes,
+    });
+  } catch (e) {
+    doc.skipped = skippedOf(original);
+    throw e;
+  }
+}
+
+/** Verification (and --strict) before anything is written; the verdict goes into the document. */
+async function verifyBeforeWriting(
+  original: ModelProto, model: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
+): Promise<VerifyReport> {
+  // An update replaces s of an existing patch: what it must be compared with is the input without that patch.
+  const baseline = report.updated ? revertModel(original).model : original;
+  const verification = await verifyWithProgress(baseline, model, plan.verifyOptions, o.quiet);
+  doc.verification = verification;
+  verdict(doc, verification, ': output not written');
+  return verification;
+}
+
+function warningsFor(original: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan): Warning[] {
+  const warnings: Warning[] = [];
+  // Causality is only questioned where the user overrode auto; detection runs again on a copy for it.
+  if (plan.n !== 'auto' && !report.updated) {
+    const detection = detectSites(original, report.sites.map((s) => s.node));
+    warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
+  }
+  if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
+  if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));
+  return warnings;
+}
+
+/** onnxruntime refuses data locations outside the model's folder (1.30); `reference` may write exactly that. */
+function referenceWarnings(model: ModelProto, output: string): Warning[] {
+  const dir = path.dirname(path.resolve(output));
+  const outside = externalFiles(model).filter((f) => f.file !== path.resolve(dir, f.location) && !isInside(dir, f.file));
+  if (outside.length === 0) return [];
+  const rel = outside.map((f) => path.relative(dir, f.file));
+  return [{
+    code: 'external-data-reference',
+    message: `--external-data reference: the output refers to ${rel.join(', ')}, outside its folder; onnxruntime 1.30 refuses to load such a model (use --external-data link or copy)`,
+  }];
+}
+
+function writeOptions(o: PatchCliOptions, input: string): WriteOptions {
+  const modes = ['reference', 'copy', 'link'];
+  if (o.externalData !== undefined && !modes.includes(o.externalData)) {
+    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
+  }
+  return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
+}
+
+function textLines(
+  report: PatchReport, verification: VerifyReport | undefined, doc: PatchDocument, written: WriteReport | null, files: string[], dryRun: boolean,
+): string[] {
+  const lines = formatPatch(report, dryRun);
+  if (verification) lines.push(...formatVerify(verification), ...strictLines(doc), ...files);
+  lines.push(...formatWrite(written, dryRun));
+  return lines;
+}

@@ -1,0 +1,83 @@
+/**
+ * The JSON document `--json` prints and `--report` writes, one per command, on success and on failure: a CI job
+ * always gets the sites, the skipped nodes with their reasons, the warnings and the error. Its JSON Schema is
+ * docs/report.schema.json; SCHEMA_VERSION changes when a field changes meaning or goes away.
+ */
+import type { SkippedSoftmax } from '../detect/find-attention';
+import type { Placement } from '../io/model-file';
+import type { Warning } from '../policy/warnings';
+import type { PatchedSite, PatchReport } from '../rewrite/patch';
+import type { RevertedSite } from '../rewrite/revert';
+import type { VerifyReport } from '../verify/verify';
+import { VERSION } from '../version';
+import type { StrictResult } from './strict';
+
+export const SCHEMA_VERSION = 1;
+
+export type CommandName = 'patch' | 'verify' | 'revert';
+
+interface DocumentBase {
+  schemaVersion: typeof SCHEMA_VERSION;
+  tool: 'ssmax-patch';
+  version: string;
+  command: CommandName;
+  /** ok: exit 0. failed: a check failed, or --strict found a skip or a refused site (exit 1). error: exit 2 or 3. */
+  status: 'ok' | 'failed' | 'error';
+  exitCode: number;
+  /** The one-line message printed on stderr, when status is not ok. */
+  error?: string;
+  warnings: Warning[];
+  strict?: StrictResult;
+}
+
+export interface PatchDocument extends DocumentBase, Partial<Omit<PatchReport, 'sites' | 'skipped'>> {
+  command: 'patch';
+  input: string | null;
+  /** Where the output goes (also with --dry-run, or when it was not written). */
+  target: string | null;
+  /** The file written, or null. */
+  output: string | null;
+  dryRun: boolean;
+  sites: PatchedSite[];
+  skipped: SkippedSoftmax[];
+  verification?: VerifyReport;
+  externalData?: { file: string; how: Placement }[];
+}
+
+export interface VerifyDocument extends DocumentBase, Partial<VerifyReport> {
+  command: 'verify';
+  original: string | null;
+  patched: string | null;
+  /** Attention nodes of the original left unpatched (refused, not forced). */
+  refused: SkippedSoftmax[];
+}
+
+export interface RevertDocument extends DocumentBase {
+  command: 'revert';
+  input: string | null;
+  output: string | null;
+  sites: RevertedSite[];
+  hadRecord?: boolean;
+  externalData?: { file: string; how: Placement }[];
+}
+
+export type ReportDocument = PatchDocument | VerifyDocument | RevertDocument;
+
+function base<C extends CommandName>(command: C): DocumentBase & { command: C } {
+  return { schemaVersion: SCHEMA_VERSION, tool: 'ssmax-patch', version: VERSION, command, status: 'ok', exitCode: 0, warnings: [] };
+}
+
+export function newDocument(command: CommandName): ReportDocument {
+  if (command === 'verify') return { ...base('verify'), original: null, patched: null, refused: [] };
+  if (command === 'revert') return { ...base('revert'), input: null, output: null, sites: [] };
+  return { ...base('patch'), input: null, target: null, output: null, dryRun: false, sites: [], skipped: [] };
+}
+
+/** Sets the verdict; `message` is the stderr line for failures. */
+export function settle(doc: ReportDocument, exitCode: number, message?: string): void {
+  doc.exitCode = exitCode;
+  doc.status = exitCode === 0 ? 'ok' : exitCode === 1 ? 'failed' : 'error';
+  if (message !== undefined) doc.error = message;
+}
+
+export const documentJson = (doc: ReportDocument): string => JSON.stringify(doc, null, 2) + '\n';

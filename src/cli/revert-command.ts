@@ -1,0 +1,52 @@
+/** `ssmax-patch revert PATCHED [-o OUT]`: removes the patch, giving back the original model. */
+import * as path from 'node:path';
+import { Command } from 'commander';
+import { InputError } from '../errors';
+import { ExternalDataMode, readModel, writeModelAsync } from '../io/model-file';
+import { terminalProgress } from '../io/progress';
+import { revertModel } from '../rewrite/revert';
+import { formatRevert, formatWrite } from './format';
+import { rejectExtraArguments } from './parse';
+import { RevertDocument, settle } from './report';
+import { Run } from './run';
+
+export interface RevertCliOptions {
+  output?: string;
+  force?: boolean;
+  json?: boolean;
+  externalData?: string;
+  sortNodes?: boolean;
+  quiet?: boolean;
+}
+
+export function revertProgram(cmd: Command): Command {
+  return cmd
+    .description('Remove an SSMax patch: the result computes exactly what the original model computed')
+    .argument('<model>', 'patched ONNX model (never modified)')
+    .option('-o, --output <file>', 'output model (default <name>.reverted.onnx beside the input)')
+    .option('--force', 'overwrite an existing output file')
+    .option('--json', 'print the JSON report on stdout (also on errors)')
+    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
+    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
+    .option('--quiet', 'no progress line on stderr');
+}
+
+export async function revertCommand(args: string[], o: RevertCliOptions, run: Run): Promise<number> {
+  const doc = run.doc as RevertDocument;
+  rejectExtraArguments(args, 1, 'revert takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
+  const input = args[0];
+  doc.input = input;
+  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
+  if (o.externalData !== undefined && !['reference', 'copy', 'link'].includes(o.externalData)) {
+    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
+  }
+  const { model, report } = revertModel(readModel(input), { sortNodes: o.sortNodes });
+  Object.assign(doc, report);
+  const written = await writeModelAsync(output, model, {
+    force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }),
+  });
+  Object.assign(doc, { output: written.output, externalData: written.externalData });
+  settle(doc, 0);
+  run.print(() => [...formatRevert(report), ...formatWrite(written)]);
+  return 0;
+}

@@ -1,0 +1,312 @@
+/**
+ * com.microsoft Attention expanded, so each query row gets its own factor. The operator computes Q, K and V inside
+ * from `weights` and `bias`, so a per-row factor cannot reach Q through its inputs. The node is replaced (through
+ * the journal, so revert puts it back byte for byte) by its definition, with the same output names:
+ *
+ *   qkv = input·weights + bias, split at qkv_hidden_sizes (equal thirds without it)
+ *   q'  = c ⊙ q, c_{b,i} = s·ln n_{b,i} per row (per head with per-head s)
+ *   present = Concat(past, stack(k, v)) on the sequence axis  [2, B, N, P + S, H], as the operator writes it
+ *             (a shared buffer: the new keys written at past_sequence_length, the rest of the buffer kept)
+ *   output  = Softmax(scale · q'·Kᵀ + attention_bias + mask)·V: for several query rows (a prompt) on
+ *             com.microsoft MultiHeadAttention with K and V taken out of present; for one row (decoding) in plain
+ *             ops on present itself, where reading the half a product does not need costs less than copying K and V
+ *             out (an If picks at run time)
+ *
+ * The mask the kernel would build (PrepareMask in onnxruntime's attention_helper.h) is built here as an additive
+ * bias with the same values: mask_filter_value where mask_index hides a key, the type's lowest value where causal
+ * masking does. n_{b,i} counts the keys left visible, from every mask_index format the operator accepts: key
+ * lengths [B], end and start positions [2B], [3B + 2] (key lengths first), raw [B, T] (a [B, 1] dummy means no
+ * mask), [B, S, T], and Megatron's [B, 1, M, M] (rows T − S … T − 1). The mask and n are built once per graph for
+ * every layer that reads the same mask at the same lengths.
+ */
+import { FusedSite, NPlan } from '../detect/fused';
+import { attrFloat, attrInts } from '../graph/graph';
+import { constantOf, show } from '../graph/poly';
+import { Shapes } from '../graph/shapes';
+import { DataType } from '../io/onnx';
+import { LayerScale } from '../policy/scale';
+import { Builder } from './builder';
+import { factorBnsd, factorRowsHeads, InsertedFused, RowFactor, Rows, scaleRows } from './fused';
+import { fusedPrior, ThetaTensors } from './prior';
+import { Preset } from '../policy/factor';
+import { squeeze, sumLastAxis, unsqueeze } from './versioned';
+
+type MaskIndexPlan = Extract<NPlan, { kind: 'mask-index' }>;
+
+/** What the layers of one graph share: ln n per row and the additive mask, by source and lengths. */
+export interface ExpansionShared {
+  builder: Builder;
+  shapes: Shapes;
+  opset: number;
+  cache: Map<string, MaskTensors>;
+}
+
+interface MaskTensors {
+  /** max(n, 1) and its logarithm, float [B|1, S|1]. */
+  rows: Rows;
+  /** The lengths: S query rows after a past of P, T = P + S keys (int64 scalars). */
+  lengths: { S: string; P: string; T: string };
+  /** The additive mask [B|1, 1, S, T] in the attention's type, when the kernel masks anything. */
+  bias?: string;
+}
+
+const MS = 'com.microsoft';
+// Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
+const INT64_MAX = Number.MAX_SAFE_INTEGER;
+const LOWEST: Record<number, number> = { [DataType.FLOAT]: -3.4028234663852886e38, [DataType.FLOAT16]: -65504, [DataType.BFLOAT16]: -3.3895313892515355e38 };
+
+/** What the expansion costs at run time, for the report. */
+export const EXPANSION_COST = 'node expanded into its definition: QKV projection as MatMul + Add; several query rows (a prompt) on '
+  + 'MultiHeadAttention with K and V copied out of the stacked cache; one row (decoding) in plain ops over the stacked cache, '
+  + 'reading the half each product does not need once more instead of copying';
+
+/** The factor and prior of one expanded site: the preset, s (as given and its tensor), θ when a prior is added. */
+export interface ExpansionParams { preset: Preset; s?: LayerScale; sName?: string; theta?: ThetaTensors }
+
+export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, p: ExpansionParams, plan: MaskIndexPlan): InsertedFused {
+  const node = site.node;
+  const input = (i: number): string | undefined => node.input[i] || undefined;
+  const dtype = shared.shapes.type(node.input[0]) ?? DataType.FLOAT;
+  const heads = site.heads.heads!;
+  const opset = shared.opset;
+  const masks = maskTensors(shared, site, plan, dtype);
+  b.editor.remove(node);
+  const [q, k, v] = projection(b, node.input[0], node.input[1], input(2), attrInts(node, 'qkv_hidden_sizes'));
+  const f: RowFactor | undefined = p.sName ? { preset: p.preset, s: p.sName, perHead: Array.isArray(p.s), rows: masks.rows } : undefined;
+  const applied = f ? scaleRows(b, q, factorRowsHeads(b, f, opset), f.perHead, heads, dtype, opset) : undefined;
+  const userBias = input(5);
+  let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
+  if (p.theta) {
+    const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f, opset), dtype);
+    bias = bias ? b.op('Add', [bias, prior], {}, 'attention_bias_prior') : prior;
+  }
+  const kv = cache(b, node, k, v, heads);
+  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
+  return { sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
+}
+
+/** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */
+function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number): Scale {
+  const node = site.node;
+  const given = attrFloat(node, 'scale');
+  if (given) return { given, value: given, dtype };
+  const heads = site.heads.heads!;
+  const width = attrInts(node, 'qkv_hidden_sizes')?.[0] ?? (shared.shapes.dim(node.input[1], 1) ? constantOf(shared.shapes.dim(node.input[1], 1)!) : undefined);
+  const qWidth = attrInts(node, 'qkv_hidden_sizes') ? width : width !== undefined ? width / 3 : undefined;
+  return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / heads) : undefined, dtype };
+}
+
+/**
+ * Softmax(scale · q·Kᵀ + bias)·V into `output` [B, S, N·H_v]. On a stacked cache an If picks by the query length:
+ * one row (decoding) multiplies the stacked cache as it is, reading the half it does not need once more instead of
+ * copying K and V out of it; more rows (a prompt) take K and V out (a copy, small against the products) for
+ * com.microsoft MultiHeadAttention, whose softmax is the kernel's own.
+ */
+function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string, opset: number): void {
+  if (!('stacked' in kv)) {
+    rows(b, q, kv.k, kv.v, bias, heads, scale, output);
+    return;
+  }
+  const stacked = kv.stacked;
+  const seq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('axis1', [1], true)], {}, 'q_rows');
+  const oneRow = b.op('Equal', [seq, b.int64('one', [1], true)], {}, 'one_row');
+  const decode = b.branch('one_row', (sb) => singleRow(sb, q, stacked, bias, heads, scale, opset));
+  const prompt = b.branch('rows', (sb) => {
+    const half = (i: number): string => sb.op('Gather', [stacked, sb.int64(`index${i}`, [i], true)], { axis: 0 }, i ? 'value_all' : 'key_all');
+    return rows(sb, q, half(0), half(1), bias, heads, scale);
+  });
+  b.node('If', [oneRow], [output], { then_branch: { graph: decode }, else_branch: { graph: prompt } });
+}
+
+/**
+ * MultiHeadAttention of q [B, S, N·H] over K, V ([B, N, T, H] from a cache, or [B, T, N·H] new ones); the mask
+ * and any attention_bias as its attention_bias. Returns its output ([B, S, N·H_v]), written to `output` if given.
+ */
+function rows(b: Builder, q: string, K: string, V: string, bias: string | undefined, heads: number, scale: Scale, output?: string): string {
+  const attrs = { num_heads: heads, ...(scale.given !== undefined ? { scale: { float: scale.given } } : {}) };
+  const inputs = bias ? [q, K, V, '', '', bias] : [q, K, V];
+  const out = output ?? b.graph.uniqueName(`${b.prefix}attention`);
+  b.node('MultiHeadAttention', inputs, [out], attrs, MS);
+  return out;
+}
+
+/**
+ * One query row over the stacked cache [2, B, N, T, H] without copying it: present·qᵀ gives k·q and v·q for every
+ * cached position ([2, B, N, T, 1], the first kept), probabilities·present gives p·K and p·V (the second kept).
+ */
+function singleRow(b: Builder, q: string, stacked: string, bias: string | undefined, heads: number, scale: Scale, opset: number): string {
+  // Scaled before the reshapes: a scalar Mul right before the MatMul would be fused into a slower FusedMatMul.
+  const scaled = scale.value !== undefined ? b.op('Mul', [q, b.constant('scale', scale.dtype, [], [scale.value])], {}, 'q_scaled')
+    : b.op('Div', [q, sqrtHeadSize(b, b.op('Reshape', [q, b.int64('q_heads_view', [0, 0, heads, -1])], {}, 'q_heads_4d'), scale.dtype)], {}, 'q_scaled');
+  const qT = unsqueeze(b, b.op('Reshape', [scaled, b.int64('q_column', [0, heads, -1, 1])], {}, 'q_col'), [0], opset, 'q_col_5d');
+  const both = b.op('MatMul', [stacked, qT], {}, 'kq_both');
+  let logits = b.op('Reshape', [b.op('Gather', [both, b.int64('index0', [0], true)], { axis: 0 }, 'kq'), b.int64('row_view', [0, 0, 1, -1])], {}, 'qk');
+  if (bias) logits = b.op('Add', [logits, bias], {}, 'qk_masked');
+  const probs = unsqueeze(b, b.op('Softmax', [logits], { axis: 3 }, 'probs'), [0], opset, 'probs_5d');
+  const context = b.op('Gather', [b.op('MatMul', [probs, stacked], {}, 'pv_both'), b.int64('index1', [1], true)], { axis: 0 }, 'pv');
+  return b.op('Reshape', [context, b.int64('merge_row', [0, 1, -1])], {}, 'attention');
+}
+
+/** √H in the attention's type, H the last axis of `qh`: the default scale when the head size is only known at run time. */
+function sqrtHeadSize(b: Builder, qh: string, dtype: number): string {
+  const size = b.op('Cast', [b.op('Gather', [b.op('Shape', [qh]), b.int64('axis_last', [-1], true)], {}, 'head_size')], { to: DataType.FLOAT }, 'head_size_f');
+  return b.op('Cast', [b.op('Sqrt', [size], {}, 'sqrt_head_size')], { to: dtype }, 'sqrt_head_size_t');
+}
+
+/**
+ * The logits' scale: `given` by the operator, `value` when known at all (else 1/√H at run time); `dtype`: the
+ * attention's type.
+ */
+interface Scale { given?: number; value?: number; dtype: number }
+
+/** q, k, v of the operator's projection: input·weights (+ bias), split at qkv_hidden_sizes or in thirds. */
+function projection(b: Builder, x: string, weights: string, bias: string | undefined, sizes: number[] | undefined): string[] {
+  let qkv = b.op('MatMul', [x, weights], {}, 'qkv');
+  if (bias) qkv = b.op('Add', [qkv, bias], {}, 'qkv_biased');
+  const axis = b.int64('axis2', [2]);
+  let bounds: string[];
+  if (sizes?.length === 3) bounds = [0, sizes[0], sizes[0] + sizes[1], INT64_MAX].map((x) => b.int64('bound', [x]));
+  else {
+    const width = b.op('Slice', [b.op('Shape', [weights]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
+    const third = b.op('Div', [width, b.int64('three', [3])], {}, 'third');
+    bounds = [b.int64('zero1', [0]), third, b.op('Add', [third, third], {}, 'two_thirds'), b.int64('end', [INT64_MAX])];
+  }
+  return ['q', 'k', 'v'].map((name, i) => b.op('Slice', [qkv, bounds[i], bounds[i + 1], axis], {}, name));
+}
+
+/** Keys and values: the stacked cache [2, B, N, T, H], or without a cache the new ones [B, S, N·H]. */
+type Cache = { stacked: string } | { k: string; v: string };
+
+/**
+ * The operator's `present` output (same name and layout), which is also what attention reads: past followed by
+ * the new keys and values. Without past and present, the new k and v alone.
+ */
+function cache(b: Builder, node: FusedSite['node'], k: string, v: string, heads: number): Cache {
+  const past = node.input[4];
+  const present = node.output[1];
+  if (!past && !present) return { k, v };
+  const kv5 = b.op('Reshape', [b.op('Concat', [k, v], { axis: 2 }, 'kv'), b.int64('kv_shape', [0, 0, 2, heads, -1])], {}, 'kv5');
+  const presentName = present || b.graph.uniqueName(`${b.prefix}present`);
+  if (!past) {
+    b.node('Transpose', [kv5], [presentName], { perm: [2, 0, 3, 1, 4] });
+    return { stacked: presentName };
+  }
+  const stacked = b.op('Transpose', [kv5], { perm: [2, 0, 3, 1, 4] }, 'kv_new');
+  if (!node.input[6]) {
+    b.node('Concat', [past, stacked], [presentName], { axis: 3 });
+    return { stacked: presentName };
+  }
+  // Shared buffer: the new keys go to positions P … P + S − 1 of the max-length buffer, the rest stays.
+  const P = b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('one_dim', [1])], {}, 'past_len');
+  const end = b.op('Add', [P, b.op('Slice', [b.op('Shape', [k]), b.int64('one1', [1]), b.int64('two1', [2])], {}, 'seq')], {}, 'valid_end');
+  const axis3 = b.int64('axis3', [3]);
+  const zero = b.int64('zero1', [0]);
+  const head = b.op('Slice', [past, zero, P, axis3], {}, 'past_valid');
+  const tail = b.op('Slice', [past, end, b.int64('end', [INT64_MAX]), axis3], {}, 'past_rest');
+  b.node('Concat', [head, stacked, tail], [presentName], { axis: 3 });
+  return { stacked: b.op('Slice', [presentName, zero, end, axis3], {}, 'present_valid') };
+}
+
+// ---- the mask and n, once per graph ---------------------------------------------------------------------
+
+function maskTensors(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan, dtype: number): MaskTensors {
+  const node = site.node;
+  const { shapes } = shared;
+  const S = shapes.dim(node.input[0], 1);
+  const P = node.input[6] ? undefined : node.input[4] ? shapes.dim(node.input[4], 3) : undefined;
+  const lengths = S && (P || !node.input[4]) ? `${show(S)}|${P ? show(P) : '0'}|${node.input[6] ?? ''}` : `site:${node.output[0]}`;
+  const filter = attrFloat(node, 'mask_filter_value') ?? -10000;
+  const key = [plan.mask !== undefined ? node.input[plan.mask] : '-', lengths, plan.causal, plan.unidirectional, filter, dtype].join('|');
+  let entry = shared.cache.get(key);
+  if (!entry) {
+    entry = buildMask(shared, site, plan, dtype, filter);
+    shared.cache.set(key, entry);
+  }
+  return entry;
+}
+
+/** Lengths as int64 scalars: S, the past P, T = P + S. */
+function lengthsOf(b: Builder, node: FusedSite['node']): { S: string; P: string; T: string } {
+  const dim = (name: string, axis: number): string => b.op('Gather', [b.op('Shape', [name]), b.int64(`axis${axis}`, [axis], true)], {}, 'len');
+  const S = dim(node.input[0], 1);
+  let P: string;
+  if (node.input[6]) P = b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len');
+  else P = node.input[4] ? dim(node.input[4], 3) : b.int64('zero', [0], true);
+  return { S, P, T: b.op('Add', [P, S], {}, 'total_len') };
+}
+
+function buildMask(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan, dtype: number, filter: number): MaskTensors {
+  const { builder: b, opset } = shared;
+  const node = site.node;
+  const { S, P, T } = lengthsOf(b, node);
+  const zero = b.int64('zero', [0], true);
+  const one = b.int64('one', [1], true);
+  const keys = b.op('Range', [zero, T, one], {}, 'key_pos');
+  const rowEnd = unsqueeze(b, b.op('Add', [b.op('Range', [zero, S, one], {}, 'row'), P], {}, 'row_pos'), [1], opset, 'row_pos_col');
+  const future = unsqueeze(b, b.op('Greater', [keys, rowEnd], {}, 'future_2d'), [0], opset, 'future'); // [1, S, T]
+  const keep = plan.mask === undefined ? undefined : maskKeep(b, node, plan.maskRank!, node.input[plan.mask], S, T, keys, opset);
+  const rows = countVisible(b, keep, plan.causal ? future : undefined, P, S, opset);
+  const constant = (name: string, x: number): string => b.constant(name, dtype, [], [x]);
+  let bias: string | undefined;
+  const padding = keep ? b.op('Where', [keep, constant('zero_t', 0), constant('mask_filter', filter)], {}, 'padding_bias') : undefined;
+  if (plan.unidirectional) bias = b.op('Where', [future, constant('lowest', LOWEST[dtype] ?? LOWEST[DataType.FLOAT]), padding ?? constant('zero_t', 0)], {}, 'mask_bias');
+  else if (padding) {
+    const rows = b.op('Concat', [b.int64('one1', [1]), unsqueeze(b, S, [0], opset, 'seq_1'), unsqueeze(b, T, [0], opset, 'total_1')], { axis: 0 }, 'bias_shape');
+    bias = b.op('Expand', [padding, rows], {}, 'mask_bias');
+  }
+  return { rows, lengths: { S, P, T }, bias: bias ? unsqueeze(b, bias, [1], opset, 'mask_bias_4d') : undefined };
+}
+
+/**
+ * Which keys mask_index leaves visible, as bool [B|1, S|1, T], for each format the operator accepts (the format
+ * of a 1-D index is told at run time from its length; a [B|1, 1] raw mask when T ≠ 1 is the no-mask dummy).
+ */
+function maskKeep(b: Builder, node: FusedSite['node'], rank: number, mask: string, S: string, T: string, keys: string, opset: number): string {
+  const positive = (x: string): string => b.op('Greater', [x, b.constant('zero_i32', DataType.INT32, [], [0])], {}, 'mask_keep');
+  const m = b.op('Cast', [mask], { to: DataType.INT32 }, 'mask_i32');
+  if (rank === 3) return positive(m);
+  if (rank === 4) {
+    const from = unsqueeze(b, b.op('Sub', [T, S], {}, 'first_row'), [0], opset, 'first_row_1');
+    const rows = b.op('Slice', [m, b.op('Concat', [from, b.int64('zero1', [0])], { axis: 0 }, 'mask_start'),
+      b.op('Concat', [unsqueeze(b, T, [0], opset, 'total_1'), unsqueeze(b, T, [0], opset, 'total_1')], { axis: 0 }, 'mask_end'), b.int64('axes23', [2, 3])], {}, 'mask_rows');
+    return positive(squeeze(b, rows, [1], opset, 'mask_3d'));
+  }
+  if (rank === 2) {
+    const width = b.op('Gather', [b.op('Shape', [m]), b.int64('axis1', [1], true)], {}, 'mask_width');
+    const dummy = b.op('Not', [b.op('Equal', [width, T], {}, 'mask_full')], {}, 'mask_dummy');
+    return unsqueeze(b, b.op('Or', [positive(m), dummy], {}, 'mask_keep_2d'), [1], opset, 'mask_keep_3d');
+  }
+  // 1-D: key lengths [B]; end positions then start positions [2B]; [3B + 2] begins with the key lengths.
+  const batch = b.op('Gather', [b.op('Shape', [node.input[0]]), b.int64('axis0', [0], true)], {}, 'batch');
+  const batch1 = unsqueeze(b, batch, [0], opset, 'batch_1');
+  const ends = b.op('Slice', [m, b.int64('zero1', [0]), batch1], {}, 'key_end');
+  const padded = b.op('Concat', [m, b.op('Expand', [b.constant('zero_i32_1', DataType.INT32, [1], [0]), batch1], {}, 'zeros_b')], { axis: 0 }, 'mask_padded');
+  const twoB = b.op('Add', [batch1, batch1], {}, 'batch_2');
+  const startsRaw = b.op('Slice', [padded, batch1, twoB], {}, 'key_start_raw');
+  const isEndStart = b.op('Equal', [b.op('Shape', [m]), twoB], {}, 'end_start_format');
+  const starts = b.op('Where', [isEndStart, startsRaw, b.constant('zero_i32', DataType.INT32, [], [0])], {}, 'key_start');
+  const pos = b.op('Cast', [keys], { to: DataType.INT32 }, 'key_pos_i32');
+  const beforeEnd = b.op('Less', [pos, unsqueeze(b, ends, [1], opset, 'key_end_col')], {}, 'before_end');
+  const beforeStart = b.op('Less', [pos, unsqueeze(b, starts, [1], opset, 'key_start_col')], {}, 'before_start');
+  const keep = b.op('And', [beforeEnd, b.op('Not', [beforeStart], {}, 'after_start')], {}, 'mask_keep_2d');
+  return unsqueeze(b, keep, [1], opset, 'mask_keep_3d');
+}
+
+/** max(n, 1) and its logarithm as [B|1, S|1]: the visible keys counted, or n_i = P + i + 1 from shapes when only causal. */
+function countVisible(b: Builder, keep: string | undefined, future: string | undefined, P: string, S: string, opset: number): Rows {
+  let n: string;
+  if (!keep && future) {
+    const one = b.int64('one', [1], true);
+    const first = b.op('Add', [P, one], {}, 'n_first');
+    const rows = b.op('Range', [first, b.op('Add', [first, S], {}, 'n_end'), one], {}, 'n_rows');
+    n = unsqueeze(b, b.op('Cast', [rows], { to: DataType.FLOAT }, 'n'), [0], opset, 'n_rows_2d');
+  } else if (keep) {
+    const visible = future ? b.op('And', [keep, b.op('Not', [future], {}, 'not_future')], {}, 'visible') : keep;
+    n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), opset, false, 'n_visible');
+  } else {
+    n = unsqueeze(b, b.op('Cast', [b.op('Add', [P, S], {}, 'n_keys')], { to: DataType.FLOAT }, 'n'), [0, 1], opset, 'n_2d');
+  }
+  const clamped = b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
+  return { n: clamped, ln: b.op('Log', [clamped], {}, 'ln_n') };
+}
+

@@ -1,0 +1,94 @@
+/**
+ * A positional prior at one Softmax site (see policy/prior.ts): c_i·B_ij is added to the logits right after the
+ * factor and before every mask, so the Softmax sees c·(z + B) + masks and masked entries stay masked.
+ *
+ * B depends on (head, j − i) only: it is built per layer as a small table over the Tq + Tk − 1 relative positions
+ * a run can see, from θ initializers at run time (so θ can be fine-tuned), then gathered into [Tq, Tk, H] through
+ * an index matrix shared by every layer with the same Tq and Tk. Per layer that is one Gather, one Transpose to
+ * [H, Tq, Tk], one Mul by the factor and one Add over the logits.
+ */
+import { AttentionSite } from '../detect/find-attention';
+import { InputError } from '../errors';
+import { DataType } from '../io/onnx';
+import { LayerTheta, THETAS, ThetaName } from '../policy/prior';
+import { Builder } from './builder';
+import { ScaleContext, tileOverBatch } from './insert-scale';
+
+/** The θ initializers (or, in a function body, the inputs θ comes in through) of one site. */
+export type ThetaTensors = Record<ThetaName, string>;
+
+export function thetaConstants(b: Builder, theta: LayerTheta): ThetaTensors {
+  const out = {} as ThetaTensors;
+  for (const t of THETAS) out[t] = b.constant(`theta_${t}`, DataType.FLOAT, [theta[t].length], theta[t]);
+  return out;
+}
+
+/**
+ * B over relative positions: −exp(θα)·(|d − μ| + 1e-5)^θβ for a column of positions d [M, 1], one column per head
+ * [M, H]. The table is [positions, heads] so that Gather copies one row of H values per (i, j): several times faster
+ * in onnxruntime than gathering single values from a [heads, positions] table.
+ */
+function priorTable(b: Builder, theta: ThetaTensors, d: string): string {
+  const row = (x: string, name: string): string => b.op('Reshape', [x, b.int64('head_row', [1, -1])], {}, name);
+  const mu = b.op('Sub', [b.op('Exp', [theta.mu], {}, 'exp_mu'), b.op('Exp', [b.op('Neg', [theta.mu], {}, 'neg_mu')], {}, 'exp_neg_mu')], {}, 'mu');
+  const distance = b.op('Abs', [b.op('Sub', [d, row(mu, 'mu_row')], {}, 'd_minus_mu')], {}, 'distance');
+  const powered = b.op('Pow', [b.op('Add', [distance, b.constant('eps', DataType.FLOAT, [], [1e-5])], {}, 'distance_eps'),
+    row(theta.beta, 'beta_row')], {}, 'distance_pow');
+  const scale = b.op('Neg', [b.op('Exp', [row(theta.alpha, 'alpha_row')], {}, 'exp_alpha')], {}, 'prior_scale');
+  return b.op('Mul', [scale, powered], {}, 'prior_table');
+}
+
+/** Where a fused operator's bias [B|1, H, S, T] sits: S rows, T keys, each item's first row at absolute position `past`. */
+export interface BiasPositions {
+  S: string;
+  T: string;
+  /** Scalar, or one per batch item [B]; int64. */
+  past: string;
+}
+
+/**
+ * c·B as an additive bias [B|1, H, S, T] for a fused operator (its attention_bias, attn_mask), in `dtype`: `factor`
+ * is c laid out [Bn, H|1, Sn, 1] (absent for the none preset).
+ */
+export function fusedPrior(b: Builder, theta: ThetaTensors, at: BiasPositions, factor: string | undefined, dtype: number): string {
+  const one = b.int64('one', [1], true);
+  const last = b.op('Sub', [at.T, one], {}, 'last_key');
+  const range = (from: string, to: string, name: string): string => b.op('Range', [from, to, one], {}, name);
+  const d = b.op('Reshape', [b.op('Cast', [range(b.op('Neg', [last], {}, 'first_d'), at.T, 'd_range')], { to: DataType.FLOAT }, 'd'),
+    b.int64('column', [-1, 1])], {}, 'd_column');
+  const zero = b.int64('zero', [0], true);
+  const keys = b.op('Reshape', [range(zero, at.T, 'keys'), b.int64('keys_shape', [1, 1, -1])], {}, 'key_pos');
+  const rows = b.op('Reshape', [range(zero, at.S, 'rows'), b.int64('rows_shape', [1, -1, 1])], {}, 'row_pos');
+  const past = b.op('Reshape', [at.past, b.int64('items_shape', [-1, 1, 1])], {}, 'first_row_pos');
+  // Index of d = j − (past_b + i) in d_range, which starts at −(T − 1).
+  const index = b.op('Add', [b.op('Sub', [b.op('Sub', [keys, rows], {}, 'j_minus_i'), past], {}, 'd_bij'), last], {}, 'd_index');
+  const gathered = b.op('Gather', [priorTable(b, theta, d), b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32')], { axis: 0 }, 'prior_bsth');
+  let bias = b.op('Transpose', [gathered], { perm: [0, 3, 1, 2] }, 'prior');
+  if (factor) bias = b.op('Mul', [bias, factor], {}, 'prior_scaled');
+  return dtype === DataType.FLOAT ? bias : b.op('Cast', [bias], { to: dtype }, 'prior_cast');
+}
+
+/**
+ * Adds c·B at the site; `factor` is c (absent for the none preset, c = 1). A factor that is one value per head for
+ * every row scales the small table instead of the gathered [H, Tq, Tk] prior. Returns the Add node's output.
+ */
+export function insertPrior(ctx: ScaleContext, b: Builder, site: AttentionSite, theta: ThetaTensors,
+  factor: { tensor: string; perHead: boolean } | undefined): string {
+  const heads = site.heads.heads;
+  if (!heads) throw new InputError(`layer ${site.layer}: a positional prior needs the head count (${site.heads.reason})`);
+  if (site.logitsRank !== 3 && site.logitsRank !== 4) throw new InputError(`layer ${site.layer}: a positional prior needs logits of known rank 3 or 4`);
+  const pos = ctx.sources.positions(site);
+  const row = (x: string, name: string): string => b.op('Reshape', [x, b.int64('head_row', [1, -1])], {}, name);
+  let table = priorTable(b, theta, pos.d);
+  if (factor?.perHead) table = b.op('Mul', [table, row(factor.tensor, 'factor_row')], {}, 'prior_table_scaled');
+  let bias = b.op('Transpose', [b.op('Gather', [table, pos.index], { axis: 0 }, 'prior_ijh')], { perm: [2, 0, 1] }, 'prior');
+  const consumer = site.consumer;
+  const current = consumer.node.input[consumer.index];
+  if (site.logitsRank === 3) bias = tileOverBatch(b, bias, current, heads);
+  if (factor && !factor.perHead) bias = b.op('Mul', [bias, factor.tensor], {}, 'prior_scaled');
+  if (site.logitsType !== undefined && site.logitsType !== DataType.FLOAT) bias = b.op('Cast', [bias], { to: site.logitsType }, 'prior_cast');
+  else if (site.logitsType === undefined && ctx.opset >= 15) bias = b.op('CastLike', [bias, current], {}, 'prior_cast');
+  const added = b.op('Add', [current, bias], {}, 'prior_add');
+  b.rewire(consumer.node, consumer.index, added);
+  return added;
+}

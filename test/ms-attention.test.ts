@@ -1,0 +1,72 @@
+/**
+ * com.microsoft Attention patched exactly by expanding it (rewrite/ms-attention.ts), checked against a numpy
+ * reference of the operator's documented semantics with SSMax (fixtures/ms_attention/make_ms_attention.py, no
+ * onnxruntime involved): causal GPT-2 form with a stacked cache (prompt, a chunk after a cache, one decoded token,
+ * left-padded batches), every mask_index format, a shared past/present buffer, attention_bias with
+ * qkv_hidden_sizes, float16. Each model: the original on onnxruntime equals the reference (where the CPU kernel
+ * runs it: not the 4-D mask nor the shared buffer); the patched model with its factor at 1 equals the original
+ * and the reference; patched with scalar and per-head s it equals the SSMax reference.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { parseModel, readModel, serializeModel } from '../src/io/model-file';
+import { parseScaleJson } from '../src/policy/scale';
+import { revertModel } from '../src/rewrite/revert';
+import { patchModel } from '../src/rewrite/patch';
+import { FIXTURES, loadRef } from './support/ref';
+import { checkFixture, outputsOf, refError } from './support/refrun';
+import { cli } from './support/io';
+
+const DIR = path.join(FIXTURES, 'ms_attention');
+const MODELS = fs.readdirSync(DIR).filter((f) => f.endsWith('.onnx')).map((f) => f.replace(/\.onnx$/, '')).sort();
+/** What onnxruntime's CPU kernel does not run: the original is checked through the reference only. */
+const CPU_CANNOT = new Set(['mask_4d_megatron', 'share_buffer']);
+
+describe('com.microsoft Attention expanded, against the numpy reference of the operator', () => {
+  for (const name of MODELS) {
+    it(name, async () => {
+      const line = await checkFixture(DIR, name, 'com.microsoft.Attention', { cpuCannot: CPU_CANNOT.has(name), tol: /fp16/.test(name) ? 2e-3 : 1e-4 });
+      process.stdout.write(`# ${line}\n`);
+    });
+  }
+});
+
+describe('the reference catches a wrong n', () => {
+  it('gpt2_causal_past patched with n = Tk (the query columns of the weights) misses the SSMax reference', async () => {
+    const original = readModel(path.join(DIR, 'gpt2_causal_past.onnx'));
+    const { model, report } = patchModel(original, { s: 0.45, n: 'keys' });
+    assert.equal(report.sites[0].expanded, undefined);
+    for (const c of loadRef('gpt2_causal_past', DIR).cases.filter((k) => k.patch?.s === 0.45 && !/decode/.test(k.name))) {
+      assert.ok(refError(await outputsOf(model, c), c) > 1e-3, `${c.name}: n = Tk passes the per-row reference: the test is too weak`);
+    }
+  });
+});
+
+describe('--verify on the expanded GPT-2 form', () => {
+  it('passes: factor-1 parity with the original node (within float rounding), retrofit parity at L with a cache', () => {
+    const r = cli([path.join(DIR, 'gpt2_causal_past.onnx'), '--train-len', '16', '--verify', '--dry-run']);
+    assert.equal(r.code, 0, r.stderr + r.stdout);
+    const parity = /PASSED {2}wiring parity: .* max abs (\S+),/.exec(r.stdout);
+    assert.ok(parity && Number(parity[1]) < 1e-6, r.stdout);
+    assert.match(r.stdout, /PASSED {2}retrofit parity/);
+    assert.match(r.stdout, /verify: PASSED/);
+  });
+});
+
+describe('an expanded site, patched again', () => {
+  it('is found by its record: a second patch is refused, --update-s replaces s, revert after it gives back the original', async () => {
+    const original = readModel(path.join(DIR, 'gpt2_causal_past.onnx'));
+    const once = parseModel(serializeModel(patchModel(original, { scale: parseScaleJson({ s: [0.3, 0.4] }, 't') }).model), 'patched');
+    assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
+    const updated = patchModel(once, { scale: parseScaleJson({ s: [0.6, 0.2] }, 't'), updateS: true });
+    assert.deepEqual(updated.report.sites.map((s) => s.s), [[0.6, 0.2]]);
+    const fresh = patchModel(original, { scale: parseScaleJson({ s: [0.6, 0.2] }, 't') }).model;
+    const c = loadRef('gpt2_causal_past', DIR).cases[1];
+    const [a, b] = [await outputsOf(updated.model, c), await outputsOf(fresh, c)];
+    assert.deepEqual(Array.from(a.output.data), Array.from(b.output.data));
+    const back = revertModel(parseModel(serializeModel(updated.model), 'updated')).model;
+    assert.ok(Buffer.from(serializeModel(back)).equals(Buffer.from(serializeModel(original))));
+  });
+});

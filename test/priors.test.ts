@@ -1,0 +1,119 @@
+/**
+ * Positional priors (BAM's generalized-Gaussian prior and ALiBi) against PyTorch references of the formula
+ * (fixtures/torch/priors.ref.json, made by make_priors.py): alone and with SSMax, per-head and per-layer θ, with a
+ * KV cache and padded batches; ALiBi against a hand-built ALiBi bias. Then what the journal promises: θ replaced in
+ * place by an update, and revert giving back the original bytes.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { Graph } from '../src/graph/graph';
+import { readModel, serializeModel } from '../src/io/model-file';
+import { encodeModel, ModelProto } from '../src/io/onnx';
+import { alibiSlopes } from '../src/policy/prior';
+import { parseScaleJson } from '../src/policy/scale';
+import { patchModel, PatchOptions } from '../src/rewrite/patch';
+import { readRecord } from '../src/rewrite/record';
+import { revertModel } from '../src/rewrite/revert';
+import { Outputs, Runner } from '../src/verify/run';
+import { cliError } from './support/io';
+import { decode, RefCase, TORCH } from './support/ref';
+
+interface PriorCase extends Omit<RefCase, 'patch'> { model: string; patch: PatchOptions & { sJson?: unknown } }
+const ref = JSON.parse(fs.readFileSync(path.join(TORCH, 'priors.ref.json'), 'utf8')) as { theta: object; cases: PriorCase[] };
+
+function options(c: PriorCase): PatchOptions {
+  const { sJson, ...rest } = c.patch;
+  return sJson === undefined ? rest : { ...rest, scale: parseScaleJson(sJson, 'test') };
+}
+
+async function run(model: ModelProto, c: PriorCase): Promise<Outputs> {
+  const runner = await Runner.create(encodeModel(model), c.name);
+  const out = await runner.run(Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)])));
+  await runner.release();
+  return out;
+}
+
+function maxDiff(out: Outputs, c: PriorCase): number {
+  let diff = 0;
+  for (const [name, t] of Object.entries(c.outputs)) {
+    const want = decode(t).data as Float32Array;
+    for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(out[name].data[i] - want[i]));
+  }
+  return diff;
+}
+
+const byName = (name: string): PriorCase => ref.cases.find((c) => c.name === name)!;
+
+describe('positional priors against PyTorch references', () => {
+  for (const c of ref.cases) {
+    it(`${c.name}: ${JSON.stringify({ ...c.patch, priorTheta: c.patch.priorTheta ? '…' : undefined })}`, async () => {
+      const { model, report } = patchModel(readModel(path.join(TORCH, c.model)), options(c));
+      assert.ok(report.sites.every((s) => s.prior), 'every site carries the prior');
+      const diff = maxDiff(await run(model, c), c);
+      assert.ok(diff <= 1e-4, `max abs error ${diff}`);
+    });
+  }
+
+  it('the neutral prior (θ = 0) alone computes what the original computed', async () => {
+    const c = byName('ggd_neutral_none_t17');
+    const original = await run(readModel(path.join(TORCH, c.model)), c);
+    const patched = await run(patchModel(readModel(path.join(TORCH, c.model)), options(c)).model, c);
+    let diff = 0;
+    for (let i = 0; i < original.logits.data.length; i++) diff = Math.max(diff, Math.abs(original.logits.data[i] - patched.logits.data[i]));
+    assert.ok(diff <= 1e-5, `max abs difference ${diff}`);
+  });
+
+  it('the model\'s θ initializers, one value per head, are listed in the report and hold ALiBi\'s θα = ln m_h', () => {
+    const { model, report } = patchModel(readModel(path.join(TORCH, 'gpt2_decoder.onnx')), { prior: 'alibi', trainLen: 16 });
+    const g = new Graph(model.graph!);
+    for (const site of report.sites) {
+      assert.deepEqual(g.constValue(site.prior!.alpha)!.values, alibiSlopes(4).map((m) => Math.fround(Math.log(m))));
+      assert.deepEqual(g.constValue(site.prior!.beta)!.values, [1, 1, 1, 1]);
+      assert.deepEqual(g.constValue(site.prior!.mu)!.values, [0, 0, 0, 0]);
+    }
+    assert.deepEqual(readRecord(model)!.prior, { kind: 'alibi', from: 'defaults' });
+  });
+
+  it('models that carry their own ALiBi or T5 position bias get the prior added to it, and the report says so', () => {
+    const notes = (name: string): string[] => patchModel(readModel(path.join(TORCH, `${name}.onnx`)), { prior: 'ggd', trainLen: 16 })
+      .report.sites.flatMap((s) => s.notes ?? []);
+    assert.equal(notes('t5_decoder').length, 2);
+    assert.match(notes('bloom_alibi')[0], /adds its own position bias .*the prior adds to it/);
+    assert.deepEqual(notes('gpt2_past'), [], 'a padding mask is not a position bias');
+  });
+
+  it('ALiBi slopes for head counts that are not powers of two follow the interleaving rule', () => {
+    const fmt = (xs: number[]): string[] => xs.map((x) => x.toPrecision(6));
+    assert.deepEqual(fmt(alibiSlopes(6)), fmt([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]));
+  });
+});
+
+describe('priors through the journal', () => {
+  const file = path.join(TORCH, 'gpt2_decoder.onnx');
+
+  it('an update replaces θ in place: a neutral retrofit fine-tuned to other θ computes the reference', async () => {
+    const c = byName('ggd_none_t17');
+    const neutral = patchModel(readModel(file), { prior: 'ggd', preset: 'none' }).model;
+    const { model } = patchModel(neutral, { prior: 'ggd', priorTheta: ref.theta, updateS: true });
+    assert.equal(model.graph!.node.length, neutral.graph!.node.length);
+    assert.ok(maxDiff(await run(model, c), c) <= 1e-4);
+  });
+
+  it('revert removes the prior and the factor exactly', () => {
+    const patched = patchModel(readModel(file), { prior: 'ggd', priorTheta: ref.theta, trainLen: 16 }).model;
+    const back = serializeModel(revertModel(patched).model);
+    assert.ok(Buffer.from(back).equals(fs.readFileSync(file)));
+  });
+
+  it('refuses what it cannot do, naming the option', () => {
+    const m = readModel(file);
+    assert.throws(() => patchModel(m, { prior: 'gauss', s: 0.3 }), cliError(/--prior must be ggd or alibi, got 'gauss'/));
+    assert.throws(() => patchModel(m, { preset: 'none' }), cliError(/--preset none adds no factor: give --prior too/));
+    assert.throws(() => patchModel(m, { preset: 'none', prior: 'ggd', s: 0.3 }), cliError(/--preset none has no s/));
+    assert.throws(() => patchModel(m, { prior: 'ggd', priorTheta: { theta_alpha: [1, 2, 3] }, s: 0.3 }), /theta_alpha gives 3 heads for layer 0, the model has 4/);
+    assert.throws(() => patchModel(m, { prior: 'ggd', priorTheta: { theta_gamma: 1 }, s: 0.3 }), /unknown key 'theta_gamma'/);
+    assert.throws(() => patchModel(m, { priorTheta: { theta_alpha: 1 }, s: 0.3 }), cliError(/given without --prior/));
+  });
+});
