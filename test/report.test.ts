@@ -207,8 +207,10 @@ describe('JUnit XML and --strict', () => {
     assert.deepEqual(j.cases.filter((c) => c.classname === 'ssmax-patch.probe').map((c) => c.name),
       ['semantic probe: layer 0 (site 1 of 2, n causal)', 'semantic probe: layer 1 (site 2 of 2, n causal)']);
     assert.deepEqual(j.cases.filter((c) => c.outcome === 'skipped').map((c) => c.classname), ['ssmax-patch.liveness', 'ssmax-patch.sharpness']);
-    const s = cli(['verify', w.original, w.patched, '--junit', strict, '--strict', '--json', ...short]);
+    const plot = path.join(w.dir, 'no-curve.svg');
+    const s = cli(['verify', w.original, w.patched, '--junit', strict, '--strict', '--json', '--plot', plot, ...short]);
     assert.equal(s.code, 1, s.stderr);
+    assert.match(fs.readFileSync(plot, 'utf8'), /<svg[^]*no sharpness curve: no length beyond 64 ran/, 'a CI job uploading the plot gets the reason, not a missing file');
     const sdoc = JSON.parse(s.stdout);
     assertValid(sdoc, 'verify --strict');
     assert.equal(sdoc.status, 'failed');

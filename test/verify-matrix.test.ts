@@ -266,23 +266,24 @@ function otherLayersTheta(m: ModelProto, to = 0, from = 1): void {
   }
 }
 
-/** The prior of every site added without its factor (the Mul that scales it bypassed). */
+/** The prior of every site added without its factor: the Mul the rewrite names prior_scaled (or prior_table_scaled) bypassed. */
 function unscaledPrior(m: ModelProto): void {
   const g = new Graph(m.graph!);
-  const scaled = g.nodes.filter((n) => n.opType === 'Mul' && g.query.dependsOn(n.output[0], readRecord(m)!.sites[0].prior!.alpha)
-    && n.input.some((x) => g.query.dependsOn(x, readRecord(m)!.sites[0].sInitializer!)));
+  const scaled = g.nodes.filter((n) => /\/prior(_table)?_scaled$/.test(n.name));
   assert.ok(scaled.length > 0, 'no Mul scales the prior');
   for (const n of scaled) {
-    const prior = n.input.find((x) => !g.query.dependsOn(x, readRecord(m)!.sites[0].sInitializer!))!;
-    for (const r of [...g.consumersOf(n.output[0])]) r.input.forEach((x, i) => { if (x === n.output[0]) g.setInput(r, i, prior); });
+    for (const r of [...g.consumersOf(n.output[0])]) r.input.forEach((x, i) => { if (x === n.output[0]) g.setInput(r, i, n.input[0]); });
   }
 }
 
 MUTATIONS.push(
   ['the prior reads another layer\'s θ', gpt2, { trainLen: L, prior: 'ggd', priorTheta: { theta_alpha: [[-0.5, 0, 0.3, -1], [0.2, -0.3, 0.1, 0]], theta_beta: 0.8, theta_mu: [[0, 0.2, -0.2, 0.4], [0.3, 0, 0, -0.1]] } },
-    (m) => otherLayersTheta(m), /^layer 0 prior/],
+    (m) => otherLayersTheta(m), /^layer 0\b/],
   ['the prior not scaled by the factor', gpt2, { trainLen: L, prior: 'ggd', priorTheta: THETA }, unscaledPrior, /^layer \d prior/],
   ['the prior not scaled by the factor (fused MultiHeadAttention)', models.mhaCacheModel, { trainLen: L, prior: 'ggd', priorTheta: THETA }, unscaledPrior, /layer 0 \(MultiHeadAttention.* prior/],
+  ['n doubled (com.microsoft Attention expanded for causal n)', models.msAttentionModel, { trainLen: L, n: 'causal' }, (m) => assert.ok(doubleN(m) > 0), /layer 0 \(Attention/],
+  ['the prior not scaled by the factor (expanded com.microsoft Attention)', models.msAttentionModel, { trainLen: L, n: 'causal', prior: 'ggd', priorTheta: THETA }, unscaledPrior,
+    /layer 0 \(Attention.* prior/],
   ['the prior not scaled by the factor (GroupQueryAttention)', models.gqaModel, { trainLen: L, prior: 'alibi' }, unscaledPrior, /layer 0 \(GroupQueryAttention.* prior/],
 );
 

@@ -9,6 +9,8 @@ import { DataType, ModelProto, toNumber } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
 import { verifyPatch, VerifyReport, withUnitFactor } from '../src/verify/verify';
 import { compareOutputs } from '../src/verify/compare';
+import { parityCheck } from '../src/verify/checks/common';
+import { RunResult } from '../src/verify/report';
 import { sharpnessSvg } from '../src/verify/plot';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -119,6 +121,21 @@ describe('Polygraphy-style statistics', () => {
     assert.equal(ok.passed, true);
     const [nan] = compareOutputs(out([1, NaN, 0, 0]), out([1, 2, 0, 0]));
     assert.equal(nan.newNonFinite, 1);
+  });
+
+  it('a run where the original is NaN everywhere is not a parity pass: two NaNs agree without anything compared', () => {
+    const out = (data: number[]): { y: { dims: number[]; data: Float64Array } } => ({ y: { dims: [2], data: Float64Array.from(data) } });
+    const run = (actual: number[], expected: number[]): RunResult => {
+      const outputs = compareOutputs(out(actual), out(expected));
+      return { run: 'batch=1 seq=4', length: { batch: 1, seq: 4, past: 0 }, padded: false, outputs, passed: outputs.every((o) => o.passed) };
+    };
+    const tol = { atol: 1e-5, rtol: 1e-5 };
+    const blind = parityCheck('wiring', 'c', [run([NaN, NaN], [NaN, NaN])], tol, 'equal');
+    assert.equal(blind.status, 'SKIPPED');
+    assert.equal(blind.skip, 'not checked', 'counts against --strict');
+    assert.match(blind.summary, /original's y is NaN or Inf everywhere/);
+    assert.equal(parityCheck('wiring', 'c', [run([NaN, 1], [NaN, 1])], tol, 'equal').status, 'PASSED', 'one NaN the patch keeps: the rest compared');
+    assert.equal(run([NaN, 1], [NaN, 1]).outputs[0].expectedNonFinite, 1);
   });
 });
 

@@ -12,7 +12,7 @@ import { onnxruntime } from '../onnxruntime';
 import { trainLenWarnings } from '../policy/warnings';
 import { readRecord } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
-import { sharpnessSvg } from '../verify/plot';
+import { noCurveSvg, sharpnessSvg } from '../verify/plot';
 import { VerifyOptions, VerifyReport, verifyPatch } from '../verify/verify';
 import type { ModelProto } from '../io/onnx';
 import { formatVerify } from './format';
@@ -147,7 +147,9 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
       writeTextFile(o.plot, sharpnessSvg(s, { title: a.title, subtitle }), protect);
       lines.push(`plot: ${o.plot}`);
     } else {
-      lines.push(`plot: not written (${a.verification.checks.find((c) => c.id === 'sharpness')?.summary ?? 'no sharpness curve'})`);
+      const why = a.verification.checks.find((c) => c.id === 'sharpness')?.summary ?? 'the check did not run';
+      writeTextFile(o.plot, noCurveSvg(a.title, why), protect);
+      lines.push(`plot: ${o.plot} (no curve: ${why})`);
     }
   }
   if (o.junit) {

@@ -139,10 +139,13 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
     case 'mask': {
       const perItem = dims.length ? count / Math.max(dims[0], 1) : count;
       const pad = Math.max(1, Math.floor(shape.seq / 4));
+      // A padding mask (PyTorch's key_padding_mask, fairseq's) marks the keys to drop: true = pad, the opposite
+      // of an attention mask's 1 = attend.
+      const [keep, drop] = isPaddingMask(spec.name) ? [0, 1] : [1, 0];
       for (let i = 0; i < count; i++) {
         const item = Math.floor(i / perItem);
         const key = i % last;
-        values[i] = padded && dims.length >= 2 && dims[0] >= 2 && shape.seq >= 2 && item === dims[0] - 1 && key >= last - pad ? 0 : 1;
+        values[i] = padded && dims.length >= 2 && dims[0] >= 2 && shape.seq >= 2 && item === dims[0] - 1 && key >= last - pad ? drop : keep;
       }
       break;
     }
@@ -161,6 +164,11 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
   return makeHost(type, dims, values);
+}
+
+/** Masks named for padding (padding_mask, key_padding_mask, src_key_padding_mask) hold true at the padded keys. */
+function isPaddingMask(name: string): boolean {
+  return /pad/i.test(name) && /mask/i.test(name);
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */

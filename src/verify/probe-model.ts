@@ -18,7 +18,7 @@ import { countsMasks, NMode } from '../policy/n-mode';
 import { planFor } from '../rewrite/fused';
 import { Exposer, Unexposable } from './expose';
 import { lastRow, node, PREFIX } from './nodes';
-import { VerifySite } from './sites';
+import { readsLogits, VerifySite } from './sites';
 
 export interface ProbeOutputs {
   before: string;
@@ -62,7 +62,7 @@ function wire(x: Exposer, site: VerifySite, rows: 'all' | 'last'): ProbeWiring {
     return r;
   };
   try {
-    if (site.fused) return fusedOutputs(x, site, consumer, scope, out);
+    if (!readsLogits(site)) return fusedOutputs(x, site, consumer, scope, out);
     return logitsOutputs(x, site, scope, consumer, rows, out);
   } catch (e) {
     if (e instanceof Unexposable) return { unprobed: `${site.label}: ${e.reason}` };
@@ -116,13 +116,15 @@ function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: 
   // The plan the patch used for the recorded n mode (keys on a causal operator reads other inputs than its own plan).
   const terms: Term[] = [...termsOf(planFor(f, site.record.n as NMode)), { input: f.queryLength.input, axis: f.queryLength.axis }];
   const shapes = new Map<number, string>(), values = new Map<number, string>();
+  // An expanded operator is gone; the inputs n is read from are the original node's, which its expansion reads.
+  const op = site.record.expanded ? f.node : consumer;
   for (const term of terms) {
-    const input = consumer.input[term.input];
+    const input = op.input[term.input];
     if (!input) throw new Problem(`input ${term.input} of the operator, which n is read from, is empty`);
     if ('value' in term) {
       if (!values.has(term.input)) values.set(term.input, out(input, `value${term.input}`));
     } else if (!shapes.has(term.input)) {
-      const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/shape${term.input}`);
+      const shape = g.uniqueName(`${PREFIX}${nodeLabel(op)}/shape${term.input}`);
       x.add(scope, node('Shape', [input], shape));
       shapes.set(term.input, out(shape, `shape${term.input}`));
     }
@@ -132,8 +134,8 @@ function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: 
     ...(t.prior.before ? { before: out(t.prior.before, 'prior_before') } : {}), after: out(t.prior.after, 'prior_after'), type: scope.shapes.type(t.prior.after),
   } : undefined;
   return {
-    type: scope.shapes.type(consumer.input[t.input]),
-    before: out(t.before || t.prior!.after, 'before'), after: out(consumer.input[t.input], 'after'), shapes, values, ...(bias ? { bias } : {}), ...(prior ? { prior } : {}),
+    type: scope.shapes.type(t.after ?? consumer.input[t.input]),
+    before: out(t.before || t.prior!.after, 'before'), after: out(t.after ?? consumer.input[t.input], 'after'), shapes, values, ...(bias ? { bias } : {}), ...(prior ? { prior } : {}),
   };
 }
 
@@ -142,6 +144,7 @@ function termsOf(plan: NPlan): Term[] {
     case 'keys': case 'causal': return plan.tk;
     case 'causal-offset': return [...plan.tk, ...plan.offset];
     case 'lengths': return [{ input: plan.lengths, value: true }, ...(plan.promptTotal !== undefined ? [{ input: plan.promptTotal, value: true as const }] : [])];
-    case 'mask-index': return [];
+    // The mask's values, and the past's shape or length through tk (P = Tk − S).
+    case 'mask-index': return [...plan.tk, ...(plan.mask !== undefined ? [{ input: plan.mask, value: true as const }] : [])];
   }
 }

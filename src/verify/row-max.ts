@@ -33,7 +33,11 @@ export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[]): RowMax
     if (!t) return;
     const scope = x.scope(t.scope);
     if (!scope) return;
-    const r = site.fused ? fusedRowMax(x, scope, t.consumer, site) : softmaxRowMax(x, scope, t.softmax, site);
+    // An expanded operator's output is written by its kernel (MultiHeadAttention) in the patched model, by the operator in the original.
+    const key = site.record.expanded && site.fused ? nodeKey(site.fused.node) : t.consumer;
+    // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
+    const ownSoftmax = t.softmax !== undefined && scope.graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax);
+    const r = site.fused && !ownSoftmax ? fusedRowMax(x, scope, key, site) : softmaxRowMax(x, scope, t.softmax, site);
     if ('reason' in r) result.unseen.push(`${site.label}: ${r.reason}`);
     else {
       const out = x.expose(t.scope, r.tensor, `L${site.record.layer}/row_max`, site.call);
@@ -142,6 +146,7 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
     return qk('logits');
   }
   if (ms && op.opType === 'Attention') return attentionLogits(x, scope, op, layer);
+  if (op.opType === 'If' && site.record.expanded) return { reason: 'its expansion runs the kernel inside an If (one branch for decoding, one for a prompt), which the sweep does not read' };
   return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
 }
 
@@ -151,9 +156,10 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
  * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
  */
 function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
-  const unsupported = [3, 5, 6].filter((i) => op.input[i]);
+  const keyMask = op.input[3] && scope.shapes.rank(op.input[3]) === 2 ? op.input[3] : undefined;
+  const unsupported = [3, 6].filter((i) => op.input[i] && !(i === 3 && keyMask));
   if (unsupported.length || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
-    return { reason: 'com.microsoft Attention with a mask, attention bias, rotary or shared cache gives no probabilities to recompute' };
+    return { reason: 'com.microsoft Attention with a mask_index other than [B, T], rotary or a shared cache gives no probabilities to recompute' };
   }
   const heads = attrInt(op, 'num_heads');
   const sizes = attrInts(op, 'qkv_hidden_sizes');
@@ -188,6 +194,15 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
       { value: makeTensor('', DataType.FLOAT, [1], [-Infinity]) }));
     const diag = n('Reshape', [n('Add', [n('Sub', [T, S], 'offset'), k64('one', [1])], 'diag_1'), k64('scalar', [])], 'diag');
     logits = n('Add', [logits, n('Trilu', [full, diag], 'causal', { upper: 1 })], 'qk_masked');
+  }
+  // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
+  if (op.input[5]) logits = n('Add', [logits, op.input[5]], 'qk_biased');
+  if (keyMask) {
+    // mask_index [B, T]: 0 hides the key, by mask_filter_value (−10000 unless set), as the kernel does.
+    const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
+    const hidden = n('Sub', [f('one_f', 1), n('Cast', [keyMask], 'mask_f', { to: DataType.FLOAT })], 'mask_hidden');
+    const bias = n('Mul', [hidden, f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
+    logits = n('Add', [logits, n('Reshape', [bias, k64('mask_4d', [0, 1, 1, -1])], 'mask_bias_4d')], 'qk_padded');
   }
   return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
 }

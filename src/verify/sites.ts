@@ -67,8 +67,7 @@ export function findSites(model: ModelProto, scopes: Scope[], record: PatchRecor
       const scope = byPath.get(r.scope ?? 'main') ?? fail(`its graph ${r.scope} is not in the model`);
       site.s = scaleValues(scope.graph, r);
       if (r.prior) site.theta = thetaValues(scope.graph, r.prior);
-      // An expanded operator's factor and prior are inside the nodes that replaced it, with n from its mask: not read.
-      if (r.expanded) site.unprobed = `${site.label}: expanded into its definition; the probe does not read the expanded nodes (wiring and retrofit parity cover it)`;
+      if (r.expanded) locateExpanded(scope, record, r, site);
       else locate(model, byPath, record, r, site);
       if (detection) site.fused = fusedSite(detection, r, site);
     } catch (e) {
@@ -144,7 +143,9 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
   const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply!));
   if (entries.length === 0) fail(`the journal lists no edit that inserted its factor '${r.apply}'`);
   const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
-  const rewires = entries.flatMap((e) => e.rewired).filter((w) => !prior || w.to !== prior.after);
+  // The prior's own rewire: what it wrote depends on θα (even when a model changed since reads something else there).
+  const alpha = r.prior ? thetaIn(r, call) : undefined;
+  const rewires = entries.flatMap((e) => e.rewired).filter((w) => !(alpha && w.to && graph.query.dependsOn(w.to, alpha)));
   const scaled = rewires.filter((w) => w.to && graph.query.dependsOn(w.to, apply.output[0]));
   if (scaled.length === 0) fail(`no input the journal rewired reads its factor '${r.apply}'`);
   const main = scaled[0];
@@ -158,6 +159,52 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
     ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }),
     ...(prior ? { prior } : {}), ...(samePlace ? { after: main.to } : {}),
   };
+}
+
+/**
+ * A com.microsoft Attention expanded into its definition: the factor multiplies the projected query [B, S, N·H]
+ * (its Mul, by the record's name) and the prior is added to the bias the expansion hands to its kernel; n is read
+ * from the original operator's inputs (mask_index, past), which the expansion still reads. An expanded ONNX
+ * Attention puts the factor on capped logits inside its own nodes, which the probe does not read yet.
+ */
+function locateExpanded(scope: Scope, record: PatchRecord, r: SiteRecord, site: VerifySite): void {
+  const graph = scope.graph;
+  const own = entriesOf(record, scope.path, `L${r.layer}`);
+  const names = new Set(own.flatMap((e) => e.nodes));
+  const named = (suffix: string): NodeProto | undefined => graph.nodes.find((n) => names.has(n.name) && n.name.endsWith(`/${suffix}`));
+  // ONNX Attention: the factor on the capped logits and the prior added to them, as a plain-op site with its own Softmax.
+  const onnx = r.kind !== 'com.microsoft.Attention';
+  const softmax = onnx ? named('probs') ?? fail('the Softmax of its expansion is not in the graph') : undefined;
+  const prior = r.prior ? expandedPrior(graph, named, onnx ? 'logits_prior' : 'attention_bias_prior') : undefined;
+  const logits = softmax ? { softmax: nodeLabel(softmax) } : {};
+  if (r.apply === undefined) {
+    if (!prior) fail('the record names neither a factor nor a prior');
+    site.tensors = { scope: scope.path, before: prior.before, consumer: prior.consumer, input: prior.input, apply: '', prior, ...logits };
+    return;
+  }
+  const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
+  site.tensors = {
+    scope: scope.path, before: apply.input[0], consumer: nodeKey(apply), input: 0, apply: r.apply, after: apply.output[0], ...(prior ? { prior } : {}), ...logits,
+  };
+}
+
+/** A site the probe reads as logits: plain ops, and an ONNX Attention expanded into them (its Softmax is the expansion's). */
+export function readsLogits(site: VerifySite): boolean {
+  return !site.fused || Boolean(site.record.expanded && site.tensors?.softmax);
+}
+
+/** The expansion's prior: c·B (prior_cast, prior_scaled or prior) and the Add that joins it to the logits or the mask's bias, if any. */
+function expandedPrior(graph: Graph, named: (suffix: string) => NodeProto | undefined, joinName: string): SiteTensors['prior'] {
+  // The last of them the graph still reads: a model edited since may bypass the factor's Mul.
+  const read = (n: NodeProto | undefined): NodeProto | undefined => (n && graph.consumersOf(n.output[0]).length ? n : undefined);
+  const made = read(named('prior_cast')) ?? read(named('prior_scaled')) ?? named('prior') ?? fail('the nodes that make its prior are not in the graph');
+  const out = made.output[0];
+  const join = named(joinName);
+  if (join && join.input.includes(out)) {
+    const k = join.input.indexOf(out);
+    return { consumer: nodeKey(join), input: k, before: join.input[1 - k], after: join.output[0] };
+  }
+  return { consumer: nodeKey(made), input: 0, before: '', after: out };
 }
 
 /** The θα tensor as the site's graph names it: the initializer, or in a function body the input the call passes it to. */

@@ -4,13 +4,13 @@
  * their query in the operator's layout ([B,S,N·H], [B,N,S,H], packed QKV, or the query columns of a weight),
  * with n from the operator's n plan evaluated on the run's actual input shapes and lengths.
  */
-import { FusedSite, NPlan, Term } from '../detect/fused';
+import { FusedSite, NPlan, QueryPlan, Term } from '../detect/fused';
 import { planFor } from '../rewrite/fused';
 import { NMode } from '../policy/n-mode';
 import { ProbeView } from './probe';
 import { ProbeOutputs } from './probe-model';
 import { Outputs, OutputTensor } from './run';
-import { VerifySite } from './sites';
+import { readsLogits, VerifySite } from './sites';
 
 /**
  * One run's views of a site from the probe copy's outputs: its logits (the last row only, when the copy brought
@@ -19,13 +19,14 @@ import { VerifySite } from './sites';
 export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: { id: string; seq: number }, lastRow: boolean): FusedViews | string {
   const before = out[w.before], after = out[w.after];
   const heads = site.s.length > 1 ? site.s.length : 1;
-  if (site.fused) {
+  if (site.fused && !readsLogits(site)) {
     const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
       const name = m?.get(input);
       return name && out[name] ? [...out[name].data] : undefined;
     };
     return fusedView({
       run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: { shape: read(w.shapes), value: read(w.values) },
+      expanded: Boolean(site.record.expanded),
       bias: w.bias ? { before: out[w.bias.before], after: out[w.bias.after] } : undefined,
     });
   }
@@ -122,6 +123,8 @@ export interface FusedInput {
   terms: TermValues;
   /** Heads when the operator does not state them (one s for all: 1). */
   heads: number;
+  /** The operator was expanded: before and after are its projected query [B, S, N·H] (or [B, S, N, H]). */
+  expanded?: boolean;
 }
 
 export interface Unchanged { before: Float64Array; after: Float64Array; what: string }
@@ -141,11 +144,11 @@ export function fusedView(x: FusedInput): FusedViews | string {
   if (S === undefined) return `the query length of ${x.run} was not read`;
   const n = planRows(plan, x.terms, S);
   if (typeof n === 'string') return n;
-  const layout = site.query;
+  const layout: QueryPlan = x.expanded ? { layout: 'bsd', input: 0 } : site.query;
   const N = site.heads.heads ?? x.heads;
   if (layout.layout === 'weights') return weightColumns(x, N, n, layout.qWidth);
   const before = withBias(x.before, x.bias?.before), after = withBias(x.after, x.bias?.after);
-  const d = x.before.dims;
+  const d = x.expanded ? [x.before.dims[0], x.before.dims[1], x.before.dims.slice(2).reduce((a, b) => a * b, 1)] : x.before.dims;
   let split: Split;
   switch (layout.layout) {
     case 'bsd': split = rowsOf(d[0], d[1], d[2], d[2], N, (b, i, col) => (b * d[1] + i) * d[2] + col); break;
@@ -301,8 +304,43 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
         return clamp((prompt ? 0 : T - S) + i + 1);
       };
     }
-    case 'mask-index':
-      return 'n from a mask index is built inside the expanded operator, which the probe does not read';
+    case 'mask-index': {
+      const tk = total(plan.tk);
+      if (typeof tk === 'string') return tk;
+      const keep = plan.mask === undefined ? () => true : maskIndexKeep(v.value(plan.mask), plan.maskRank ?? 2, v.shape(0)?.[0] ?? 1, S, tk);
+      if (typeof keep === 'string') return keep;
+      const P = tk - S;
+      return (b, i) => {
+        let n = 0;
+        for (let j = 0; j < tk; j++) if (keep(b, i, j) && (!plan.causal || j <= P + i)) n++;
+        return Math.max(1, n);
+      };
+    }
+  }
+}
+
+/**
+ * Which keys com.microsoft Attention's mask_index leaves visible to row i of item b, from the operator's
+ * definition (contrib-op docs): [B] end positions, [2B] end and start positions, [B|1, T] 1 = attend (a [B|1, 1]
+ * when T ≠ 1 is the no-mask dummy), [B|1, S, T], and Megatron's [B|1, 1, M, M] whose rows T − S … T − 1 apply.
+ */
+function maskIndexKeep(m: number[] | undefined, rank: number, B: number, S: number, T: number): ((b: number, i: number, j: number) => boolean) | string {
+  if (!m) return 'the mask_index of the operator was not read';
+  const per = (b: number, size: number): number => (m.length === size ? 0 : b * size);
+  switch (rank) {
+    case 1:
+      if (m.length === B) return (b, _i, j) => j < m[b];
+      if (m.length === 2 * B) return (b, _i, j) => j < m[b] && j >= m[B + b];
+      return `a 1-D mask_index of ${m.length} values for batch ${B}`;
+    case 2:
+      if (m.length === B * T || m.length === T) return (b, _i, j) => m[per(b, T) + j] > 0;
+      return () => true;
+    case 3:
+      return (b, i, j) => m[per(b, S * T) + i * T + j] > 0;
+    default: {
+      const M = Math.round(Math.sqrt(m.length % B === 0 && Number.isInteger(Math.sqrt(m.length / B)) ? m.length / B : m.length));
+      return (b, i, j) => m[per(b, M * M) + (T - S + i) * M + j] > 0;
+    }
   }
 }
 
@@ -319,7 +357,7 @@ export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const before = p.before ? out[p.before] : undefined;
   if (!after || (p.before && !before)) return `the prior's tensors were not produced (${run.id})`;
   const heads = site.theta!.alpha.length;
-  if (site.fused) return biasView(site, w, out, run.id, before, after);
+  if (site.fused && !readsLogits(site)) return biasView(site, w, out, run.id, before, after);
   const v = logitsView({
     run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
   });
@@ -373,8 +411,15 @@ function planPositions(plan: NPlan, v: TermValues, S: number, T: number): Rows |
       const prompt = plan.promptTotal !== undefined && v.value(plan.promptTotal)?.[0] === S;
       return (b, i) => (prompt ? 0 : lengths[b] + (plan.plusOne ? 1 : 0) - S) + i;
     }
-    case 'mask-index':
-      return 'positions from a mask index are built inside the expanded operator, which the probe does not read';
+    case 'mask-index': {
+      let tk = 0;
+      for (const t of plan.tk) {
+        const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
+        if (x === undefined) return `input ${t.input} of the operator was not read`;
+        tk += x;
+      }
+      return (_b, i) => tk - S + i;
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 import { OutputStats, Tolerance } from '../compare';
 import { CheckId } from '../plan';
 import { CheckResult, RunResult, SkipKind, Status } from '../report';
+import { opt } from '../../errors';
 import { isUniform, MIN_KEPT, NO_FADE, SharpnessCurve } from '../sharpness';
 
 export const CHECK_NAMES: Record<CheckId, string> = {
@@ -53,10 +54,24 @@ export function parityCheck(id: 'wiring' | 'retrofit', criterion: string, runs: 
   if (runs.length === 0) return skippedCheck(id, criterion, 'no run could be compared (see the notes)');
   const failed = runs.find((r) => r.error);
   if (failed) return check(id, 'FAILED', `${failed.run}: ${failed.error}`, criterion, runs);
+  const blind = blindOutput(runs);
+  if (blind) return skippedCheck(id, criterion, blind, 'not checked', runs);
   const worst = worstOutput(runs)!;
   const passed = runs.every((r) => r.passed);
   const head = passed ? `${what} in ${runs.length} run(s); worst` : 'differs at';
   return check(id, passed ? 'PASSED' : 'FAILED', `${head} ${worst.run.run} ${describeStats(worst.o, tol)}`, criterion, runs);
+}
+
+/**
+ * An output the original gives as NaN or Inf everywhere in some run: two NaNs agree, so parity there would pass
+ * without comparing anything. Usually synthesised inputs the model does not accept (a mask that hides every key).
+ */
+function blindOutput(runs: RunResult[]): string | undefined {
+  for (const r of runs) {
+    const o = r.outputs.find((x) => x.expectedNonFinite > 0 && x.expectedNonFinite === x.dims.reduce((a, b) => a * b, 1));
+    if (o) return `${r.run}: the original's ${o.name} is NaN or Inf everywhere, so nothing was compared; give inputs the model accepts with ${opt('inputFiles', 'NAME=FILE')}`;
+  }
+  return undefined;
 }
 
 export interface LivenessData {
