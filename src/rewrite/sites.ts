@@ -148,7 +148,8 @@ export class SitePatcher {
     if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
     else {
       if (preset.kind !== 'none') inserted = insertFused(b, site, preset, p.s!, plan, scope.opset, inputs.s!);
-      if (inputs.theta) addFusedPrior(b, site, plan, { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows }, inputs.theta, scope.shapes, scope.opset);
+      const factor = { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows };
+      if (inputs.theta) addFusedPrior(b, site, plan, factor, inputs.theta, scope.shapes, scope.opset);
     }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
     const nReason = preset.kind === 'none' ? 'no factor (preset none)'
