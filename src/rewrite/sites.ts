@@ -148,7 +148,8 @@ export class SitePatcher {
     if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
     else {
       if (preset.kind !== 'none') inserted = insertFused(b, site, preset, p.s!, plan, scope.opset, inputs.s!);
-      if (inputs.theta) addFusedPrior(b, site, plan, { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows }, inputs.theta, scope.shapes, scope.opset);
+      const factor = { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows };
+      if (inputs.theta) addFusedPrior(b, site, plan, factor, inputs.theta, scope.shapes, scope.opset);
     }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
     const nReason = preset.kind === 'none' ? 'no factor (preset none)'
@@ -278,15 +279,7 @@ export function orderedSites(d: Detection, scopes: Scope[]): AnySite[] {
  * GreedySearch). Refused attention keeps its layer number: its row is read and not used.
  */
 function rowsForSites<T>(sites: AnySite[], skipped: SkippedSoftmax[], rowsOf: (heads: (number | undefined)[]) => T[]): T[] {
-  const heads = new Map<string, (number | undefined)[]>();
-  const slot = (scope: string, layer: number, h: number | undefined): void => {
-    const list = heads.get(scope) ?? [];
-    while (list.length <= layer) list.push(undefined);
-    list[layer] = h;
-    heads.set(scope, list);
-  };
-  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
-  for (const a of sites) slot(a.site.scope, a.site.layer, headsOf(a));
+  const heads = headsByScope(sites, skipped);
   const rows = new Map<string, T[]>();
   for (const [scope, list] of heads) {
     try {
@@ -297,6 +290,26 @@ function rowsForSites<T>(sites: AnySite[], skipped: SkippedSoftmax[], rowsOf: (h
     }
   }
   return sites.map((a) => rows.get(a.site.scope)![a.site.layer]);
+}
+
+/**
+ * Head counts per graph, indexed by layer: refused attention holds its layer's slot (undefined), and `more` adds
+ * sites known otherwise (an expanded operator's, from its record).
+ */
+export function headsByScope(
+  sites: AnySite[], skipped: SkippedSoftmax[], more: { scope: string; layer: number; heads?: number }[] = [],
+): Map<string, (number | undefined)[]> {
+  const heads = new Map<string, (number | undefined)[]>();
+  const slot = (scope: string, layer: number, h: number | undefined): void => {
+    const list = heads.get(scope) ?? [];
+    while (list.length <= layer) list.push(undefined);
+    list[layer] = h;
+    heads.set(scope, list);
+  };
+  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
+  for (const a of sites) slot(a.site.scope, a.site.layer, headsOf(a));
+  for (const m of more) slot(m.scope, m.layer, m.heads);
+  return heads;
 }
 
 const headsReason = (a: AnySite): string => (a.kind === 'call' ? a.site.inner.heads.reason : a.site.heads.reason);

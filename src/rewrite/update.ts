@@ -15,7 +15,7 @@ import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Factor } from './existing';
 import { findScaleTensor, PatchRecord, readRecord, SiteRecord, writeRecord } from './record';
 import { PatchedSite, PatchReport } from './report';
-import { AnySite, headsOf, orderedSites, scalesForSites, siteNode, thetasForSites } from './sites';
+import { AnySite, headsByScope, headsOf, orderedSites, scalesForSites, siteNode, thetasForSites } from './sites';
 
 /**
  * The record's sites get the s (and θ) the plan gives their layers, in place; the record notes the new s, train
@@ -56,16 +56,8 @@ export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: 
 
 /** s per layer of each scope, head counts from the sites found and from the record's expanded sites. */
 function layerScales(spec: ScaleSpec, all: AnySite[], record: PatchRecord, skipped: SkippedSoftmax[]): Map<string, LayerScale[]> {
-  const heads = new Map<string, (number | undefined)[]>();
-  const slot = (scope: string, layer: number, h: number | undefined): void => {
-    const list = heads.get(scope) ?? [];
-    while (list.length <= layer) list.push(undefined);
-    list[layer] = h;
-    heads.set(scope, list);
-  };
-  for (const k of skipped) if (k.layer !== undefined) slot(k.scope ?? 'main', k.layer, undefined);
-  for (const a of all) slot(a.site.scope, a.site.layer, headsOf(a));
-  for (const rec of record.sites) if (rec.expanded) slot(rec.scope ?? 'main', rec.layer, rec.expanded.heads);
+  const expanded = record.sites.filter((r) => r.expanded).map((r) => ({ scope: r.scope ?? 'main', layer: r.layer, heads: r.expanded!.heads }));
+  const heads = headsByScope(all, skipped, expanded);
   return new Map([...heads].map(([scope, list]) => [scope, scalesForLayers(spec, list)]));
 }
 
