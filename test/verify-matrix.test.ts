@@ -281,6 +281,7 @@ MUTATIONS.push(
     (m) => otherLayersTheta(m), /^layer 0\b/],
   ['the prior not scaled by the factor', gpt2, { trainLen: L, prior: 'ggd', priorTheta: THETA }, unscaledPrior, /^layer \d prior/],
   ['the prior not scaled by the factor (fused MultiHeadAttention)', models.mhaCacheModel, { trainLen: L, prior: 'ggd', priorTheta: THETA }, unscaledPrior, /layer 0 \(MultiHeadAttention.* prior/],
+  ['n doubled (ONNX Attention expanded for its softcap)', models.onnxSoftcapModel, { trainLen: L }, (m) => assert.ok(doubleN(m) > 0), /layer 0 \(Attention/],
   ['n doubled (com.microsoft Attention expanded for causal n)', models.msAttentionModel, { trainLen: L, n: 'causal' }, (m) => assert.ok(doubleN(m) > 0), /layer 0 \(Attention/],
   ['the prior not scaled by the factor (expanded com.microsoft Attention)', models.msAttentionModel, { trainLen: L, n: 'causal', prior: 'ggd', priorTheta: THETA }, unscaledPrior,
     /layer 0 \(Attention.* prior/],

@@ -46,7 +46,8 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
   };
   if (!a) return { ...base, mismatches: e.data.length, error: 'missing in the actual outputs' };
   if (a.dims.join() !== e.dims.join()) return { ...base, mismatches: e.data.length, error: `shape [${a.dims.join(', ')}] instead of [${e.dims.join(', ')}]` };
-  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0, finite = 0, expectedNonFinite = 0;
+  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0, finite = 0;
+  let expectedNonFinite = 0;
   for (let i = 0; i < e.data.length; i++) {
     const x = a.data[i], y = e.data[i];
     if (!Number.isFinite(y)) expectedNonFinite++;

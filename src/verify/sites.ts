@@ -184,7 +184,8 @@ function locateExpanded(scope: Scope, record: PatchRecord, r: SiteRecord, site: 
   }
   const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
   site.tensors = {
-    scope: scope.path, before: apply.input[0], consumer: nodeKey(apply), input: 0, apply: r.apply, after: apply.output[0], ...(prior ? { prior } : {}), ...logits,
+    scope: scope.path, before: apply.input[0], consumer: nodeKey(apply), input: 0, apply: r.apply, after: apply.output[0],
+    ...(prior ? { prior } : {}), ...logits,
   };
 }
 

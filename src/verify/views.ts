@@ -321,7 +321,7 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
 
 /**
  * Which keys com.microsoft Attention's mask_index leaves visible to row i of item b, from the operator's
- * definition (contrib-op docs): [B] end positions, [2B] end and start positions, [B|1, T] 1 = attend (a [B|1, 1]
+ * definition (contrib-op docs): [B] end positions ([3B + 2] starts with them), [2B] end and start positions, [B|1, T] 1 = attend (a [B|1, 1]
  * when T ≠ 1 is the no-mask dummy), [B|1, S, T], and Megatron's [B|1, 1, M, M] whose rows T − S … T − 1 apply.
  */
 function maskIndexKeep(m: number[] | undefined, rank: number, B: number, S: number, T: number): ((b: number, i: number, j: number) => boolean) | string {
@@ -329,7 +329,8 @@ function maskIndexKeep(m: number[] | undefined, rank: number, B: number, S: numb
   const per = (b: number, size: number): number => (m.length === size ? 0 : b * size);
   switch (rank) {
     case 1:
-      if (m.length === B) return (b, _i, j) => j < m[b];
+      // [3B + 2] begins with the key ends, as [B] does.
+      if (m.length === B || m.length === 3 * B + 2) return (b, _i, j) => j < m[b];
       if (m.length === 2 * B) return (b, _i, j) => j < m[b] && j >= m[B + b];
       return `a 1-D mask_index of ${m.length} values for batch ${B}`;
     case 2:
@@ -359,7 +360,8 @@ export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const heads = site.theta!.alpha.length;
   if (site.fused && !readsLogits(site)) return biasView(site, w, out, run.id, before, after);
   const v = logitsView({
-    run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+    run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads,
+    ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
   });
   if (typeof v === 'string') return v;
   const tq = lastRow ? run.seq : v.rows, tk = v.cols;

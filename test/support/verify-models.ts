@@ -81,6 +81,13 @@ export function onnxAttentionModel(): ModelProto {
   });
 }
 
+/** The same with a softcap: the patch expands it (the factor goes after the cap, on the logits). */
+export function onnxSoftcapModel(): ModelProto {
+  const m = onnxAttentionModel();
+  m.graph!.node.find((n) => n.opType === 'Attention')!.attribute.push({ name: 'softcap', type: 1, f: 2.5, floats: [], ints: [], strings: [], tensors: [], graphs: [] });
+  return m;
+}
+
 /** com.microsoft Attention (Q, K and V computed inside from one weight), keys mode. */
 export function msAttentionModel(): ModelProto {
   return withMs(model({

@@ -17,7 +17,7 @@ import { CheckResult, RunResult, SkipKind } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { Identity, Setup } from '../setup';
-import { VerifySite } from '../sites';
+import { readsLogits, VerifySite } from '../sites';
 import { siteViews } from '../views';
 import { check, describeStatsOf, skippedCheck } from './common';
 import { CheckUnit, compareRun, failedRun, Outcome, UnitContext } from './unit';
@@ -146,7 +146,8 @@ export class RetrofitCheck implements CheckUnit {
         }
       }
     }
-    if (v.rows > 0 && !site.fused) [lo, hi] = otherRows(site, lo, hi, run);
+    // A logits view of the last-row probe holds one row; a fused query view holds them all.
+    if (v.rows > 0 && readsLogits(site)) [lo, hi] = otherRows(site, lo, hi, run);
     const old = seen.spans.get(run.id);
     seen.spans.set(run.id, old ? [Math.min(old[0], lo), Math.max(old[1], hi)] : [lo, hi]);
   }
