@@ -26,7 +26,7 @@ async function main(): Promise<void> {
   }
   if (all || section === 'verify') {
     process.stdout.write('\n## Verification speed\n');
-    await verifyBench();
+    await verifyBench(rest);
   }
   if (all || section === 'scaling') {
     process.stdout.write('\n## Patch time and memory by model size\n\n');

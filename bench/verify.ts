@@ -1,26 +1,36 @@
 /**
- * `npm run bench -- verify`: verification speed, as a ratio against a baseline measured in the same run.
+ * `npm run bench -- verify [--large]`: verification time and peak memory, with a baseline measured in the same run.
  *
  * verify-100m: a 12-layer, d = 768 decoder of plain ONNX ops with ~100 M random parameters (generated once
- * into a cache folder outside the repository, see decoder-model.ts), patched with --train-len 512 and
- * verified with the default plan (five checks, lengths 128 … 4096, capped by its 4096-row position table).
+ * into a cache folder outside the repository, see decoder-model.ts), patched with --train-len 512 (causal n,
+ * and --n keys) and verified by `ssmax-patch verify` with the default plan (five checks, lengths 128 … 4096,
+ * capped by its 4096-row position table), as a child process: wall time and peak RSS from /usr/bin/time.
  * Baseline: loading the original into one onnxruntime session and running it once at 512 tokens.
+ *
+ * --large adds a 2.3 GB model with external data (40 layers, d = 1024; its causal mask covers 1024 tokens, so the
+ * sweep stops there), verified the same way: sessions are made from files, never from a 2 GB buffer.
  */
-import { readModel } from '../src/io/model-file';
-import { encodeModel } from '../src/io/onnx';
-import { patchModel } from '../src/rewrite/patch';
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { Runner } from '../src/verify/run';
 import { makeHost } from '../src/verify/tensors';
-import { verifyPatch, VerifyReport } from '../src/verify/verify';
+import { VerifyReport } from '../src/verify/verify';
 import { formatVerify } from '../src/cli/format';
-import { DECODER_100M, decoderModelFile, parameterCount } from './decoder-model';
+import { benchCacheDir, DECODER_100M, decoderModelFile, parameterCount } from './decoder-model';
+import { writeBenchModel } from './models';
 
+const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 const seconds = (ms: number): string => `${(ms / 1000).toFixed(1)} s`;
 
-async function timed<T>(f: () => Promise<T>): Promise<{ ms: number; value: T }> {
-  const start = performance.now();
-  const value = await f();
-  return { ms: performance.now() - start, value };
+/** A command under /usr/bin/time: exit code, wall seconds, peak RSS (MB) and its stdout. */
+function timed(argv: string[]): { code: number; seconds: number; rssMB: number; stdout: string; stderr: string } {
+  const report = path.join(os.tmpdir(), `ssmax-bench-verify-time-${process.pid}`);
+  const r = spawnSync('/usr/bin/time', ['-f', '%e %M', '-o', report, process.execPath, BIN, ...argv], { encoding: 'utf8', maxBuffer: 256 << 20 });
+  const [s, kb] = fs.readFileSync(report, 'utf8').trim().split('\n').pop()!.split(' ').map(Number);
+  fs.rmSync(report, { force: true });
+  return { code: r.status ?? -1, seconds: s, rssMB: kb / 1024, stdout: r.stdout, stderr: r.stderr };
 }
 
 function describeVerify(report: VerifyReport): string[] {
@@ -29,30 +39,54 @@ function describeVerify(report: VerifyReport): string[] {
   return [...formatVerify(report), '  sessions:', ...sessions.map((s) => `    ${s}`), '  runs:', ...runs.map((r) => `    ${r}`)];
 }
 
-async function verify100m(n: 'auto' | 'keys'): Promise<void> {
-  const file = decoderModelFile();
-  process.stdout.write(`model: ${file} (${(parameterCount(DECODER_100M) / 1e6).toFixed(1)} M parameters)\n`);
-  const original = readModel(file);
-  const baseline = await timed(async () => {
-    const runner = await Runner.create(encodeModel(original), 'baseline');
-    const ids = makeHost('int64', [1, 512], Array.from({ length: 512 }, (_, i) => (i * 7919) % DECODER_100M.vocab));
-    await runner.run({ input_ids: ids });
-    await runner.release();
-  });
-  const patch = await timed(async () => patchModel(original, { trainLen: 512, n }));
-  const verification = await timed(() => verifyPatch(original, patch.value.model));
-  const lines = [
-    `baseline (load + one run at 512 tokens): ${seconds(baseline.ms)}`,
-    `patch (--train-len 512, --n ${n}): ${seconds(patch.ms)} = ${(patch.ms / baseline.ms).toFixed(2)}× baseline`,
-    `verify (default plan): ${seconds(verification.ms)} = ${(verification.ms / baseline.ms).toFixed(1)}× baseline`,
-    ...describeVerify(verification.value),
-  ];
-  process.stdout.write(lines.join('\n') + '\n');
+/** Patches `file` once per option set (cached beside it), then times `ssmax-patch verify` on the pair. */
+function verifyPair(file: string, tag: string, patchArgs: string[], verifyArgs: string[] = []): void {
+  const patched = file.replace(/\.onnx$/, `.ssmax-${tag}.onnx`);
+  if (!fs.existsSync(patched)) {
+    const p = timed([file, ...patchArgs, '-o', patched, '--quiet']);
+    if (p.code !== 0) throw new Error(`patch failed: ${p.stderr}`);
+  }
+  const v = timed(['verify', file, patched, '--json', ...verifyArgs]);
+  if (v.code !== 0 && v.code !== 1) throw new Error(`verify failed (${v.code}): ${v.stderr}`);
+  const report = JSON.parse(v.stdout) as VerifyReport;
+  process.stdout.write([`verify ${verifyArgs.join(' ') || '(default plan)'}: ${v.seconds.toFixed(1)} s wall, peak RSS ${v.rssMB.toFixed(0)} MB, exit ${v.code}`,
+    ...describeVerify(report)].join('\n') + '\n');
 }
 
-export async function verifyBench(): Promise<void> {
-  for (const n of ['auto', 'keys'] as const) {
-    process.stdout.write(`\n== verify-100m-${n === 'auto' ? 'causal' : 'keys'}\n`);
-    await verify100m(n);
+async function baseline(file: string): Promise<number> {
+  const start = performance.now();
+  const runner = await Runner.create(file, 'baseline');
+  const ids = makeHost('int64', [1, 512], Array.from({ length: 512 }, (_, i) => (i * 7919) % DECODER_100M.vocab));
+  await runner.run({ input_ids: ids });
+  await runner.release();
+  return performance.now() - start;
+}
+
+async function verify100m(): Promise<void> {
+  const file = decoderModelFile();
+  process.stdout.write(`model: ${file} (${(parameterCount(DECODER_100M) / 1e6).toFixed(1)} M parameters), ${os.cpus().length} cores, ${new Date().toISOString().slice(0, 10)}\n`);
+  process.stdout.write(`baseline (load + one run at 512 tokens): ${seconds(await baseline(file))}\n`);
+  for (const [tag, n] of [['causal', 'auto'], ['keys', 'keys']] as const) {
+    process.stdout.write(`\n== verify-100m-${tag} (--train-len 512 --n ${n})\n`);
+    verifyPair(file, tag, ['--train-len', '512', '--n', n]);
   }
+}
+
+/** Over 2 GB of weights in an external data file beside the model. */
+function largeExternal(): void {
+  const spec = { layers: 40, d: 1024, heads: 16, ff: 4096, vocab: 32000, tmax: 1024 };
+  const file = path.join(benchCacheDir(), `gpt-L${spec.layers}-d${spec.d}-v${spec.vocab}-t${spec.tmax}-ext`, 'model.onnx');
+  if (!fs.existsSync(file)) {
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    process.stderr.write(`building the large model in ${path.dirname(file)} ...\n`);
+    writeBenchModel(file, { label: 'large external', spec, external: true });
+  }
+  const bytes = fs.readdirSync(path.dirname(file)).filter((f) => f.startsWith('model.onnx')).reduce((n, f) => n + fs.statSync(path.join(path.dirname(file), f)).size, 0);
+  process.stdout.write(`\n== verify-large-external: ${file} (${(bytes / 2 ** 30).toFixed(2)} GB with its data file)\n`);
+  verifyPair(file, 'causal', ['--train-len', '512']);
+}
+
+export async function verifyBench(argv: string[] = []): Promise<void> {
+  await verify100m();
+  if (argv.includes('--large')) largeExternal();
 }

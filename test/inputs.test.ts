@@ -13,7 +13,7 @@ import { DataType, ModelProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
 import { synthesize } from '../src/verify/inputs';
 import { positionLimit } from '../src/verify/limits';
-import { describeInputs, resolveDim, RunShape } from '../src/verify/signature';
+import { describeInputs, resolveDim, ruledDims, RunShape } from '../src/verify/signature';
 import { readTensorFile } from '../src/verify/tensor-files';
 import { hostValues } from '../src/verify/tensors';
 import { verifyPatch, VerifyReport } from '../src/verify/verify';
@@ -80,9 +80,26 @@ describe('input roles and dims', () => {
     const sizes = spec.dims.slice(0, 5).concat([spec.dims[6]]).map((_, i) => resolveDim(spec, i === 5 ? 6 : i, shape, new Map()).size);
     assert.deepEqual(sizes, [3, 11, 5, 15, 15, 7]);
     assert.equal(resolveDim(spec, 5, shape, new Map([['height', 224]])).size, 224);
-    assert.throws(() => resolveDim(spec, 5, shape, new Map()),
-      (e: Error) => e instanceof InputError && e.cliMessage === "input 'x' dim 5 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input x=FILE"
-        && e.message === "input 'x' dim 5 ('height'): cannot infer its size; set it with option dims (height=N) or give the input with option inputFiles (x=FILE)");
+    // Issue 9: a name no rule knows no longer stops verification; it is sized by where it is (here: 4, fixed).
+    assert.deepEqual(resolveDim(spec, 5, shape, new Map()), { size: 4, source: 'fixed' });
+  });
+
+  it('sizes dims no name rule knows by their position, the same for every input naming them, and says how', () => {
+    const g = new Graph({
+      name: 'g', node: [], output: [], initializer: [], valueInfo: [],
+      input: [
+        { name: 'query', type: { tensorType: { elemType: DataType.FLOAT, shape: { dim: [{ dimParam: 'num_beams' }, { dimParam: 'tq' }, { dimValue: 8 }] } } } },
+        { name: 'attention_mask', type: { tensorType: { elemType: DataType.INT64, shape: { dim: [{ dimParam: 'num_beams' }, { dimParam: 'tq' }] } } } },
+        { name: 'extra', type: { tensorType: { elemType: DataType.FLOAT, shape: { dim: [{ dimParam: 'num_beams' }, { dimParam: 'groups' }, { dimParam: 'tq' }, { dimValue: 2 }] } } } },
+      ],
+    });
+    const specs = describeInputs(g);
+    const feeds = synthesize(g, specs, { batch: 3, seq: 5, past: 0 });
+    assert.deepEqual(feeds.query.dims, [3, 5, 8], 'num_beams: axis 0, the batch; tq: the token axis, the sequence length');
+    assert.deepEqual(feeds.attention_mask.dims, [3, 5]);
+    assert.deepEqual(feeds.extra.dims, [3, 4, 5, 2], 'groups: no rule, 4; tq as the query input decided');
+    assert.deepEqual(synthesize(g, specs, { batch: 1, seq: 9, past: 0 }).query.dims, [1, 9, 8], 'the sequence-like dim varies with the run');
+    assert.deepEqual(ruledDims(specs[2]), ["dim 0 'num_beams': axis 0: the batch", "dim 1 'groups': no rule: 4", "dim 2 'tq': axis 1 of a 3-D float input: the sequence length"]);
   });
 
   it('finds learned position tables as length limits, and none for RoPE', () => {
@@ -175,14 +192,18 @@ describe('synthesised signatures verify end to end', () => {
     assert.equal(statusOf(r).sharpness, 'PASSED');
   });
 
-  it('pixel_values: symbolic height and width need --dim, which the message says', async () => {
+  it('pixel_values: symbolic height and width are image sides of 32 unless --dim sets them', async () => {
     const original = pixelAttentionModel();
     const patched = patchModel(original, { s: 0.3 }).model;
-    await assert.rejects(verifyPatch(original, patched), (e: Error) => e instanceof InputError
-      && e.cliMessage === "input 'pixel_values' dim 2 ('height'): cannot infer its size; set it with --dim height=N or give the input with --input pixel_values=FILE");
+    // Issue 9: no exit 2 asking for --dim; the sizes chosen are reported per input.
+    const chosen = await verifyPatch(original, patched);
+    assert.deepEqual(chosen.inputs[0].sized, ["dim 2 'height': an image side: 32", "dim 3 'width': an image side: 32"]);
+    // 32×32 pixels in 4×4 patches: 64 tokens; the probe reads the query (2 items × 2 heads × 64 rows × head size 4).
+    assert.equal(chosen.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 64 * 4);
     const r = await verifyPatch(original, patched, { dims: { height: 16, width: 12 } });
     assert.deepEqual(statusOf(r), { wiring: 'PASSED', probe: 'PASSED', retrofit: 'SKIPPED', liveness: 'SKIPPED', sharpness: 'SKIPPED' });
-    // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12×12 logits per head.
-    assert.equal(r.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 12 * 12);
+    // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12 query rows of head size 4 per head (issue 9: the
+    // factor on the query is read there, not as 12×12 logits).
+    assert.equal(r.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 12 * 4);
   });
 });

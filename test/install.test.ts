@@ -126,9 +126,9 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     assert.deepEqual(gitlab.ssmax.variables, job.env);
     assert.equal(job.env.ONNXRUNTIME_NODE_INSTALL, 'skip');
 
-    // The variables a user sets for their model; here a fixture that passes every check, and one whose
-    // retrofit parity is skipped (causal n without a KV cache): --strict fails that one.
-    const envFor = (model: string): NodeJS.ProcessEnv => ({ ...userEnv, ...job.env, MODEL: `models/${model}.onnx`, TRAIN_LEN: '64' });
+    // The variables a user sets for their model; here a fixture that passes every check, and the same model with a
+    // train length beyond any run (nothing can show the factor at work there): --strict fails that one.
+    const envFor = (model: string, trainLen = '64'): NodeJS.ProcessEnv => ({ ...userEnv, ...job.env, MODEL: `models/${model}.onnx`, TRAIN_LEN: trainLen });
     const runs = steps.filter((s) => s.run).map((s) => s.run!);
     assert.equal(runs[0], 'npm ci');
     for (const [i, script] of runs.entries()) {
@@ -141,9 +141,9 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     fs.rmSync(path.join(project, 'ssmax'), { recursive: true });
     const script: string[] = gitlab.ssmax.script;
     assert.equal(script[0], runs[0], 'the same install');
-    const failing = runShell(script.slice(1).join('\n'), project, envFor('llama_gqa'), true);
+    const failing = runShell(script.slice(1).join('\n'), project, envFor('llama_gqa', '65536'), true);
     assert.equal(failing.code, 1, failing.stdout + failing.stderr);
-    assert.match(failing.stdout, /strict: FAILED \(retrofit parity SKIPPED/);
+    assert.match(failing.stdout, /strict: FAILED \(retrofit parity: n = 65536 is beyond the longest runnable length/);
     for (const f of [...gitlab.ssmax.artifacts.paths, gitlab.ssmax.artifacts.reports.junit]) assert.ok(fs.existsSync(path.join(project, f)), `${f} missing after a failed verification`);
   });
 });

@@ -14,6 +14,7 @@ import { readRecord, writeRecord } from '../src/rewrite/record';
 import { topoSort } from '../src/graph/toposort';
 import { CheckResult, verifyPatch } from '../src/verify/verify';
 import { TORCH } from './support/ref';
+import { moveFactorToLogits, reverseHeadsOfS, scaleS, useSOf } from './support/tamper';
 
 const fixture = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.onnx`));
 const PER_HEAD = { kind: 'per-head' as const, s: [0.2, 0.3, 0.4, 0.5] };
@@ -28,23 +29,6 @@ function editInitializers(m: ModelProto, pattern: RegExp, edit: (values: number[
     return makeTensor(t.name, t.dataType, c.dims, edit(c.values));
   });
   assert.ok(edited > 0, `no initializer matches ${pattern}`);
-}
-
-/** Moves each site's factor from the query onto the logits (the QK product), as a logits-side patch would place it. */
-function moveFactorToLogits(m: ModelProto): void {
-  const g = m.graph!;
-  const record = readRecord(m)!;
-  for (const site of record.sites) {
-    const apply = g.node.find((n) => n.name === site.apply)!;
-    const qk = g.node.find((n) => n.output[0] === site.logits)!;
-    const scaled = apply.output[0];
-    qk.input[0] = apply.input[0];
-    for (const n of g.node) if (n !== apply) n.input = n.input.map((i) => (i === qk.output[0] ? scaled : i));
-    apply.input[0] = qk.output[0];
-    site.target = 'logits';
-  }
-  writeRecord(m, record);
-  topoSort(g);
 }
 
 async function probe(original: ModelProto, patched: ModelProto): Promise<CheckResult> {
@@ -64,9 +48,11 @@ describe('semantic probe', () => {
     assert.equal(c.status, 'PASSED', c.summary);
     assert.match(c.summary, /padded/);
     assert.equal(c.sites!.length, 2);
-    assert.ok(c.sites!.every((s) => s.entries === 2 * 4 * 12 * 12 * 2), JSON.stringify(c.sites!.map((s) => s.entries)));
-    // The factor sits on the query: after and before are two separately rounded QK products.
-    assert.ok(c.sites!.every((s) => s.maxRelError < 1e-4), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
+    // The factor sits on the query, which the probe reads (issue 9: its rows scale the logits' rows exactly, with no
+    // rounding of two dot products to allow for): 4 heads × head size 8 per row, for a plain and a padded batch at
+    // 12 tokens and a batch at 7, so each site sees two key counts.
+    assert.ok(c.sites!.every((s) => s.entries === 2 * 4 * (12 * 2 + 7) * 8), JSON.stringify(c.sites!.map((s) => s.entries)));
+    assert.ok(c.sites!.every((s) => s.maxRelError < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
   });
 
   it('passes on per-head s tiled over 3-D [B·H, Tq, Tk] logits (encoder_3d)', async () => {
@@ -109,7 +95,8 @@ describe('semantic probe', () => {
   it('catches per-head s in reverse order, naming the head and the expected ratio', async () => {
     const original = fixture('bert_encoder');
     const patched = patchModel(original, { n: 'keys', scale: PER_HEAD }).model;
-    editInitializers(patched, /^ssmax\/L\d+\/s$/, (v) => [...v].reverse());
+    // The graph applies each layer's s reversed along heads; the initializers still hold them in order.
+    for (const layer of [0, 1]) reverseHeadsOfS(patched, layer);
     const c = await probe(original, patched);
     // Head 0 carries s = 0.5 instead of 0.2: ratio 0.5·ln 12 = 1.242 where 0.2·ln 12 = 0.497 is expected.
     assertFails(c, /head (0 row \d+ .*ratio 1\.242 expected 0\.497 \(s=0\.200, n=12\)|3 row \d+ .*ratio 0\.497 expected 1\.242 \(s=0\.500, n=12\))/,
@@ -129,7 +116,7 @@ describe('semantic probe', () => {
   it('catches a factor that is not applied at all', async () => {
     const original = fixture('llama_gqa');
     const patched = patchModel(original, { trainLen: 64 }).model;
-    editInitializers(patched, /^ssmax\/L\d+\/s$/, (v) => v.map(() => 0));
+    for (const layer of [0, 1]) scaleS(patched, layer, 0);
     const c = await probe(original, patched);
     assertFails(c, /ratio 0 expected/);
   });
@@ -137,7 +124,7 @@ describe('semantic probe', () => {
   it('catches another layer\'s s', async () => {
     const original = fixture('llama_gqa');
     const patched = patchModel(original, { scale: { kind: 'per-layer', s: [[0.2, 0.2, 0.2, 0.2], [0.45, 0.45, 0.45, 0.45]] } }).model;
-    editInitializers(patched, /^ssmax\/L0\/s$/, (v) => v.map(() => 0.45));
+    useSOf(patched, 0, 1);
     const c = await probe(original, patched);
     assertFails(c, /^layer 0 /, /matches s of layer 1/);
     assert.deepEqual(c.sites!.map((s) => s.passed), [false, true]);

@@ -9,6 +9,8 @@ import { DataType, ModelProto, toNumber } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
 import { verifyPatch, VerifyReport, withUnitFactor } from '../src/verify/verify';
 import { compareOutputs } from '../src/verify/compare';
+import { parityCheck } from '../src/verify/checks/common';
+import { RunResult } from '../src/verify/report';
 import { sharpnessSvg } from '../src/verify/plot';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -54,8 +56,11 @@ describe('verifyPatch', () => {
     const g = new Graph(broken.graph!);
     const div = g.nodes.find((n) => n.opType === 'Div' && g.constValue(n.input[1])?.values[0] !== undefined)!;
     const scale = g.constValue(div.input[1])!;
-    broken.graph!.initializer.push(makeTensor('wrong_scale', DataType.FLOAT, scale.dims, scale.values.map((v) => v * 1.1)));
-    div.input[1] = 'wrong_scale';
+    // The scale changed in place (same initializer, same shape): a pair of models, wired differently.
+    const wrong = makeTensor(div.input[1], DataType.FLOAT, scale.dims, scale.values.map((v) => v * 1.1));
+    const at = broken.graph!.initializer.findIndex((t) => t.name === div.input[1]);
+    if (at >= 0) broken.graph!.initializer[at] = wrong;
+    else g.producer.get(div.input[1])!.attribute[0] = { ...g.producer.get(div.input[1])!.attribute[0], t: { ...wrong, name: '' } };
     const r = await verifyPatch(original, broken, { lengths: [8] });
     assert.equal(status(r, /wiring/), 'FAILED');
   });
@@ -116,6 +121,21 @@ describe('Polygraphy-style statistics', () => {
     assert.equal(ok.passed, true);
     const [nan] = compareOutputs(out([1, NaN, 0, 0]), out([1, 2, 0, 0]));
     assert.equal(nan.newNonFinite, 1);
+  });
+
+  it('a run where the original is NaN everywhere is not a parity pass: two NaNs agree without anything compared', () => {
+    const out = (data: number[]): { y: { dims: number[]; data: Float64Array } } => ({ y: { dims: [2], data: Float64Array.from(data) } });
+    const run = (actual: number[], expected: number[]): RunResult => {
+      const outputs = compareOutputs(out(actual), out(expected));
+      return { run: 'batch=1 seq=4', length: { batch: 1, seq: 4, past: 0 }, padded: false, outputs, passed: outputs.every((o) => o.passed) };
+    };
+    const tol = { atol: 1e-5, rtol: 1e-5 };
+    const blind = parityCheck('wiring', 'c', [run([NaN, NaN], [NaN, NaN])], tol, 'equal');
+    assert.equal(blind.status, 'SKIPPED');
+    assert.equal(blind.skip, 'not checked', 'counts against --strict');
+    assert.match(blind.summary, /original's y is NaN or Inf everywhere/);
+    assert.equal(parityCheck('wiring', 'c', [run([NaN, 1], [NaN, 1])], tol, 'equal').status, 'PASSED', 'one NaN the patch keeps: the rest compared');
+    assert.equal(run([NaN, 1], [NaN, 1]).outputs[0].expectedNonFinite, 1);
   });
 });
 

@@ -41,11 +41,18 @@ export function formatVerify(report: VerifyReport): string[] {
   const lengths = report.sweep.length ? `lengths ${report.sweep.join(', ')}` : 'no length sweep';
   const lines = [`verify: L = ${report.trainLen} (${report.trainLenSource}), ${lengths}, ${report.runs.length} runs`];
   for (const note of report.notes) lines.push(`  note: ${note}`);
-  for (const c of report.checks) lines.push(`  ${c.status.padEnd(7)} ${c.name}: ${c.summary}`);
+  for (const i of report.inputs) for (const d of i.sized ?? []) lines.push(`  note: input '${i.name}' ${d}`);
+  for (const c of report.checks) {
+    lines.push(`  ${c.status.padEnd(7)} ${c.name}: ${c.summary}`);
+    for (const u of c.unchecked ?? []) lines.push(`          not checked: ${u}`);
+    for (const u of c.notApplicable ?? []) lines.push(`          not applicable: ${u}`);
+  }
+  for (const r of report.refusedAttention) lines.push(`  note: ${r}`);
   const count = (s: string): number => report.checks.filter((c) => c.status === s).length;
   const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
     .filter(Boolean).join(', ');
-  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}) in ${(report.totalMs / 1000).toFixed(1)} s`);
+  const strict = report.strictMode ? `; strict: ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
+  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s`);
   return lines;
 }
 

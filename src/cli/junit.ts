@@ -1,7 +1,7 @@
 /**
  * --junit FILE: the verification as JUnit XML, the format GitLab, Jenkins, Azure Pipelines and the GitHub test
  * reporters read. One test case per check, and per site for the checks that report sites (the semantic probe);
- * one per refused attention node. SKIPPED maps to <skipped>, FAILED to <failure>; under --strict every skip
+ * one per refused attention node. SKIPPED maps to <skipped>, FAILED to <failure>; under --strict every skip for lack of evidence
  * is a failure, as in the exit code.
  */
 import type { SkippedSoftmax } from '../detect/find-attention';
@@ -12,6 +12,8 @@ interface Case {
   name: string;
   outcome: 'passed' | 'failed' | 'skipped';
   message?: string;
+  /** A skip --strict fails: a check skipped for lack of evidence (not one not selected or not applicable), a refused site. */
+  strictFails?: boolean;
 }
 
 export interface JunitInput {
@@ -24,7 +26,7 @@ export interface JunitInput {
 
 export function junitXml(input: JunitInput): string {
   const cases = [...input.report.checks.flatMap(checkCases), ...input.refused.map(refusedCase)]
-    .map((c) => (input.strict && c.outcome === 'skipped' ? { ...c, outcome: 'failed' as const, message: `--strict: ${c.message}` } : c));
+    .map(({ strictFails, ...c }) => (input.strict && c.outcome === 'skipped' && strictFails ? { ...c, outcome: 'failed' as const, message: `--strict: ${c.message}` } : c));
   const failures = cases.filter((c) => c.outcome === 'failed').length;
   const skipped = cases.filter((c) => c.outcome === 'skipped').length;
   const time = (input.report.totalMs / 1000).toFixed(3);
@@ -42,7 +44,7 @@ export function junitXml(input: JunitInput): string {
 
 function checkCases(c: CheckResult): Case[] {
   const classname = `ssmax-patch.${c.id}`;
-  if (!c.sites?.length) return [{ classname, name: c.name, outcome: outcomeOf(c.status), message: c.summary }];
+  if (!c.sites?.length) return [{ classname, name: c.name, outcome: outcomeOf(c.status), message: c.summary, strictFails: c.status === 'SKIPPED' && c.skip === 'not checked' }];
   return c.sites.map((s, i, all) => ({
     classname, name: `${c.name}: layer ${s.layer} (site ${i + 1} of ${all.length}, n ${s.n})`,
     outcome: s.passed ? 'passed' : 'failed', message: s.message ?? c.summary,
@@ -51,7 +53,7 @@ function checkCases(c: CheckResult): Case[] {
 
 function refusedCase(k: SkippedSoftmax): Case {
   const where = `${k.layer === undefined ? '' : `layer ${k.layer} `}${k.node}${k.scope ? ` [${k.scope}]` : ''}`;
-  return { classname: 'ssmax-patch.sites', name: `attention ${where}`, outcome: 'skipped', message: `refused: ${k.reason}` };
+  return { classname: 'ssmax-patch.sites', name: `attention ${where}`, outcome: 'skipped', message: `refused: ${k.reason}`, strictFails: true };
 }
 
 const outcomeOf = (status: CheckResult['status']): Case['outcome'] => (status === 'PASSED' ? 'passed' : status === 'FAILED' ? 'failed' : 'skipped');

@@ -9,6 +9,7 @@ import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
 import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchReport } from '../rewrite/patch';
+import { revertModel } from '../rewrite/revert';
 import type { VerifyOptions, VerifyReport } from '../verify/verify';
 import { explainCommand } from './explain';
 import { formatPatch, formatVerify, formatWrite } from './format';
@@ -16,7 +17,7 @@ import { optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
-import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, writeArtifacts } from './verify-command';
+import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
 
 export interface PatchCliOptions extends VerifyCliOptions {
   output?: string;
@@ -156,11 +157,11 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
 async function verifyBeforeWriting(
   original: ModelProto, model: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
 ): Promise<VerifyReport> {
-  // Loaded only when asked for: onnxruntime costs start-up time and memory a plain patch does not need.
-  const { verifyPatch } = await import('../verify/verify');
-  const verification = await verifyPatch(original, model, plan.verifyOptions);
+  // An update replaces s of an existing patch: what it must be compared with is the input without that patch.
+  const baseline = report.updated ? revertModel(original).model : original;
+  const verification = await verifyWithProgress(baseline, model, plan.verifyOptions, o.quiet);
   doc.verification = verification;
-  verdict(doc, verification, refusedOf(report.skipped), Boolean(o.strict), ': output not written');
+  verdict(doc, verification, ': output not written');
   return verification;
 }
 

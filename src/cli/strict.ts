@@ -1,9 +1,9 @@
 /**
- * --strict, for CI: a verification only passes when nothing was left unproven. Any SKIPPED check, any refused
- * attention site (left unpatched), fails with exit code 1, like a failed check.
+ * --strict, for CI: a verification only passes when nothing was left unproven. verifyPatch lists what it could
+ * not look at (a check skipped for lack of evidence, a site it could not probe, attention the patch refused);
+ * with --strict each of them fails with exit code 1, like a failed check.
  */
-import type { SkippedSoftmax } from '../detect/find-attention';
-import type { CheckResult } from '../verify/verify';
+import type { VerifyReport } from '../verify/verify';
 
 export interface StrictResult {
   passed: boolean;
@@ -11,10 +11,6 @@ export interface StrictResult {
   failures: string[];
 }
 
-export function strictVerdict(checks: CheckResult[], refused: SkippedSoftmax[]): StrictResult {
-  const failures = [
-    ...checks.filter((c) => c.status === 'SKIPPED').map((c) => `${c.name} SKIPPED: ${c.summary}`),
-    ...refused.map((k) => `attention node ${k.node}${k.scope ? ` [${k.scope}]` : ''} refused: ${k.reason}`),
-  ];
-  return { passed: failures.length === 0, failures };
+export function strictVerdict(report: VerifyReport): StrictResult {
+  return { passed: report.unverified.length === 0, failures: report.unverified };
 }

@@ -12,8 +12,9 @@ import { onnxruntime } from '../onnxruntime';
 import { trainLenWarnings } from '../policy/warnings';
 import { readRecord } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
-import { sharpnessSvg } from '../verify/plot';
+import { noCurveSvg, sharpnessSvg } from '../verify/plot';
 import { VerifyOptions, VerifyReport, verifyPatch } from '../verify/verify';
+import type { ModelProto } from '../io/onnx';
 import { formatVerify } from './format';
 import { junitXml } from './junit';
 import { listValue, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
@@ -76,7 +77,42 @@ export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): Verif
   return {
     trainLen, lengths, maxLen: optionalInteger(o.maxLen, '--max-len', 2), batch: optionalInteger(o.batch, '--batch', 1),
     checks: checks as CheckId[] | undefined, atol: optionalReal(o.atol, '--atol', 0), rtol: optionalReal(o.rtol, '--rtol', 0), dims, inputFiles,
+    strict: Boolean(o.strict), audience: 'cli',
   };
+}
+
+/** Show progress only once a verification has taken this long: short ones finish before a line is worth reading. */
+const PROGRESS_AFTER_MS = 2000;
+
+/**
+ * Progress lines for a terminal (stderr, rewritten in place), shown once the verification has run for a few
+ * seconds; nothing when stderr is not a terminal or with quiet. Call the result with no line to finish.
+ */
+export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s: string): boolean } = process.stderr,
+  after = PROGRESS_AFTER_MS): (line?: string) => void {
+  if (quiet || !stream.isTTY) return () => undefined;
+  const started = Date.now();
+  let shown = false;
+  return (line?: string) => {
+    if (line === undefined) {
+      if (shown) stream.write('\r\x1b[K');
+      shown = false;
+      return;
+    }
+    if (Date.now() - started < after) return;
+    stream.write(`\r\x1b[K${line.slice(0, 160)}`);
+    shown = true;
+  };
+}
+
+/** verifyPatch with a progress line on the terminal, cleared when it ends. */
+export async function verifyWithProgress(original: ModelProto, patched: ModelProto, options: VerifyOptions, quiet = false): Promise<VerifyReport> {
+  const progress = verifyProgress(quiet);
+  try {
+    return await verifyPatch(original, patched, { ...options, progress });
+  } finally {
+    progress();
+  }
 }
 
 /**
@@ -111,7 +147,9 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
       writeTextFile(o.plot, sharpnessSvg(s, { title: a.title, subtitle }), protect);
       lines.push(`plot: ${o.plot}`);
     } else {
-      lines.push(`plot: not written (${a.verification.checks.find((c) => c.id === 'sharpness')?.summary ?? 'no sharpness curve'})`);
+      const why = a.verification.checks.find((c) => c.id === 'sharpness')?.summary ?? 'the check did not run';
+      writeTextFile(o.plot, noCurveSvg(a.title, why), protect);
+      lines.push(`plot: ${o.plot} (no curve: ${why})`);
     }
   }
   if (o.junit) {
@@ -124,9 +162,9 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
 const percent = (lnRatio: number): string => `${Math.round(Math.exp(lnRatio) * 100)} %`;
 
 /** Exit code and stderr line of a finished verification, with --strict's verdict recorded in the document. */
-export function verdict(doc: ReportDocument, report: VerifyReport, refused: SkippedSoftmax[], strict: boolean, consequence: string): number {
-  if (strict) doc.strict = strictVerdict(report.checks, refused);
-  if (!report.passed) {
+export function verdict(doc: ReportDocument, report: VerifyReport, consequence: string): number {
+  if (report.strictMode) doc.strict = strictVerdict(report);
+  if (report.checks.some((c) => c.status === 'FAILED')) {
     settle(doc, 1, `verification FAILED${consequence}`);
   } else if (doc.strict && !doc.strict.passed) {
     const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
@@ -171,9 +209,9 @@ export async function verifyCommand(args: string[], o: VerifyCommandOptions, run
   // Refused in the original and not forced into the patch: left as they were.
   const refused = refusedOf(skippedOf(original)).filter((k) => !record?.sites.some((r) => r.softmax === k.node));
   doc.refused = refused;
-  const report = await verifyPatch(original, patched, options);
+  const report = await verifyWithProgress(original, patched, options);
   Object.assign(doc, report);
-  const code = verdict(doc, report, refused, Boolean(o.strict), '');
+  const code = verdict(doc, report, '');
   const written = writeArtifacts(doc, { verification: report, refused, title: `Attention sharpness: ${path.basename(patchedFile)}`, suite: `ssmax-patch verify ${patchedFile}` }, o, protect);
   run.print(() => [...formatVerify(report), ...strictLines(doc), ...written]);
   return code;

@@ -57,3 +57,15 @@ export function presetScale(p: Preset): number | undefined {
 export function presetNeedsPositions(p: Preset): boolean {
   return p.kind === 'qwen-logn' || p.kind === 'llama4';
 }
+
+/**
+ * The factor in plain arithmetic: what a row with n keys (or 1-based position n) is multiplied by, for a head
+ * whose stored s is `s`. The single source of every preset's formula outside the inserted graph, which
+ * verification checks that graph against.
+ */
+export function factorValue(p: Preset, s: number, n: number): number {
+  if (p.kind === 'qwen-logn') return Math.max(1, s * Math.log(n));
+  if (p.kind === 'llama4') return Math.log(Math.floor(n / p.floorScale) + 1) * s + 1;
+  if (p.kind === 'none') return 1;
+  return s * Math.log(n) + (p.b ?? 0);
+}

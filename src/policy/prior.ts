@@ -119,6 +119,15 @@ function defaults(kind: PriorName, heads: number): LayerTheta {
 }
 
 /**
+ * B of one head at relative position d = j − i in plain arithmetic (BAM.md): −exp(θα)·(|d − μ| + 1e-5)^θβ with
+ * μ = exp(θμ) − exp(−θμ). What verification recomputes the inserted prior against.
+ */
+export function priorValue(theta: LayerTheta, head: number, d: number): number {
+  const mu = Math.exp(theta.mu[head]) - Math.exp(-theta.mu[head]);
+  return -Math.exp(theta.alpha[head]) * Math.pow(Math.abs(d - mu) + 1e-5, theta.beta[head]);
+}
+
+/**
  * ALiBi's head slopes (Press et al. 2022, as its reference code computes them): for H a power of two, the geometric
  * sequence 2^(−8/H), 2^(−16/H), …; otherwise the slopes of the largest power of two below H, then every other
  * slope of twice that many.

@@ -112,10 +112,25 @@ function selectSites(all: AnySite[], skipped: SkippedSoftmax[], plan: PatchPlan)
   const chosen = selectLayers(spec, count);
   const sites = all.filter((a) => chosen.has(a.site.layer));
   if (sites.length === 0) throw new InputError(`${opt('layers', spec.text)} selects none of the ${count} attention layers`);
+  refuseSplitFunctions(all, chosen, spec.text);
   const left = all.filter((a) => !chosen.has(a.site.layer)).map((a) => ({
     node: siteNode(a), reason: `layer ${a.site.layer} not among the layers asked for (${spec.text})`, scope: a.site.scope,
   }));
   return { sites, skipped: [...skipped, ...left] };
+}
+
+/**
+ * A function's body is patched once for all its calls (each passes its own s): layers that call the same
+ * function are all patched or none, or the calls left out would run the factor without an s.
+ */
+function refuseSplitFunctions(all: AnySite[], chosen: Set<number>, text: string): void {
+  for (const a of all) {
+    if (a.kind !== 'call' || !chosen.has(a.site.layer)) continue;
+    const left = all.filter((b) => b.kind === 'call' && b.site.fn === a.site.fn && !chosen.has(b.site.layer)).map((b) => b.site.layer);
+    if (left.length) {
+      throw new InputError(`${opt('layers', text)} selects layer ${a.site.layer} but not layer(s) ${left.join(', ')}, which call the same function '${a.site.fn.name}'; its body is patched once for every call: select all of them or none`);
+    }
+  }
 }
 
 function presetParams(p: Preset): Partial<PatchRecord> {

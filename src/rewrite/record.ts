@@ -1,6 +1,7 @@
 /** The record of a patch kept in metadata_props, and finding an earlier patch's s in the graph. */
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
+import { Preset } from '../policy/factor';
 import { ScopeEdits } from './journal';
 import type { PresetName } from '../policy/factor';
 import type { PriorName, ThetaName } from '../policy/prior';
@@ -50,6 +51,14 @@ export interface PatchRecord {
   sites: SiteRecord[];
   /** Every edit the patch made, scope by scope (absent in records written before the journal). */
   journal?: ScopeEdits[];
+}
+
+/** The preset a record was written with, parameters included (what patchModel records of its plan). */
+export function recordedPreset(r: PatchRecord): Preset {
+  if (r.preset === 'qwen-logn') return { kind: 'qwen-logn', trainLen: r.trainLen ?? NaN };
+  if (r.preset === 'llama4') return { kind: 'llama4', floorScale: r.floorScale ?? 8192, attnScale: r.attnScale ?? 0.1 };
+  if (r.preset === 'none') return { kind: 'none' };
+  return r.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: r.b };
 }
 
 export function writeRecord(model: ModelProto, record: PatchRecord): void {

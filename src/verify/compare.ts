@@ -26,6 +26,10 @@ export interface OutputStats {
   mismatches: number;
   /** NaN or ±Inf in the actual output where the expected value is finite. */
   newNonFinite: number;
+  /** Largest |a − e| over the elements where both are finite: a difference that is a number. */
+  maxAbsFinite: number;
+  /** NaN or ±Inf in the expected (original) output: elements where equality says little. */
+  expectedNonFinite: number;
   passed: boolean;
   /** Set when the output is missing or has another shape. */
   error?: string;
@@ -38,14 +42,16 @@ export function compareOutputs(actual: Outputs, expected: Outputs, tol: Toleranc
 function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[string], tol: Tolerance): OutputStats {
   const base = {
     name, dims: e.dims, maxAbs: Infinity, meanAbs: Infinity, maxRel: Infinity, scale: 0, neededAtol: Infinity, neededRtol: Infinity,
-    newNonFinite: 0, passed: false,
+    newNonFinite: 0, maxAbsFinite: 0, expectedNonFinite: 0, passed: false,
   };
   if (!a) return { ...base, mismatches: e.data.length, error: 'missing in the actual outputs' };
   if (a.dims.join() !== e.dims.join()) return { ...base, mismatches: e.data.length, error: `shape [${a.dims.join(', ')}] instead of [${e.dims.join(', ')}]` };
-  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0;
+  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0, finite = 0;
+  let expectedNonFinite = 0;
   for (let i = 0; i < e.data.length; i++) {
     const x = a.data[i], y = e.data[i];
-    if (Math.abs(y) > scale && Number.isFinite(y)) scale = Math.abs(y);
+    if (!Number.isFinite(y)) expectedNonFinite++;
+    else if (Math.abs(y) > scale) scale = Math.abs(y);
     if (x === y || (Number.isNaN(x) && Number.isNaN(y))) continue;
     if (!Number.isFinite(x) || !Number.isFinite(y)) {
       if (Number.isFinite(y)) newNonFinite++;
@@ -58,6 +64,7 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
     sum += d;
     counted++;
     if (d > maxAbs) maxAbs = d;
+    if (d > finite) finite = d;
     if (rel > maxRel) maxRel = rel;
     if (rel > tol.rtol && d > neededAtol) neededAtol = d;
     if (d > tol.atol && rel > neededRtol) neededRtol = rel;
@@ -65,6 +72,6 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
   }
   return {
     name, dims: e.dims, maxAbs, meanAbs: maxAbs === Infinity ? Infinity : counted ? sum / e.data.length : 0, maxRel, scale, neededAtol, neededRtol,
-    mismatches, newNonFinite, passed: mismatches === 0,
+    mismatches, newNonFinite, maxAbsFinite: finite, expectedNonFinite, passed: mismatches === 0,
   };
 }

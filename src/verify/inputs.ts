@@ -5,7 +5,7 @@
  */
 import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
-import { toNumber } from '../io/onnx';
+import { DataType, NodeProto, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
 import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
@@ -39,16 +39,73 @@ export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, op
   const feeds: Feeds = {};
   const random = rng(options.seed ?? 1);
   const fixed = options.fixed ?? new Map<string, number>();
-  for (const spec of specs) {
+  // Lengths last: their values follow from the shapes of the inputs they describe.
+  for (const spec of [...specs.filter((s) => s.role !== 'lengths'), ...specs.filter((s) => s.role === 'lengths')]) {
     const given = options.given?.[spec.name];
     if (given) {
       feeds[spec.name] = given;
       continue;
     }
     const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
-    feeds[spec.name] = fill(graph, spec, dims, shape, options.padded ?? false, random);
+    const slot = slotValue(graph, spec, shape);
+    feeds[spec.name] = slot !== undefined ? makeHost(hostTypeOf(spec.elemType, spec.name), dims, new Array<number>(elementCount(dims)).fill(slot))
+      : spec.role === 'lengths' ? lengths(graph, spec, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
   }
   return feeds;
+}
+
+/**
+ * Lengths have model-specific meanings (total, total − 1, per-item padding), so they are synthesised only where
+ * the operator reading them says what they are: GroupQueryAttention's seqlens_k (total − 1 per item) and
+ * total_sequence_length, ONNX Attention's nonpad_kv_seqlen (every key valid), the past_sequence_length of
+ * MultiHeadAttention and DecoderMaskedMultiHeadAttention.
+ */
+function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
+  const type = hostTypeOf(spec.elemType, spec.name);
+  const count = elementCount(dims);
+  const fill = (v: number): HostTensor => makeHost(type, dims, new Array<number>(count).fill(v));
+  for (const node of readersThroughCasts(graph, spec.name)) {
+    const slot = node.input.indexOf(spec.name);
+    const ms = node.domain === 'com.microsoft';
+    if (ms && node.opType === 'GroupQueryAttention' && slot === 5) return fill(shape.past + shape.seq - 1);
+    if (ms && node.opType === 'GroupQueryAttention' && slot === 6) return fill(shape.past + shape.seq);
+    if (ms && node.opType === 'MultiHeadAttention' && slot === 8) return fill(shape.past);
+    if (ms && node.opType === 'DecoderMaskedMultiHeadAttention' && slot === 7) return fill(shape.past);
+    if ((node.domain === '' || node.domain === 'ai.onnx') && node.opType === 'Attention' && slot === 6) {
+      const k = feeds[graph.proto.input.find((v) => v.name === node.input[1])?.name ?? ''];
+      const keys = k ? k.dims[k.dims.length === 3 ? 1 : 2] : shape.past + shape.seq;
+      return fill(keys);
+    }
+  }
+  throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
+}
+
+/**
+ * Scalars of the com.microsoft generation operators, by input slot: GreedySearch and BeamSearch generate four
+ * tokens (max_length = sequence + 4, min_length 1), BeamSearch with 2 beams returning 1 sequence, penalties 1
+ * (no effect). Undefined for any other input.
+ */
+function slotValue(graph: Graph, spec: InputSpec, shape: RunShape): number | undefined {
+  const slots: Record<string, Record<number, number>> = {
+    GreedySearch: { 1: shape.seq + 4, 2: 1, 3: 1 },
+    BeamSearch: { 1: shape.seq + 4, 2: 1, 3: 2, 4: 1, 5: 1, 6: 1 },
+  };
+  for (const node of readersThroughCasts(graph, spec.name)) {
+    const table = node.domain === 'com.microsoft' ? slots[node.opType] : undefined;
+    const value = table?.[node.input.indexOf(spec.name)];
+    if (value !== undefined) return value;
+  }
+  return undefined;
+}
+
+/** The nodes reading a tensor directly or through Casts, each with `input` set to the name it reads. */
+function readersThroughCasts(graph: Graph, name: string): NodeProto[] {
+  const out: NodeProto[] = [];
+  for (const node of graph.consumersOf(name)) {
+    if (node.opType === 'Cast') out.push(...readersThroughCasts(graph, node.output[0]).map((n) => ({ ...n, input: n.input.map((i) => (i === node.output[0] ? name : i)) })));
+    else out.push(node);
+  }
+  return out;
 }
 
 /** Which run sizes the synthesised inputs depend on: tells whether the sequence and past lengths can vary. */
@@ -74,9 +131,6 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
   const values = new Float64Array(count);
   const last = dims.length ? dims[dims.length - 1] : 1;
   switch (spec.role) {
-    case 'lengths':
-      // Per-item key counts or totals have model-specific meanings (total, total − 1, per-item padding).
-      throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
     case 'ids': {
       const vocab = vocabSize(graph, spec.name);
       for (let i = 0; i < count; i++) values[i] = Math.floor(random() * vocab);
@@ -85,10 +139,13 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
     case 'mask': {
       const perItem = dims.length ? count / Math.max(dims[0], 1) : count;
       const pad = Math.max(1, Math.floor(shape.seq / 4));
+      // A padding mask (PyTorch's key_padding_mask, fairseq's) marks the keys to drop: true = pad, the opposite
+      // of an attention mask's 1 = attend.
+      const [keep, drop] = isPaddingMask(spec.name) ? [0, 1] : [1, 0];
       for (let i = 0; i < count; i++) {
         const item = Math.floor(i / perItem);
         const key = i % last;
-        values[i] = padded && dims.length >= 2 && dims[0] >= 2 && shape.seq >= 2 && item === dims[0] - 1 && key >= last - pad ? 0 : 1;
+        values[i] = padded && dims.length >= 2 && dims[0] >= 2 && shape.seq >= 2 && item === dims[0] - 1 && key >= last - pad ? drop : keep;
       }
       break;
     }
@@ -101,9 +158,17 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       values.fill(shape.past > 0 ? 1 : 0);
       break;
     default:
-      for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
+      // Other bool inputs (an If's condition, say) alternate with the run: true at even lengths, false at odd
+      // ones, so the short runs (12 and 7 tokens) take both branches.
+      if (spec.elemType === DataType.BOOL) values.fill(shape.seq % 2 === 0 ? 1 : 0);
+      else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
   return makeHost(type, dims, values);
+}
+
+/** Masks named for padding (padding_mask, key_padding_mask, src_key_padding_mask) hold true at the padded keys. */
+function isPaddingMask(name: string): boolean {
+  return /pad/i.test(name) && /mask/i.test(name);
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */

@@ -28,6 +28,10 @@ export interface PlanInput {
   pinned: Partial<RunShape>;
   /** A synthesised attention mask exists, so a padded batch can be made. */
   canPad: boolean;
+  /** The model's own token count when its inputs fix it (a one-token decoder over a cache). */
+  fixedSeq?: number;
+  /** The fewest cached tokens a run may have (1 where a kernel cannot take an empty cache). */
+  minPast?: number;
 }
 
 export interface Plan {
@@ -40,6 +44,7 @@ export interface Plan {
 }
 
 export const SHORT_SEQ = 12;
+const SECOND_SEQ = 7;
 
 /**
  * Longest run by default. One 4096-token run of a 100 M-parameter model takes about 10 s on two cores and the
@@ -59,8 +64,9 @@ export function makePlan(p: PlanInput): Plan {
   const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason
     : p.maxLen === undefined ? `the default longest length ${DEFAULT_MAX_LEN}; raise it to run longer` : `the longest length ${maxLen} asked for`;
   const batch = p.pinned.batch ?? p.batch;
-  const seqOf = (want: number): number => p.pinned.seq ?? want;
-  const pastOf = (want: number): number => p.pinned.past ?? want;
+  const seqOf = (want: number): number => p.pinned.seq ?? p.fixedSeq ?? want;
+  const minPast = p.pastFree ? p.minPast ?? 0 : 0;
+  const pastOf = (want: number): number => p.pinned.past ?? Math.max(want, minPast);
   const runs: RunSpec[] = [];
   const add = (kind: RunSpec['kind'], b: number, seq: number, past: number, padded = false): void => {
     const id = `batch=${b} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
@@ -69,24 +75,35 @@ export function makePlan(p: PlanInput): Plan {
   const short = seqOf(Math.max(2, Math.min(SHORT_SEQ, cap)));
   add('short', batch, short, pastOf(0));
   if (p.canPad && batch >= 2 && short >= 2) add('short', batch, short, pastOf(0), true);
+  // A second length, so a site whose n is the key count sees two values of n (a cache gives them otherwise).
+  if (p.seqFree && !p.pastFree && cap > SECOND_SEQ) add('short', batch, SECOND_SEQ, pastOf(0));
   if (p.pastFree && cap >= 5) {
     // Prefill after a cache (Tq = 3 < Tk) and one-token decoding, within the cap.
     add('short', batch, seqOf(3), Math.min(7, cap - seqOf(3)));
     add('short', batch, seqOf(1), Math.min(8, cap - seqOf(1)));
   }
-  let sweep: number[] = [];
-  if (!p.seqFree) {
+  const sweep = sweepOf(p, cap, capReason, notes);
+  // Without a free sequence axis, a cache still sweeps the context: the fixed tokens after a longer past.
+  const fixed = !p.seqFree ? seqOf(1) : 0;
+  for (const t of sweep) add('sweep', p.pinned.batch ?? 1, p.seqFree ? t : fixed, p.seqFree ? pastOf(0) : t - fixed);
+  return { runs, sweep, notes, cap, capReason };
+}
+
+/** The context lengths of the sweep: of the sequence, or of the cache when only it can grow. */
+function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]): number[] {
+  if (!p.seqFree && !p.pastFree) {
     notes.push(p.pinned.seq !== undefined
       ? `sequence length fixed at ${p.pinned.seq} (by a given dim or input): no length sweep`
       : "the model's inputs have no dynamic sequence axis: no length sweep");
-  } else {
-    const wanted = p.lengths ?? defaultSweep(p.trainLen);
-    sweep = wanted.filter((t) => t <= cap);
-    const dropped = wanted.filter((t) => t > cap);
-    if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
-    for (const t of sweep) add('sweep', p.pinned.batch ?? 1, t, pastOf(0));
+    return [];
   }
-  return { runs, sweep, notes, cap, capReason };
+  const fixed = p.seqFree ? 0 : p.pinned.seq ?? p.fixedSeq ?? 1;
+  if (!p.seqFree) notes.push(`the sequence length is fixed at ${fixed}: the sweep grows the cache instead`);
+  const wanted = p.lengths ?? defaultSweep(p.trainLen);
+  const sweep = wanted.filter((t) => t <= cap && t > fixed + (p.minPast ?? 0) - 1);
+  const dropped = wanted.filter((t) => t > cap);
+  if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
+  return sweep;
 }
 
 export interface RetrofitInput {
@@ -97,25 +114,21 @@ export interface RetrofitInput {
 }
 
 /**
- * The runs where every row has n = L, added to the plan when missing: keys mode at Tk = L (the full sequence,
- * and new tokens after L − seq cached ones); causal mode only with a KV cache, one token after L − 1.
- * Returns the run ids, or why no run can reach n = L.
+ * The runs where rows can have a factor of 1 (n in [from, upTo]), added to the plan when missing: the whole
+ * sequence at length upTo (capped), and one new token after upTo − 1 cached ones. Which of their rows do have
+ * that n is seen at run time, per site. Returns the run ids, or why no run can get there.
  */
-export function retrofitRuns(plan: Plan, mode: 'keys' | 'causal', L: number, o: RetrofitInput): string[] | string {
+export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number }, o: RetrofitInput & { minPast?: number }): string[] | string {
   const ids: string[] = [];
   const want = (seq: number, past: number): void => {
     const id = `batch=${o.batch} seq=${seq}${past ? ` past=${past}` : ''}`;
     if (!plan.runs.some((r) => r.id === id)) plan.runs.push({ id, kind: 'retrofit', batch: o.batch, seq, past, padded: false });
     ids.push(id);
   };
-  if (mode === 'causal') {
-    if (!o.pastFree) return 'causal n without a KV cache: no length puts every row at n = L (patch with n mode keys to check)';
-    if ((o.pinned.seq ?? 1) !== 1) return `causal n needs one new token after L − 1 cached ones; the sequence length is fixed at ${o.pinned.seq}`;
-    want(1, L - 1);
-    return ids;
-  }
-  if (o.seqFree || o.pinned.seq === L) want(L, 0);
-  const seq = o.pinned.seq ?? 4;
-  if (o.pastFree && seq < L) want(seq, L - seq);
-  return ids.length ? ids : `no run reaches Tk = L = ${L}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
+  const top = Math.min(identity.upTo, plan.cap);
+  if (top < identity.from) return `n = ${identity.from} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`;
+  if ((o.seqFree || o.pinned.seq === top) && !o.minPast) want(top, 0);
+  const seq = o.pinned.seq ?? 1;
+  if (o.pastFree && seq < top) want(seq, top - seq);
+  return ids.length ? ids : `no run reaches n = ${top}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }

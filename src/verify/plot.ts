@@ -56,6 +56,28 @@ export function sharpnessSvg(curve: SharpnessCurve, labels: PlotLabels): string 
   parts.push(`<text x="20" y="${r(M.top + plotH / 2)}" font-family="sans-serif" font-size="13" text-anchor="middle" transform="rotate(-90 20 ${r(M.top + plotH / 2)})">mean max attention probability${yLog ? ' (log scale)' : ''}</text>`);
   parts.push(text(M.left, H - 12, labels.caption ?? `largest probability of the last quarter of the attention rows (at most ${curve.rows}), averaged over them, heads and layers (batch 1)`, { size: 11, fill: '#777777' }));
   parts.push(legend(W - M.right - 200, M.top + 12));
+  return svgDocument(parts);
+}
+
+/**
+ * The plot when there is no curve to draw: the title and why, so a CI job that uploads the file always has one
+ * and whoever opens it reads the reason rather than a missing artifact.
+ */
+export function noCurveSvg(title: string, reason: string): string {
+  const words = `no sharpness curve: ${reason}`.split(' ');
+  const lines: string[] = [''];
+  for (const w of words) {
+    if (lines[lines.length - 1].length + w.length > 100) lines.push('');
+    lines[lines.length - 1] += `${lines[lines.length - 1] ? ' ' : ''}${w}`;
+  }
+  return svgDocument([
+    `<rect x="0" y="0" width="${W}" height="${H}" fill="#ffffff"/>`,
+    text(M.left, 26, title, { size: 17, weight: 'bold' }),
+    ...lines.map((l, i) => text(M.left, 80 + i * 18, l, { size: 12, fill: '#555555' })),
+  ]);
+}
+
+function svgDocument(parts: string[]): string {
   return `<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">\n${parts.join('\n')}\n</svg>\n`;
 }
 

@@ -1,19 +1,26 @@
 /**
- * The semantic probe: at every patched site, the logits after the factor must equal the logits before it times
- * c = s_h·ln(n_i), for every batch item, head h and row i, with n_i from the site's n mode (keys: n = Tk;
- * causal: n_i = Tk − Tq + i + 1, which also covers KV-cache decoding; modes that count n from masks: the keys the
- * row's Softmax input leaves visible, entries above −9000). Entries are compared as
- * after ≈ c·before, never by dividing, so logits near 0 cannot produce a false ratio. When a site fails, the
- * probe names the wiring its numbers do match: the other n mode, n = Tq, per-head s reversed, the factor
- * indexed by key, another layer's s, or no factor at all.
+ * The semantic probe of one site: what the factor multiplied (logits before it, or a fused operator's query
+ * before it) against what the model computes with (after), over every run:
+ *
+ *   after[b,h,i,j] = c(b,h,i) · (before[b,h,i,j] + prior(b,h,i,j))
+ *
+ * with c from the preset's own formula (factorValue), s of head h as the model's initializer holds it, and n of
+ * batch item b and row i from the site's n mode (keys: n = Tk; causal: n_i = Tk − Tq + i + 1, also with a
+ * cache; modes counted from masks: the keys the row's Softmax input leaves visible; fused operators: the n plan
+ * of the operator's inputs). `prior` is the positional prior B the patch adds (BAM's formula with θ as the model
+ * holds it); a prior added to a fused operator's bias is probed as after = before + c·B (preset none, prior c·B).
+ * Entries are compared as after ≈ c·before, never by dividing, so logits near 0 cannot produce a false ratio.
+ * When a site fails, the probe names the wiring its numbers do match: the other n mode, n = Tq, 2n, n + 1,
+ * per-head s reversed, the factor indexed by key, another layer's s, the factor applied twice, or no factor.
  */
-import { bfloat16ToNumber, float16ToNumber, float32ToBfloat16Bits, float32ToFloat16Bits } from '../graph/tensor';
-import { DataType } from '../io/onnx';
-import { SiteRecord } from '../rewrite/record';
-import { OutputTensor } from './run';
+import { factorValue, Preset } from '../policy/factor';
 
 export interface ProbeSiteResult {
   layer: number;
+  /** The graph the site is in, when not the main graph. */
+  scope?: string;
+  /** How messages name the site. */
+  site: string;
   n: string;
   s: number | number[];
   runs: number;
@@ -25,15 +32,42 @@ export interface ProbeSiteResult {
   message?: string;
   /** The wirings the numbers match instead, when the site fails. */
   matches?: string[];
+  /** This result is of the site's positional prior (after its Add = before + c·B), not of its factor. */
+  prior?: boolean;
 }
 
-/** Relative rounding of a dot product at the scale of its row's largest entry (float32, a few ulps). */
-const ROW_EPS = 1e-6;
+/** One run's tensors of a site arranged as blocks × rows × cols (index (g·rows + i)·cols + j). */
+export interface ProbeView {
+  run: string;
+  blocks: number;
+  rows: number;
+  cols: number;
+  before: ArrayLike<number>;
+  after: ArrayLike<number>;
+  /** The batch item and head of block g (head 0 when heads are not in view). */
+  batch(g: number): number;
+  head(g: number): number;
+  /** The row's index in the whole tensor (a slice of the last rows starts past 0). */
+  row(i: number): number;
+  /** n of (block, local row) as the site's n mode defines it. */
+  n(g: number, i: number): number;
+  /** Other n the patch might have computed instead, for naming what a failing site matches. */
+  alternatives: { name: string; n(g: number, i: number): number }[];
+  /** cols index keys (logits), so a factor laid along them can be named; otherwise the head dimension. */
+  colsAreKeys: boolean;
+  /** How a block is named in messages (`head 3`, or `block 2` when heads are out of view). */
+  where(g: number, i: number): string;
+  /** The query's absolute position (past length + row) of block g's row i, where a prior needs it. */
+  pos?(g: number, i: number): number;
+}
+
+/** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
+export type Prior = (v: ProbeView, g: number, i: number, j: number) => number;
 
 interface Hypothesis {
   name: string;
-  /** Factor for block g (batch·head), row i, key j of logits with Tq rows and Tk keys. */
-  factor: (g: number, i: number, j: number, tq: number, tk: number) => number;
+  /** Factor for block g, local row i, column j. */
+  factor: (v: ProbeView, g: number, i: number, j: number) => number;
   fits: boolean;
 }
 
@@ -42,152 +76,155 @@ interface RowFailure {
   text: string;
 }
 
-/** Collects probe tensors of one site over every run, then judges them. */
+export interface ProbeSubject {
+  layer: number;
+  scope?: string;
+  label: string;
+  n: string;
+  s: number[];
+  /** Relative tolerance of one rounding of the observed tensor (float32 1e-5, float16 1e-3, bfloat16 8e-3). */
+  rtol: number;
+  /** Rounding of a dot product relative to its row's largest entry (float32 1e-6: a factor on the query is a separately rounded product). */
+  rowEps?: number;
+  prior?: Prior;
+  /** The subject is a prior's Add (after = before + prior): failures are described by what was added. */
+  additive?: boolean;
+}
+
+/** Collects a site's tensors over every run, then judges them. */
 export class SiteProbe {
-  private readonly s: number[];
-  private readonly rtol: number;
-  private readonly floor: number;
   private readonly hypotheses: Hypothesis[];
   private runs = 0;
   private entries = 0;
   private maxRel = 0;
   private worst: RowFailure | null = null;
   private varying: RowFailure | null = null;
-  private shapeError: string | null = null;
-  /** Visible keys per row of the current run, for n counted from masks. */
-  private counts: Int32Array | null = null;
+  private problem: string | null = null;
+  /** Alternative n offered by some run, and those a run ruled out: named only when every run that offered them fits. */
+  private readonly tried = new Set<string>();
+  private readonly rejected = new Set<string>();
 
-  constructor(private readonly site: SiteRecord, otherLayers: SiteRecord[]) {
-    // Only sites with a factor are probed (see probeable): s is set.
-    this.s = Array.isArray(site.s) ? site.s : [site.s!];
-    const half = site.factorType === DataType.FLOAT16;
-    const bf16 = site.factorType === DataType.BFLOAT16;
-    this.rtol = half ? 2e-3 : bf16 ? 1.6e-2 : 1e-5;
-    this.floor = half ? 1e-7 : 1e-30;
-    this.hypotheses = this.alternatives(otherLayers);
+  constructor(private readonly subject: ProbeSubject, private readonly preset: Preset, others: { layer: number; s: number[] }[] = []) {
+    this.hypotheses = this.alternatives(others);
   }
 
-  /** c as onnxruntime computes it: float32 s times float32 ln n, rounded to the logits' type. */
-  private c(sValue: number, n: number): number {
-    return roundTo(this.site.factorType ?? DataType.FLOAT, Math.fround(Math.fround(sValue) * Math.fround(Math.log(n))));
+  get label(): string {
+    return this.subject.label;
   }
 
-  private sAt(g: number, s: number[] = this.s): number {
-    return s[g % s.length];
+  /** The rounding the observed tensors' type allows (known once the probe copy is built). */
+  setTolerance(t: { rtol: number; rowEps: number }): void {
+    this.subject.rtol = t.rtol;
+    this.subject.rowEps = t.rowEps;
   }
 
-  private nDeclared(i: number, tq: number, tk: number, g = 0): number {
-    if (this.counts) return Math.max(this.counts[g * tq + i], 1);
-    return this.site.n === 'causal' ? tk - tq + i + 1 : tk;
+  private c(h: number, n: number, s: number[] = this.subject.s): number {
+    return factorValue(this.preset, s[h % s.length], n);
   }
 
-  private alternatives(otherLayers: SiteRecord[]): Hypothesis[] {
-    const H = this.s.length;
-    const reversed = [...this.s].reverse();
-    const causal = (i: number, tq: number, tk: number): number => tk - tq + i + 1;
+  private alternatives(others: { layer: number; s: number[] }[]): Hypothesis[] {
+    const s = this.subject.s;
+    const reversed = [...s].reverse();
+    const declared = (v: ProbeView, g: number, i: number): number => this.c(v.head(g), v.n(g, i));
     const list: Hypothesis[] = [
-      { name: 'the declared factor', factor: (g, i, _j, tq, tk) => this.c(this.sAt(g), this.nDeclared(i, tq, tk, g)), fits: true },
-      this.site.n === 'causal'
-        ? { name: 'n = Tk (keys mode) although the record says causal', factor: (g, _i, _j, _tq, tk) => this.c(this.sAt(g), tk), fits: true }
-        : { name: 'causal n_i = Tk − Tq + i + 1 although the record says keys', factor: (g, i, _j, tq, tk) => this.c(this.sAt(g), causal(i, tq, tk)), fits: true },
-      { name: 'n = Tq (the query length, not the key count)', factor: (g, _i, _j, tq) => this.c(this.sAt(g), tq), fits: true },
-      { name: 'the factor indexed by key position j instead of row i (varies along keys)', factor: (g, _i, j, tq, tk) => this.c(this.sAt(g), this.nDeclared(j, tq, tk)), fits: true },
+      { name: 'the declared factor', factor: declared, fits: true },
+      { name: 'the factor indexed by key position j instead of row i (varies along keys)',
+        factor: (v, g, _i, j) => (v.colsAreKeys ? this.c(v.head(g), v.n(g, j)) : NaN), fits: true },
       { name: 'no factor (c = 1)', factor: () => 1, fits: true },
+      { name: 'the factor applied twice', factor: (v, g, i) => declared(v, g, i) ** 2, fits: true },
     ];
-    if (H > 1 && reversed.some((v, h) => v !== this.s[h])) {
-      list.push({ name: 'per-head s in reverse order', factor: (g, i, _j, tq, tk) => this.c(this.sAt(g, reversed), this.nDeclared(i, tq, tk, g)), fits: true });
+    if (s.length > 1 && reversed.some((x, h) => x !== s[h])) {
+      list.push({ name: 'per-head s in reverse order', factor: (v, g, i) => this.c(v.head(g), v.n(g, i), reversed), fits: true });
     }
-    for (const other of otherLayers) {
-      if (other.s === undefined) continue;
-      const s = Array.isArray(other.s) ? other.s : [other.s];
-      if (other.layer === this.site.layer || s.join() === this.s.join()) continue;
-      list.push({ name: `s of layer ${other.layer}`, factor: (g, i, _j, tq, tk) => this.c(s[g % s.length], this.nDeclared(i, tq, tk, g)), fits: true });
+    for (const other of others) {
+      if (other.layer === this.subject.layer || other.s.join() === s.join()) continue;
+      list.push({ name: `s of layer ${other.layer}`, factor: (v, g, i) => this.c(v.head(g), v.n(g, i), other.s), fits: true });
     }
     return list;
   }
 
-  observe(run: string, before: OutputTensor, after: OutputTensor, masked?: OutputTensor): void {
+  /** Records a problem that fails the site whatever its numbers (a shape mismatch, a missing tensor). */
+  fail(problem: string): void {
+    this.problem ??= problem;
+  }
+
+  observe(v: ProbeView): void {
     this.runs++;
-    if (before.dims.join() !== after.dims.join()) {
-      this.shapeError ??= `logits before the factor are [${before.dims.join(', ')}], after it [${after.dims.join(', ')}] (${run})`;
+    if (v.before.length !== v.after.length) {
+      this.fail(`the tensors before and after the factor differ in size (${v.run})`);
       return;
     }
-    const r = before.dims.length;
-    const tk = r >= 1 ? before.dims[r - 1] : 1;
-    const tq = r >= 2 ? before.dims[r - 2] : 1;
-    const blocks = tk * tq === 0 ? 0 : before.data.length / (tk * tq);
-    this.counts = masked ? this.visibleCounts(run, masked, before.data.length, tk) : null;
-    // Heads are axis −3 of 4-D logits; in [B·H, Tq, Tk] logits block g is head g mod H.
-    const heads = r >= 4 ? before.dims[r - 3] : this.s.length > 1 ? this.s.length : 0;
-    const label = (g: number, i: number): string => (heads
-      ? `head ${g % heads} row ${i} (${run}, batch item ${Math.floor(g / heads)})`
-      : `row ${i} (${run}, block ${g})`);
-    for (let g = 0; g < blocks; g++) {
-      for (let i = 0; i < tq; i++) this.observeRow(before.data, after.data, (g * tq + i) * tk, g, i, tq, tk, label);
+    const named = v.alternatives.map((a): Hypothesis => ({ name: a.name, factor: (w, g, i) => this.c(w.head(g), a.n(g, i)), fits: true }));
+    const all = [...this.hypotheses, ...named];
+    for (let g = 0; g < v.blocks; g++) for (let i = 0; i < v.rows; i++) this.observeRow(v, g, i, all);
+    for (const h of named) {
+      this.tried.add(h.name);
+      if (!h.fits) this.rejected.add(h.name);
     }
   }
 
-  /**
-   * Keys each row may see, read off the logits the Softmax receives: masks (−inf, finfo.min, −10000) leave
-   * entries at or below −9000, position biases stay above. Heads broadcast over a mask view are repeated.
-   */
-  private visibleCounts(run: string, masked: OutputTensor, size: number, tk: number): Int32Array | null {
-    if (masked.data.length !== size) {
-      this.shapeError ??= `the masked logits [${masked.dims.join(', ')}] do not line up with the probed logits (${run})`;
-      return null;
-    }
-    const counts = new Int32Array(size / tk);
-    for (let row = 0; row < counts.length; row++) {
-      let n = 0;
-      for (let j = 0; j < tk; j++) if (masked.data[row * tk + j] > -9000) n++;
-      counts[row] = n;
-    }
-    return counts;
-  }
-
-  private observeRow(b: ArrayLike<number>, a: ArrayLike<number>, offset: number, g: number, i: number, tq: number, tk: number,
-    label: (g: number, i: number) => string): void {
+  private observeRow(v: ProbeView, g: number, i: number, hypotheses: Hypothesis[]): void {
+    // A row without a key to attend to (an empty cache) has no attention for a factor to change.
+    if (!(v.n(g, i) >= 1)) return;
+    const offset = (g * v.rows + i) * v.cols;
+    const b = v.before, a = v.after;
+    const prior = this.subject.prior;
+    const base = (j: number): number => (prior ? b[offset + j] + prior(v, g, i, j) : b[offset + j]);
     let top = -1, topAbs = 0;
-    for (let j = 0; j < tk; j++) {
-      const v = Math.abs(b[offset + j]);
-      if (Number.isFinite(v) && v > topAbs) { topAbs = v; top = j; }
+    for (let j = 0; j < v.cols; j++) {
+      const x = Math.abs(base(j));
+      if (Number.isFinite(x) && x > topAbs) { topAbs = x; top = j; }
     }
-    const declared = this.hypotheses[0];
+    const declared = hypotheses[0];
     let rowFails = false;
-    for (let j = 0; j < tk; j++) {
-      const x = b[offset + j], y = a[offset + j];
+    for (let j = 0; j < v.cols; j++) {
+      const x = base(j), y = a[offset + j];
       if (!Number.isFinite(x)) continue;
       this.entries++;
-      for (const h of this.hypotheses) {
+      // Each term carries its own rounding: a sum that cancels keeps the error of its larger term.
+      const magnitude = prior ? Math.abs(b[offset + j]) + Math.abs(x - b[offset + j]) : Math.abs(x);
+      for (const h of hypotheses) {
         if (!h.fits && h !== declared) continue;
-        const c = h.factor(g, i, j, tq, tk);
+        const c = h.factor(v, g, i, j);
         const expected = c * x;
-        // A factor on the query makes `after` a separately rounded product: allow rounding at the row's scale.
-        const ok = Math.abs(y - expected) <= this.rtol * Math.abs(expected) + ROW_EPS * Math.abs(c) * topAbs + this.floor;
+        const ok = Math.abs(y - expected) <= this.subject.rtol * Math.abs(c) * magnitude + (this.subject.rowEps ?? 1e-6) * Math.abs(c) * topAbs + 1e-30;
         if (h === declared) {
           if (!ok) rowFails = true;
-          if (Math.abs(x) >= 1e-3 * topAbs && expected !== 0) this.maxRel = Math.max(this.maxRel, Math.abs(y - expected) / Math.abs(expected));
+          if (!ok && this.subject.additive) this.describeAddition(v, g, i, j, y - b[offset + j], x - b[offset + j]);
+          const rel = Math.abs(y - expected) / Math.abs(expected);
+          if (Math.abs(x) >= 1e-3 * topAbs && expected !== 0 && Number.isFinite(y)) this.maxRel = Math.max(this.maxRel, rel);
         } else if (!ok) h.fits = false;
       }
     }
     if (rowFails) declared.fits = false;
-    if (top < 0) return;
-    const where = label(g, i);
-    const c = declared.factor(g, i, top, tq, tk);
-    const ratio = a[offset + top] / b[offset + top];
-    const n = this.nDeclared(i, tq, tk, g);
-    const sText = `s=${fmt(this.sAt(g))}, n=${n}`;
+    if (top >= 0 && !this.subject.additive) this.describeRow(v, g, i, top, topAbs, rowFails, base);
+  }
+
+  private describeAddition(v: ProbeView, g: number, i: number, j: number, added: number, expected: number): void {
+    const score = Math.abs(added - expected) / Math.max(Math.abs(expected), 1e-12);
+    if (this.worst && score <= this.worst.score) return;
+    const d = v.pos ? `, d = j − i = ${j - v.pos(g, i)}` : '';
+    this.worst = { score, text: `${v.where(g, i)} key ${j}: the prior added ${fmt(added)}, expected c·B = ${fmt(expected)} (n = ${v.n(g, i)}${d})` };
+  }
+
+  private describeRow(v: ProbeView, g: number, i: number, top: number, topAbs: number, rowFails: boolean, base: (j: number) => number): void {
+    const offset = (g * v.rows + i) * v.cols;
+    const where = v.where(g, i);
+    const c = this.c(v.head(g), v.n(g, i));
+    const ratio = v.after[offset + top] / base(top);
+    const sText = `s=${fmt(this.subject.s[v.head(g) % this.subject.s.length])}, n=${v.n(g, i)}`;
     let lo = ratio, hi = ratio, loJ = top, hiJ = top;
-    for (let j = 0; j < tk; j++) {
-      const x = b[offset + j];
+    for (let j = 0; j < v.cols; j++) {
+      const x = base(j);
       if (!(Math.abs(x) >= 1e-2 * topAbs)) continue;
-      const q = a[offset + j] / x;
+      const q = v.after[offset + j] / x;
       if (q < lo) { lo = q; loJ = j; }
       if (q > hi) { hi = q; hiJ = j; }
     }
+    const along = v.colsAreKeys ? 'key' : 'column';
     const spread = (hi - lo) / Math.max(Math.abs(ratio), 1e-12);
-    if (spread > 10 * this.rtol + 1e-6 && (!this.varying || spread > this.varying.score)) {
-      this.varying = { score: spread, text: `${where}: ratio varies along keys from ${fmt(lo)} (key ${loJ}) to ${fmt(hi)} (key ${hiJ}), expected ${fmt(c)} for the whole row (${sText})` };
+    if (spread > 10 * this.subject.rtol + 1e-6 && (!this.varying || spread > this.varying.score)) {
+      this.varying = { score: spread, text: `${where}: ratio varies along ${along}s from ${fmt(lo)} (${along} ${loJ}) to ${fmt(hi)} (${along} ${hiJ}), expected ${fmt(c)} for the whole row (${sText})` };
     }
     if (rowFails) {
       // Rows where both ratios are positive make the clearest example; rows with ln n = 0 the least clear.
@@ -197,26 +234,25 @@ export class SiteProbe {
   }
 
   result(): ProbeSiteResult {
-    const base = { layer: this.site.layer, n: this.site.n, s: this.site.s!, runs: this.runs, entries: this.entries, maxRelError: this.maxRel };
-    const layer = `layer ${this.site.layer}`;
-    if (this.shapeError) return { ...base, passed: false, message: `${layer}: ${this.shapeError}` };
-    if (this.entries === 0) return { ...base, passed: false, message: `${layer}: no finite logits to check` };
+    const { layer, scope, label, n } = this.subject;
+    const s = this.subject.s.length === 1 ? this.subject.s[0] : this.subject.s;
+    const base = { layer, ...(scope && scope !== 'main' ? { scope } : {}), site: label, n, s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel,
+      ...(this.subject.additive ? { prior: true } : {}) };
+    if (this.problem) return { ...base, passed: false, message: `${label}: ${this.problem}` };
+    if (this.entries === 0) return { ...base, passed: false, message: `${label}: no finite values to check` };
     if (this.hypotheses[0].fits) return { ...base, passed: true };
-    const matches = this.hypotheses.slice(1).filter((h) => h.fits).map((h) => h.name);
+    const alternatives = [...this.tried].filter((name) => !this.rejected.has(name));
+    const matches = [...alternatives, ...this.hypotheses.slice(1).filter((h) => h.fits).map((h) => h.name)];
+    if (this.subject.additive) return { ...base, passed: false, message: `${label}: ${this.worst?.text ?? 'mismatch'}; c·B recomputed from θ as the model holds it` };
     const example = this.varying?.text ?? this.worst?.text ?? 'mismatch';
     const pattern = matches.length ? `matches ${matches.join(' or ')}`
-      : this.varying ? 'the factor varies along keys: it must be constant within a row (a [Tq,1] column, not a [1,Tk] row)'
+      : this.varying ? 'the factor varies along a row: it must be constant within a row (a [Tq,1] column, not a [1,Tk] row)'
         : 'no simple wiring error matches';
-    return { ...base, passed: false, matches, message: `${layer} ${example}; ${pattern}` };
+    return { ...base, passed: false, matches, message: `${label} ${example}; ${pattern}` };
   }
 }
 
-function roundTo(type: number, f: number): number {
-  if (type === DataType.FLOAT16) return float16ToNumber(float32ToFloat16Bits(f));
-  return type === DataType.BFLOAT16 ? bfloat16ToNumber(float32ToBfloat16Bits(f)) : f;
-}
-
-function fmt(x: number): string {
+export function fmt(x: number): string {
   if (!Number.isFinite(x) || x === 0) return String(x);
   return Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? x.toFixed(Math.abs(x) >= 100 ? 1 : 3) : x.toExponential(2);
 }

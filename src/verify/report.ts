@@ -7,6 +7,12 @@ import { InputRole } from './signature';
 
 export type Status = 'PASSED' | 'FAILED' | 'SKIPPED';
 
+/**
+ * Why a check (or a site of it) was skipped: not asked for (--checks), a property this patch does not promise
+ * (neither counts against --strict), or something that could not be looked at (fails --strict).
+ */
+export type SkipKind = 'not selected' | 'not applicable' | 'not checked';
+
 export interface RunResult {
   run: string;
   length: { batch: number; seq: number; past: number };
@@ -25,6 +31,12 @@ export interface CheckResult {
   /** What the check requires. */
   criterion: string;
   runs: RunResult[];
+  /** Why a SKIPPED check was skipped. */
+  skip?: SkipKind;
+  /** Sites (or parts) this check could not look at, each with the reason: each fails --strict. */
+  unchecked?: string[];
+  /** Sites this check does not apply to, each with the reason (a key count the model fixes, say). */
+  notApplicable?: string[];
   /** Semantic probe: one entry per site. */
   sites?: ProbeSiteResult[];
 }
@@ -36,6 +48,8 @@ export interface InputReport {
   role: InputRole;
   /** The file it was read from, when given with --input. */
   file?: string;
+  /** How dims the rules do not recognise by name were sized (`dim 1 'tq': the sequence length`). */
+  sized?: string[];
 }
 
 export interface RunReport {
@@ -57,7 +71,16 @@ export interface SessionReport {
 }
 
 export interface VerifyReport {
+  /** No check failed, and with strict, nothing was left unverified. */
   passed: boolean;
+  /** Whether the verification ran with strict (then `passed` also needs `unverified` empty). */
+  strictMode: boolean;
+  /** Everything left unverified: skipped checks, unprobed sites, refused attention (each fails --strict). */
+  unverified: string[];
+  /** The preset the patch was made with, as its record says. */
+  preset: string;
+  /** Attention in the original that the patch refused (each fails --strict). */
+  refusedAttention: string[];
   trainLen?: number;
   /** Where L came from: the patch record, --train-len, or the length at which the mean s gives factor 1. */
   trainLenSource: string;

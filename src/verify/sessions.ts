@@ -1,70 +1,122 @@
 /**
- * The onnxruntime sessions verification needs, each created once: the original and the patched model (with
- * row-max outputs when sharpness is checked), the patch with its factor forced to 1, and the patch with probe
- * outputs. Only the sessions the selected checks need are created.
+ * The onnxruntime sessions verification runs, one model variant each, created only when a check needs it and
+ * released as soon as its last run is done, so at most one is resident at a time:
+ *   original   the original model (with row-max outputs when sharpness is checked)
+ *   unit       the patch with every factor forced to 1 (wiring parity)
+ *   probe      the patch with every site's tensors before and after the factor as outputs (short runs)
+ *   probeLast  the same with only the last row of logits (the retrofit runs, which may be long)
+ *   patched    the patched model (with row-max outputs when sharpness is checked)
+ * Models with external data, or large ones, are written to a temporary folder (their data files hard-linked,
+ * or copied across file systems) and loaded from there: no protobuf of the whole model is built in memory.
  */
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { InputError } from '../errors';
-import { ModelProto } from '../io/onnx';
+import { encodeModel, ModelProto } from '../io/onnx';
+import { externalFiles } from '../io/external';
+import { inputFiles, writeModel } from '../io/model-file';
 import { cloneModel } from '../rewrite/patch';
-import { SiteRecord } from '../rewrite/record';
-import { CheckId } from './plan';
+import { addProbeOutputs, ProbeWiring } from './probe-model';
+import { SessionReport } from './report';
+import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Runner } from './run';
-import { addProbeOutputs, addRowMaxOutputs, carryBf16AsFloat, forceUnitFactor, hasBf16Io, ProbeNames } from './runtime-model';
+import { carryBf16AsFloat, forceUnitFactor, hasBf16Io } from './runtime-model';
+import { VerifySite } from './sites';
 
-export type SessionKey = 'original' | 'patched' | 'unit' | 'probe';
+export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
 
-/** A patched variant that onnxruntime refuses: every selected check fails with the reason. */
+/** The order sessions run in: the original first (its outputs are what the others are compared with). */
+export const SESSION_ORDER: SessionKey[] = ['original', 'unit', 'probe', 'probeLast', 'patched'];
+
+export const SESSION_LABELS: Record<SessionKey, string> = {
+  original: 'original', unit: 'patched with factor 1', probe: 'patched with probe outputs',
+  probeLast: 'patched with last-row probe outputs', patched: 'patched',
+};
+
+/** A patched variant that onnxruntime refuses: every check that needs it fails with the reason. */
 export class LoadFailure extends Error {}
 
-export class Sessions {
-  runners: Partial<Record<SessionKey, Runner>> = {};
-  probes: ProbeNames[] = [];
-  probeProblems: string[] = [];
-  rowMax: { original: Map<number, string>; patched: Map<number, string> } = { original: new Map(), patched: new Map() };
+/** Models whose files together are larger than this are loaded from files rather than from bytes in memory. */
+const FILE_THRESHOLD = 256 * 1024 * 1024;
 
-  async release(): Promise<void> {
-    await Promise.all(Object.values(this.runners).map((r) => r.release()));
+export class SessionFactory {
+  /** What each probe copy brings out per site, known once that copy is built. */
+  readonly probes: Partial<Record<'probe' | 'probeLast', ProbeWiring[]>> = {};
+  readonly rowMax: Partial<Record<'original' | 'patched', RowMaxOutputs>> = {};
+  readonly reports: SessionReport[] = [];
+  private dir: string | null = null;
+  private readonly fromFile: boolean;
+
+  constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: VerifySite[],
+    private readonly sharpness: boolean) {
+    this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
+  }
+
+  /** Builds the variant and opens its session. */
+  async open(key: SessionKey): Promise<Runner> {
+    const model = this.variant(key);
+    if (hasBf16Io(model)) carryBf16AsFloat(model);
+    // The probe copies read a tensor twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
+    // tensor read that way, and the probe only reads values, so they run with basic optimisations.
+    const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : 'all';
+    try {
+      const runner = await Runner.create(this.fromFile ? this.write(key, model) : encodeModel(model), SESSION_LABELS[key], optimization);
+      return runner;
+    } catch (e) {
+      if (e instanceof InputError) throw e;
+      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${oneLine(e)}`);
+      throw new LoadFailure(`onnxruntime cannot load the ${SESSION_LABELS[key]} model: ${oneLine(e)}`);
+    }
+  }
+
+  async release(runner: Runner): Promise<void> {
+    this.reports.push({ label: runner.label, createMs: Math.round(runner.createMs), runMs: Math.round(runner.runMs) });
+    await runner.release();
+  }
+
+  /** Removes the temporary folder of model files, if any. */
+  cleanup(): void {
+    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    this.dir = null;
+  }
+
+  private variant(key: SessionKey): ModelProto {
+    switch (key) {
+      case 'original': return this.withRowMax('original', cloneModel(this.original));
+      case 'patched': return this.withRowMax('patched', cloneModel(this.patched));
+      case 'unit': return forceUnitFactor(cloneModel(this.patched));
+      case 'probe': case 'probeLast': {
+        const m = cloneModel(this.patched);
+        this.probes[key] = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last');
+        return m;
+      }
+    }
+  }
+
+  private withRowMax(key: 'original' | 'patched', m: ModelProto): ModelProto {
+    if (this.sharpness) this.rowMax[key] = addRowMaxOutputs(m, this.sites);
+    return m;
+  }
+
+  private write(key: SessionKey, model: ModelProto): string {
+    this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-'));
+    const folder = path.join(this.dir, key);
+    fs.mkdirSync(folder);
+    const file = path.join(folder, 'model.onnx');
+    writeModel(file, model, { externalData: 'link' });
+    return file;
   }
 }
 
-export async function openSessions(original: ModelProto, patched: ModelProto, checks: Set<CheckId>, records: SiteRecord[],
-  progress: (line: string) => void): Promise<Sessions> {
-  const s = new Sessions();
-  const sites = records.map((r) => ({ layer: r.layer, softmax: r.softmax }));
-  // Every model opened here is a fresh copy of its own, so it may be edited in place.
-  const open = async (key: SessionKey, model: ModelProto, label: string): Promise<void> => {
-    progress(`verify: loading ${label}`);
-    if (hasBf16Io(model)) carryBf16AsFloat(model);
+function filesSize(m: ModelProto): number {
+  return inputFiles(m).reduce((sum, f) => {
     try {
-      // The probe copy reads the query twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
-      // tensor read that way, and the probe only reads values, so it runs with basic optimisations.
-      s.runners[key] = await Runner.fromModel(model, label, key === 'probe' ? 'basic' : 'all');
-    } catch (e) {
-      await s.release();
-      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${oneLine(e)}`);
-      throw new LoadFailure(`onnxruntime cannot load the ${label} model: ${oneLine(e)}`);
+      return sum + fs.statSync(f).size;
+    } catch {
+      return sum;
     }
-  };
-  const needsPair = checks.has('retrofit') || checks.has('liveness') || checks.has('sharpness');
-  if (checks.has('wiring') || needsPair) {
-    const m = cloneModel(original);
-    if (checks.has('sharpness')) s.rowMax.original = addRowMaxOutputs(m, sites);
-    await open('original', m, 'original');
-  }
-  if (needsPair) {
-    const m = cloneModel(patched);
-    if (checks.has('sharpness')) s.rowMax.patched = addRowMaxOutputs(m, sites);
-    await open('patched', m, 'patched');
-  }
-  if (checks.has('wiring')) await open('unit', forceUnitFactor(cloneModel(patched)), 'patched with factor 1');
-  if (checks.has('probe')) {
-    const m = cloneModel(patched);
-    const { probes, missing } = addProbeOutputs(m, records);
-    s.probes = probes;
-    s.probeProblems = missing;
-    await open('probe', m, 'patched with probe outputs');
-  }
-  return s;
+  }, 0);
 }
 
 function oneLine(e: unknown): string {

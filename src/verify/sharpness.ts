@@ -5,7 +5,7 @@
  * falling the way the original's does.
  */
 import { OutputTensor } from './run';
-import { ROW_SAMPLE } from './runtime-model';
+import { ROW_SAMPLE } from './row-max';
 
 export interface SharpnessPoint {
   length: number;
@@ -35,6 +35,16 @@ export interface SharpnessCurve {
  */
 export const MIN_KEPT = Math.log(1.01);
 
+/**
+ * Attention whose mean largest probability over the sampled rows (the last quarter, whose rows see 3/4 to all of
+ * the n keys) is at most this many times 1/n is uniform: its logits are near 0 and no factor changes it.
+ */
+const UNIFORM = 1.25;
+
+export function isUniform(meanMax: number, n: number): boolean {
+  return meanMax * n <= UNIFORM;
+}
+
 /** An original that keeps at least this share of its sharpness does not fade: nothing for SSMax to restore. */
 export const NO_FADE = 0.95;
 
@@ -55,8 +65,9 @@ export function meanOf(t: OutputTensor, tq: number): number {
   return count ? sum / count : NaN;
 }
 
-export function layerMeans(rowMax: Map<number, OutputTensor>, tq: number): number[] {
-  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).map(([, t]) => meanOf(t, tq));
+/** Per site, in site order; sites whose graph did not run in this run (an If branch not taken) are left out. */
+export function layerMeans(rowMax: Map<number, OutputTensor | undefined>, tq: number): number[] {
+  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).filter(([, t]) => t && t.data.length > 0).map(([, t]) => meanOf(t!, tq));
 }
 
 const average = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;

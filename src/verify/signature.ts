@@ -12,7 +12,18 @@ import { InputError, opt } from '../errors';
 export type InputRole =
   | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
 
-export type DimSpec = { value: number } | { param: string } | { unknown: true };
+/**
+ * A declared dim: a number, a name, or nothing. `rule`: how a name or a blank no rule of resolveParam knows
+ * is sized (see sizeByPosition), with the reason for the report.
+ */
+export type DimSpec = { value: number } | { param: string; rule?: DimRule } | { unknown: true; rule?: DimRule };
+
+export interface DimRule { source: DimSource; size?: number; why: string }
+
+/** The size of a dim that is neither a sequence, past nor batch axis and has a name no rule knows. */
+const OTHER_SIZE = 4;
+/** An image side (height, width) of a pixel input. */
+const IMAGE_SIZE = 32;
 
 export interface InputSpec {
   name: string;
@@ -42,7 +53,7 @@ export function realInputs(graph: Graph): ValueInfoProto[] {
 
 export function describeInputs(graph: Graph): InputSpec[] {
   let shapes: Shapes | undefined;
-  return realInputs(graph).map((v) => {
+  const specs = realInputs(graph).map((v) => {
     const tensor = v.type?.tensorType;
     if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`);
     const dims = (tensor.shape?.dim ?? []).map(dimSpec);
@@ -50,6 +61,52 @@ export function describeInputs(graph: Graph): InputSpec[] {
     const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name, shapes ??= new Shapes(graph)) : undefined;
     return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
   });
+  ruleUnknownDims(specs);
+  return specs;
+}
+
+/**
+ * Every dim no name rule knows gets a size from where it is, the same for every input that names it (the first
+ * input that names it decides): axis 0 the batch; the token axis (axis 1 of ids, masks, positions, token types
+ * and 3-D float inputs, axis 2 of 4-D ones) the sequence length, varied like any sequence axis; axis −2 of a past
+ * key/value the past length; an image side of a pixel input 32; anything else 4 (not 1, so a broadcast that
+ * should not happen still fails).
+ */
+function ruleUnknownDims(specs: InputSpec[]): void {
+  const byName = new Map<string, DimRule>();
+  const probe: RunShape = { batch: 2, seq: 5, past: 3 };
+  for (const spec of specs) {
+    spec.dims.forEach((d, axis) => {
+      if ('value' in d) return;
+      if ('param' in d && resolveParam(d.param, probe, new Map())) return;
+      if (!('param' in d) && (unnamedDim(spec, axis, probe) || spec.graphDims?.[axis] !== undefined)) return;
+      if ('param' in d && spec.graphDims?.[axis] !== undefined) return;
+      const rule = ('param' in d ? byName.get(d.param) : undefined) ?? sizeByPosition(spec, axis);
+      d.rule = rule;
+      if ('param' in d && !byName.has(d.param)) byName.set(d.param, rule);
+    });
+  }
+}
+
+function sizeByPosition(spec: InputSpec, axis: number): DimRule {
+  const rank = spec.dims.length;
+  const tokens = ['ids', 'mask', 'positions', 'token-types'].includes(spec.role) ? 1
+    : spec.role === 'pixels' ? -1 : rank === 3 ? 1 : rank === 4 && spec.role !== 'past' ? 2 : -1;
+  if (axis === 0) return { source: 'batch', why: 'axis 0: the batch' };
+  if (spec.role === 'past' && axis === rank - 2) return { source: 'past', why: 'axis −2 of a past key/value: the past length' };
+  if (axis === tokens) return { source: 'seq', why: `axis ${axis} of a ${rank}-D ${spec.role === 'values' ? 'float' : spec.role} input: the sequence length` };
+  if (spec.role === 'pixels' && axis >= rank - 2) return { source: 'fixed', size: IMAGE_SIZE, why: `an image side: ${IMAGE_SIZE}` };
+  return { source: 'fixed', size: OTHER_SIZE, why: `no rule: ${OTHER_SIZE}` };
+}
+
+/** How the dims no name rule knows were sized, per input, for the report. */
+export function ruledDims(spec: InputSpec): string[] {
+  return spec.dims.flatMap((d, axis) => ('rule' in d && d.rule ? [`dim ${axis}${'param' in d ? ` '${d.param}'` : ''}: ${d.rule.why}`] : []));
+}
+
+function ruled(rule: DimRule, shape: RunShape): { size: number; source: DimSource } {
+  const size = rule.source === 'batch' ? shape.batch : rule.source === 'seq' ? shape.seq : rule.source === 'past' ? shape.past : rule.size!;
+  return { size, source: rule.source };
 }
 
 /**
@@ -79,6 +136,8 @@ function roleOf(name: string, elemType: number): InputRole {
   const isFloat = FLOAT_TYPES.includes(elemType);
   if (elemType === DataType.BOOL && /use_cache|cache_branch/.test(n)) return 'cache-flag';
   if (/mask/.test(n)) return 'mask';
+  // past_sequence_length and the like are lengths, not cached keys or values.
+  if (isInt && /past|cache/.test(n) && /len/.test(n)) return 'lengths';
   if (/past|cache/.test(n)) return 'past';
   if (isInt && /position|pos_ids/.test(n)) return 'positions';
   if (isInt && /token_type|segment/.test(n)) return 'token-types';
@@ -91,7 +150,7 @@ function roleOf(name: string, elemType: number): InputRole {
 
 /**
  * Resolves dim `axis` of `input` for a run. `fixed` holds sizes set by --dim or read from user-given inputs,
- * keyed by dim name. Throws an InputError naming the input and the option when nothing tells the size.
+ * keyed by dim name. Dims no name rule knows are sized by their position (ruleUnknownDims).
  */
 export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } {
   const d = input.dims[axis];
@@ -101,11 +160,10 @@ export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixe
     const r = resolveParam(d.param, shape, fixed);
     if (r) return r;
     if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
-    throw new InputError(`input '${input.name}' dim ${axis} ('${d.param}'): cannot infer its size; set it with ${opt('dims', `${d.param}=N`)} or give the input with ${opt('inputFiles', `${input.name}=FILE`)}`);
+    return ruled(d.rule ?? sizeByPosition(input, axis), shape);
   }
   const r = unnamedDim(input, axis, shape) ?? (fromGraph !== undefined ? { size: fromGraph, source: 'fixed' as const } : null);
-  if (r) return r;
-  throw new InputError(`input '${input.name}' dim ${axis} (unnamed): cannot infer its size; give the input with ${opt('inputFiles', `${input.name}=FILE.npy|.json|.pb`)}`);
+  return r ?? ruled(d.rule ?? sizeByPosition(input, axis), shape);
 }
 
 function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {

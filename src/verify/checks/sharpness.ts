@@ -1,0 +1,62 @@
+/**
+ * Attention sharpness: over the sweep, the patched model's largest attention probability (mean over the last
+ * rows of every site it can read) must fall less than the original's. Sites whose probabilities no output shows
+ * are listed.
+ */
+import { opt } from '../../errors';
+import { CheckId, RunSpec } from '../plan';
+import { CheckResult } from '../report';
+import { Outputs, OutputTensor } from '../run';
+import { SessionKey } from '../sessions';
+import { layerMeans, MIN_KEPT, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
+import { sharpnessCheck, skippedCheck } from './common';
+import { CheckUnit, Outcome, UnitContext } from './unit';
+
+export class SharpnessCheck implements CheckUnit {
+  readonly id: CheckId = 'sharpness';
+  private readonly points: SharpnessPoint[] = [];
+  curve?: SharpnessCurve;
+
+  constructor(private readonly ctx: UnitContext) {}
+
+  private readonly criterion = `from the shortest to the longest length the patched model keeps at least ${Math.round((Math.exp(MIN_KEPT) - 1) * 100)} % more of its mean largest attention probability than the original`;
+
+  sessions(run: RunSpec): SessionKey[] {
+    return this.ctx.setup.checks.has('sharpness') && run.kind === 'sweep' ? ['original', 'patched'] : [];
+  }
+
+  observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void {
+    const rows = this.ctx.factory.rowMax;
+    if (key !== 'patched' || 'error' in outcome || !original || !rows.original || !rows.patched) return;
+    const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
+    const pick = (out: Outputs, names: Map<number, string>): Map<number, OutputTensor> => new Map(seen.map((i) => [i, out[names.get(i)!]]));
+    const means = (out: Outputs, names: Map<number, string>): number[] => layerMeans(pick(out, names), run.seq);
+    this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
+  }
+
+  judge(): CheckResult {
+    const { setup, factory } = this.ctx;
+    if (!setup.checks.has('sharpness')) return skippedCheck('sharpness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
+    if (setup.preset.kind === 'none') {
+      return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior alone, which promises no sharper attention at long lengths (the probe checks the prior itself)', 'not applicable');
+    }
+    const unseen = factory.rowMax.patched?.unseen ?? [];
+    const result = this.verdict(unseen);
+    if (unseen.length && result.status !== 'SKIPPED') result.unchecked = unseen;
+    return result;
+  }
+
+  private verdict(unseen: string[]): CheckResult {
+    const { setup, factory } = this.ctx;
+    if (!factory.rowMax.patched?.outputs.size) {
+      return skippedCheck('sharpness', this.criterion, unseen.length ? `no site shows its attention probabilities (${unseen[0]})` : 'no run reached the sweep');
+    }
+    if (this.points.length < 2) return skippedCheck('sharpness', this.criterion, `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${this.points.length}`})`);
+    const curve = sharpnessCurve(setup.L, this.points);
+    if (curve.points[curve.points.length - 1].length <= setup.liveFrom) {
+      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
+    }
+    this.curve = curve;
+    return sharpnessCheck(this.criterion, curve, null);
+  }
+}

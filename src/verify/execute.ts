@@ -1,0 +1,175 @@
+/**
+ * Runs the checks' runs one session at a time: the original model over every run some check needs it for (its
+ * outputs kept, large ones spilled to a temporary file), then each patched variant over its runs, each run's
+ * outputs handed to the checks that read them with the original's and then dropped. A session is released
+ * before the next is made, so one model's weights and one run's activations are resident at a time.
+ */
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import * as v8 from 'node:v8';
+import * as vm from 'node:vm';
+import { InputError, opt } from '../errors';
+import { synthesize } from './inputs';
+import { RunSpec } from './plan';
+import { RunReport } from './report';
+import { Outputs, OutputTensor, Runner } from './run';
+import { LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
+import { Setup } from './setup';
+import { CheckUnit, Outcome } from './checks/unit';
+
+export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
+  const runs = setup.plan.runs;
+  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] => units.filter((u) => u.sessions(run).includes(key));
+  const reports = new Map<string, RunReport>();
+  const store = new OriginalOutputs();
+  const dropped = new Set<string>();
+  try {
+    for (const key of SESSION_ORDER) {
+      const todo = runs.filter((r) => readers(r, key).length > 0 && !dropped.has(r.id));
+      if (todo.length === 0) continue;
+      let runner: Runner;
+      try {
+        progress(`verify: loading the ${SESSION_LABELS[key]} model`);
+        runner = await factory.open(key);
+      } catch (e) {
+        if (!(e instanceof LoadFailure)) throw e;
+        for (const r of todo) for (const u of readers(r, key)) u.observe(r, key, { error: e.message }, store.get(r.id));
+        continue;
+      }
+      try {
+        for (const [k, run] of todo.entries()) {
+          if (dropped.has(run.id)) continue;
+          const checks = [...new Set(readers(run, key).map((u) => u.id))].join(', ');
+          progress(`verify: ${SESSION_LABELS[key]} model, run ${k + 1} of ${todo.length} (${run.id}) for ${checks}`);
+          const bytes = await step(setup, runner, key, run, { reports, store, dropped, readers: readers(run, key) });
+          // This run's outputs are dropped (the original's large ones are on disk): free large ones before the next run.
+          if (bytes >= SPILL_BYTES) await collectGarbage();
+        }
+      } finally {
+        await factory.release(runner);
+      }
+    }
+  } finally {
+    store.clear();
+  }
+  return runs.filter((r) => reports.has(r.id)).map((r) => reports.get(r.id)!);
+}
+
+interface StepState { reports: Map<string, RunReport>; store: OriginalOutputs; dropped: Set<string>; readers: CheckUnit[] }
+
+/** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
+async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
+  const outcome = await runOnce(setup, runner, run, st.reports);
+  const bytes = 'outputs' in outcome ? Object.values(outcome.outputs).reduce((n, t) => n + t.data.byteLength, 0) : 0;
+  if (key === 'original') {
+    original(setup, run, outcome, st.store, st.dropped);
+    return bytes;
+  }
+  const expected = st.store.get(run.id);
+  for (const u of st.readers) u.observe(run, key, outcome, expected);
+  return bytes;
+}
+
+async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {
+  const feeds = synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
+  const report = reports.get(run.id) ?? { id: run.id, kind: run.kind, batch: run.batch, seq: run.seq, past: run.past, padded: run.padded, ms: {} };
+  reports.set(run.id, report);
+  const start = performance.now();
+  try {
+    return { outputs: await runner.run(feeds) };
+  } catch (e) {
+    report.errors = { ...report.errors, [runner.label]: oneLine(e) };
+    return { error: oneLine(e) };
+  } finally {
+    report.ms[runner.label] = Math.round(performance.now() - start);
+  }
+}
+
+/**
+ * The original's outcome: kept for the variants' runs. An original that fails on the first run cannot be
+ * verified (an input error); failing at a sweep length ends the sweep there.
+ */
+function original(setup: Setup, run: RunSpec, outcome: Outcome, store: OriginalOutputs, dropped: Set<string>): void {
+  if ('outputs' in outcome) {
+    store.set(run.id, outcome.outputs);
+    return;
+  }
+  if (run === setup.plan.runs[0]) {
+    throw new InputError(`the original model fails on the synthesised inputs (${run.id}): ${outcome.error}; set sizes with ${opt('dims', 'NAME=N')} or give inputs with ${opt('inputFiles', 'NAME=FILE')}`);
+  }
+  dropped.add(run.id);
+  if (run.kind === 'sweep') {
+    for (const r of setup.plan.runs) if (r.kind === 'sweep' && r.seq + r.past >= run.seq + run.past) dropped.add(r.id);
+    setup.plan.notes.push(`the original model fails at length ${run.seq}, so it and longer lengths were not compared: ${outcome.error}`);
+  } else {
+    setup.plan.notes.push(`the original model fails at ${run.id}, so that run was not compared: ${outcome.error}`);
+  }
+}
+
+/**
+ * Output tensors live in memory onnxruntime allocated until their JavaScript objects are collected, which V8 does
+ * when it sees fit: for a 4096-token run's logits that is 134 MB on top of the next run's peak. The collector is
+ * run by hand where outputs were just dropped (Node's --expose-gc, enabled for this call).
+ */
+async function collectGarbage(): Promise<void> {
+  // The run's promise machinery holds the outputs until the next turn of the event loop.
+  await new Promise((resolve) => setTimeout(resolve, 0));
+  v8.setFlagsFromString('--expose-gc');
+  (vm.runInNewContext('gc') as () => void)();
+}
+
+/** A deterministic seed per run, so every session sees the same inputs for the same run. */
+function seedOf(id: string): number {
+  let h = 2166136261;
+  for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 16777619);
+  return h >>> 0;
+}
+
+function oneLine(e: unknown): string {
+  return String((e as Error)?.message ?? e).split('\n')[0];
+}
+
+/** Tensors larger than this are kept in a temporary file until the variants' runs read them. */
+const SPILL_BYTES = 32 * 1024 * 1024;
+
+/** The original's outputs of every run, large tensors on disk so they do not add to a long run's peak memory. */
+class OriginalOutputs {
+  private readonly held = new Map<string, Outputs>();
+  private readonly spilled = new Map<string, Map<string, { dims: number[]; file: string; wide: boolean }>>();
+  private dir: string | null = null;
+
+  set(run: string, outputs: Outputs): void {
+    const small: Outputs = {};
+    const big = new Map<string, { dims: number[]; file: string; wide: boolean }>();
+    for (const [name, t] of Object.entries(outputs)) {
+      if (t.data.byteLength <= SPILL_BYTES) { small[name] = t; continue; }
+      this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-outputs-'));
+      const file = path.join(this.dir, `${this.spilled.size}-${big.size}.bin`);
+      fs.writeFileSync(file, new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
+      big.set(name, { dims: t.dims, file, wide: t.data instanceof Float64Array });
+    }
+    this.held.set(run, small);
+    if (big.size) this.spilled.set(run, big);
+  }
+
+  get(run: string): Outputs | undefined {
+    const small = this.held.get(run);
+    const big = this.spilled.get(run);
+    if (!small || !big) return small;
+    const out: Outputs = { ...small };
+    for (const [name, s] of big) {
+      const bytes = fs.readFileSync(s.file);
+      const data: OutputTensor['data'] = s.wide ? new Float64Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 8) : new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+      out[name] = { dims: s.dims, data };
+    }
+    return out;
+  }
+
+  clear(): void {
+    this.held.clear();
+    this.spilled.clear();
+    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    this.dir = null;
+  }
+}

@@ -1,0 +1,111 @@
+/**
+ * Sites inside a graph attribute of an operator other than If, Loop and Scan (the decoders of com.microsoft
+ * GreedySearch and BeamSearch) cannot be brought out as outputs: the operator defines its outputs. Such a graph
+ * that reads nothing from the graph around it is a model of its own: it is lifted out of both models (the
+ * patched one with its record's sites and journal entries for that graph), and probed on inputs synthesised from
+ * its own signature by a verification of the lifted pair.
+ */
+import { InputError } from '../errors';
+import { nodeLabel } from '../graph/graph';
+import { modelScopes, Scope } from '../graph/scopes';
+import { readsOf } from '../graph/toposort';
+import { GraphProto, ModelProto } from '../io/onnx';
+import { cloneModel } from '../rewrite/patch';
+import { PatchRecord, readRecord, writeRecord } from '../rewrite/record';
+import { ProbeSiteResult } from './probe';
+import type { VerifyOptions, VerifyReport } from './verify';
+
+/** Per site index: the lifted probe's result, or why the site could not be probed that way. */
+export type Lifted = Map<number, ProbeSiteResult | string>;
+
+type Verify = (original: ModelProto, patched: ModelProto, options: VerifyOptions) => Promise<VerifyReport>;
+
+const controlFlow = (s: Scope): boolean => ['If', 'Loop', 'Scan'].includes(s.owner!.node.opType) && ['', 'ai.onnx'].includes(s.owner!.node.domain);
+
+/** The outermost graph attribute of a non-control-flow operator the scope is in, if any. */
+function rootOf(scope: Scope | undefined): Scope | null {
+  let root: Scope | null = null;
+  for (let s = scope; s?.owner; s = s.owner.scope) if (!controlFlow(s)) root = s;
+  return root;
+}
+
+/** `labels`: how the outer verification names each site (its results keep those names). */
+export async function liftedProbes(original: ModelProto, patched: ModelProto, options: VerifyOptions, verify: Verify, labels: string[]): Promise<Lifted> {
+  const out: Lifted = new Map();
+  const record = readRecord(patched);
+  if (!record) return out;
+  const scopes = new Map(modelScopes(patched).map((s) => [s.path, s]));
+  const groups = new Map<Scope, number[]>();
+  record.sites.forEach((site, i) => {
+    const root = rootOf(scopes.get(site.scope ?? 'main'));
+    if (root) groups.set(root, [...(groups.get(root) ?? []), i]);
+  });
+  for (const [root, indices] of groups) {
+    const results = await liftOne(original, patched, record, root, options, verify, labels);
+    const missing = (i: number): string => (record.sites[i].expanded
+      ? 'expanded into its definition; the probe does not read the expanded nodes (wiring parity covers it)'
+      : 'the lifted graph\'s probe did not reach it');
+    indices.forEach((i) => out.set(i, typeof results === 'string' ? results : results.get(i) ?? missing(i)));
+  }
+  return out;
+}
+
+async function liftOne(original: ModelProto, patched: ModelProto, record: PatchRecord, root: Scope, options: VerifyOptions, verify: Verify,
+  labels: string[]): Promise<Map<number, ProbeSiteResult> | string> {
+  const where = `the ${root.path.split('.').pop()} graph of ${root.owner!.node.opType} '${nodeLabel(root.owner!.node)}'`;
+  // Weights the graph shares with the one around it (initializers there) come along; activations cannot.
+  const captured = capturedNames(root.graph.proto).filter((name) => !root.graph.initializers.has(name));
+  if (captured.length) return `${where} reads '${captured[0]}' from the graph around it: it cannot run on its own`;
+  const liftedOriginal = lifted(original, root.path);
+  const liftedPatched = lifted(patched, root.path);
+  if (!liftedOriginal || !liftedPatched) return `${where} is not in both models`;
+  const inner = (path: string | undefined): string | null => {
+    const p = path ?? 'main';
+    return p === root.path ? 'main' : p.startsWith(`${root.path}/`) ? `main${p.slice(root.path.length)}` : null;
+  };
+  const kept = record.sites.map((s, i) => ({ s, i })).filter(({ s }) => inner(s.scope) !== null);
+  writeRecord(liftedPatched, {
+    ...record, sites: kept.map(({ s }) => ({ ...s, scope: inner(s.scope)! })),
+    journal: record.journal?.flatMap((e) => (e.scope.startsWith('function ') ? [e] : inner(e.scope) !== null ? [{ ...e, scope: inner(e.scope)! }] : [])),
+  });
+  let report: VerifyReport;
+  try {
+    report = await verify(liftedOriginal, liftedPatched, { ...options, checks: ['probe'], strict: false, progress: undefined, lengths: undefined, trainLen: undefined, dims: undefined, inputFiles: undefined });
+  } catch (e) {
+    if (e instanceof InputError) return `${where}, lifted into a model of its own, cannot run on synthesised inputs: ${e.message}`;
+    throw e;
+  }
+  const probe = report.checks.find((c) => c.id === 'probe')!;
+  const results = new Map<number, ProbeSiteResult>();
+  for (const r of probe.sites ?? []) {
+    const k = kept.find(({ s }) => s.layer === r.layer && inner(s.scope) === (r.scope ?? 'main'));
+    if (!k) continue;
+    const label = labels[k.i];
+    results.set(k.i, { ...r, scope: k.s.scope, site: label, ...(r.message ? { message: `${label}${r.message.slice(r.site.length)} (lifted out of ${where} into a model of its own)` } : {}) });
+  }
+  return results;
+}
+
+/**
+ * A model holding only the graph at `path` (its opsets and functions kept, and the initializers of the graphs
+ * around it that it reads), or null when it has no such graph.
+ */
+function lifted(model: ModelProto, path: string): ModelProto | null {
+  const copy = cloneModel(model);
+  const scope = modelScopes(copy).find((s) => s.path === path);
+  if (!scope) return null;
+  const g = scope.graph.proto as GraphProto;
+  for (const name of capturedNames(g)) {
+    const t = scope.graph.initializers.get(name);
+    if (t) g.initializer.push(t);
+  }
+  copy.graph = g;
+  copy.metadataProps = model.metadataProps.filter((p) => p.key !== 'ssmax_patch');
+  return copy;
+}
+
+/** Names the graph's nodes read (at any depth) that it does not define: what it takes from around it. */
+function capturedNames(g: GraphProto): string[] {
+  const defined = new Set<string>([...g.input.map((v) => v.name), ...g.initializer.map((t) => t.name), ...g.node.flatMap((n) => n.output)]);
+  return [...new Set(g.node.flatMap((n) => readsOf(n)))].filter((name) => !defined.has(name));
+}

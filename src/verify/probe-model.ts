@@ -1,0 +1,150 @@
+/**
+ * The probe copy of the patched model: for every site, what the factor multiplied and what the model computes
+ * with instead, brought out as graph outputs from whichever graph holds the site (expose.ts):
+ *   - a factor on the logits: the logits before it (the journal's rewired input) and what the rewired node reads;
+ *   - a factor on the query of a plain MatMul: the QK product (its output) and the same product recomputed from
+ *     the unscaled query, so the probe compares logits either way;
+ *   - a fused operator: its query input before and after (and its bias, where the patch folded the query part of
+ *     it into the query), plus the shapes and values of the inputs its n is read from;
+ *   - sites whose n is counted from masks: the logits their Softmax reads.
+ * `rows: 'last'` brings out only the last row of logits, for runs too long to read whole attention matrices.
+ */
+import { NPlan, Term } from '../detect/fused';
+import { nodeLabel } from '../graph/graph';
+import { Scope } from '../graph/scopes';
+import { ModelProto, NodeProto } from '../io/onnx';
+import { nodeKey } from '../rewrite/journal';
+import { countsMasks, NMode } from '../policy/n-mode';
+import { planFor } from '../rewrite/fused';
+import { Exposer, Unexposable } from './expose';
+import { lastRow, node, PREFIX } from './nodes';
+import { readsLogits, VerifySite } from './sites';
+
+export interface ProbeOutputs {
+  before: string;
+  after: string;
+  masked?: string;
+  /** A factor on the query: the shape of the QK product, whose last axis is the key count. */
+  keys?: string;
+  bias?: { before: string; after: string };
+  /** Fused operators: graph outputs holding the shapes and values of the inputs n is read from. */
+  shapes?: Map<number, string>;
+  values?: Map<number, string>;
+  /** Element type of what the probe reads after the factor, for its rounding tolerance. */
+  type?: number;
+  /** The positional prior: what its Add read (absent: nothing, a fused operator without a bias) and what it made. */
+  prior?: { before?: string; after: string; type?: number };
+}
+
+/** Per site: its outputs, why the site cannot be seen (`unprobed`), or what is wrong with it (`problem`). */
+export type ProbeWiring = ProbeOutputs | { unprobed: string } | { problem: string };
+
+export function addProbeOutputs(model: ModelProto, sites: VerifySite[], rows: 'all' | 'last'): ProbeWiring[] {
+  const x = new Exposer(model);
+  const wirings = sites.map((site) => wire(x, site, rows));
+  x.finish();
+  return wirings;
+}
+
+class Problem extends Error {}
+
+function wire(x: Exposer, site: VerifySite, rows: 'all' | 'last'): ProbeWiring {
+  const t = site.tensors;
+  if (site.unprobed) return { unprobed: site.unprobed };
+  if (!t) return { problem: site.problem ?? `${site.label}: not found` };
+  const scope = x.scope(t.scope);
+  const consumer = scope?.graph.nodes.find((n) => nodeKey(n) === t.consumer);
+  if (!scope || !consumer) return { problem: `${site.label}: the node the patch rewired is not in the model` };
+  const tag = `L${site.record.layer}${site.call ? `_${site.call.label}` : ''}`;
+  const out = (tensor: string, name: string): string => {
+    const r = x.expose(t.scope, tensor, `${tag}/${name}`, site.call);
+    if (r instanceof Unexposable) throw r;
+    return r;
+  };
+  try {
+    if (!readsLogits(site)) return fusedOutputs(x, site, consumer, scope, out);
+    return logitsOutputs(x, site, scope, consumer, rows, out);
+  } catch (e) {
+    if (e instanceof Unexposable) return { unprobed: `${site.label}: ${e.reason}` };
+    if (e instanceof Problem) return { problem: `${site.label}: ${e.message}` };
+    throw e;
+  }
+}
+
+type Out = (tensor: string, name: string) => string;
+
+/**
+ * A plain-op site: the logits before and after the factor, or, for a factor on the query of the QK product, the
+ * query before and after it (the product is linear in the query, so scaling its rows scales the logits' rows
+ * exactly, and comparing queries has no rounding of two dot products to allow for) with the key count read off
+ * the product's shape.
+ */
+function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: NodeProto, rows: 'all' | 'last', out: Out): ProbeOutputs {
+  const t = site.tensors!;
+  const g = scope.graph;
+  const actual = t.after ?? consumer.input[t.input];
+  const query = site.record.target === 'query';
+  const lastOf = (tensor: string): string => (rows === 'last' ? slice(x, scope, tensor) : tensor);
+  const before = lastOf(t.before);
+  const after = lastOf(actual);
+  const prior = t.prior ? { before: out(lastOf(t.prior.before), 'prior_before'), after: out(lastOf(t.prior.after), 'prior_after'), type: scope.shapes.type(t.prior.after) } : undefined;
+  let keys: string | undefined;
+  if (query) {
+    const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/qk_shape`);
+    x.add(scope, node('Shape', [consumer.output[0]], shape));
+    keys = out(shape, 'qk_shape');
+  }
+  const softmax = t.softmax ? g.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
+  if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
+  const wantMasked = countsMasks(site.record.n) && softmax;
+  return {
+    type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
+    ...(wantMasked ? { masked: out(rows === 'last' ? slice(x, scope, softmax.input[0]) : softmax.input[0], 'masked') } : {}),
+  };
+}
+
+function slice(x: Exposer, scope: Scope, tensor: string): string {
+  const r = lastRow(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor));
+  if (!r) throw new Problem(`the last row of '${tensor}' cannot be sliced (opset ${scope.opset}, rank unknown)`);
+  for (const n of r.nodes) x.add(scope, n);
+  return r.out;
+}
+
+function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: Scope, out: Out): ProbeOutputs {
+  const t = site.tensors!, f = site.fused!;
+  const g = scope.graph;
+  // The plan the patch used for the recorded n mode (keys on a causal operator reads other inputs than its own plan).
+  const terms: Term[] = [...termsOf(planFor(f, site.record.n as NMode)), { input: f.queryLength.input, axis: f.queryLength.axis }];
+  const shapes = new Map<number, string>(), values = new Map<number, string>();
+  // An expanded operator is gone; the inputs n is read from are the original node's, which its expansion reads.
+  const op = site.record.expanded ? f.node : consumer;
+  for (const term of terms) {
+    const input = op.input[term.input];
+    if (!input) throw new Problem(`input ${term.input} of the operator, which n is read from, is empty`);
+    if ('value' in term) {
+      if (!values.has(term.input)) values.set(term.input, out(input, `value${term.input}`));
+    } else if (!shapes.has(term.input)) {
+      const shape = g.uniqueName(`${PREFIX}${nodeLabel(op)}/shape${term.input}`);
+      x.add(scope, node('Shape', [input], shape));
+      shapes.set(term.input, out(shape, `shape${term.input}`));
+    }
+  }
+  const bias = t.bias ? { before: out(t.bias.from, 'bias_before'), after: out(consumer.input[t.bias.input], 'bias_after') } : undefined;
+  const prior = t.prior ? {
+    ...(t.prior.before ? { before: out(t.prior.before, 'prior_before') } : {}), after: out(t.prior.after, 'prior_after'), type: scope.shapes.type(t.prior.after),
+  } : undefined;
+  return {
+    type: scope.shapes.type(t.after ?? consumer.input[t.input]),
+    before: out(t.before || t.prior!.after, 'before'), after: out(t.after ?? consumer.input[t.input], 'after'), shapes, values, ...(bias ? { bias } : {}), ...(prior ? { prior } : {}),
+  };
+}
+
+function termsOf(plan: NPlan): Term[] {
+  switch (plan.kind) {
+    case 'keys': case 'causal': return plan.tk;
+    case 'causal-offset': return [...plan.tk, ...plan.offset];
+    case 'lengths': return [{ input: plan.lengths, value: true }, ...(plan.promptTotal !== undefined ? [{ input: plan.promptTotal, value: true as const }] : [])];
+    // The mask's values, and the past's shape or length through tk (P = Tk − S).
+    case 'mask-index': return [...plan.tk, ...(plan.mask !== undefined ? [{ input: plan.mask, value: true as const }] : [])];
+  }
+}

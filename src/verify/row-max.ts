@@ -1,0 +1,216 @@
+/**
+ * Outputs for attention sharpness: the largest probability of each of the last ROW_SAMPLE rows of every site's
+ * attention, in the original and the patched model alike. A plain-op site is read at its Softmax, in whichever
+ * graph holds it (expose.ts); a fused operator where its kernel can give its probabilities or logits as an extra
+ * output (com.microsoft MultiHeadAttention `qk`, GroupQueryAttention `qk_output`, ONNX Attention
+ * `qk_matmul_output_mode`). Reducing only a slice keeps the extra work and memory small at long lengths.
+ */
+import { findValueMatMul } from '../detect/trace';
+import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import { makeTensor } from '../graph/tensor';
+import { Scope } from '../graph/scopes';
+import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
+import { nodeKey } from '../rewrite/journal';
+import { Exposer, Unexposable } from './expose';
+import { attribute, constant, node, PREFIX } from './nodes';
+import { VerifySite } from './sites';
+
+/** Rows per attention site whose largest probability is read: the last ROW_SAMPLE rows. */
+export const ROW_SAMPLE = 64;
+
+export interface RowMaxOutputs {
+  /** Graph output per site index. */
+  outputs: Map<number, string>;
+  /** Sites whose probabilities cannot be read, with the reason. */
+  unseen: string[];
+}
+
+export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[]): RowMaxOutputs {
+  const x = new Exposer(model);
+  const result: RowMaxOutputs = { outputs: new Map(), unseen: [] };
+  sites.forEach((site, index) => {
+    const t = site.tensors;
+    if (!t) return;
+    const scope = x.scope(t.scope);
+    if (!scope) return;
+    // An expanded operator's output is written by its kernel (MultiHeadAttention) in the patched model, by the operator in the original.
+    const key = site.record.expanded && site.fused ? nodeKey(site.fused.node) : t.consumer;
+    // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
+    const ownSoftmax = t.softmax !== undefined && scope.graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax);
+    const r = site.fused && !ownSoftmax ? fusedRowMax(x, scope, key, site) : softmaxRowMax(x, scope, t.softmax, site);
+    if ('reason' in r) result.unseen.push(`${site.label}: ${r.reason}`);
+    else {
+      const out = x.expose(t.scope, r.tensor, `L${site.record.layer}/row_max`, site.call);
+      if (out instanceof Unexposable) result.unseen.push(`${site.label}: ${out.reason}`);
+      else result.outputs.set(index, out);
+    }
+  });
+  x.finish();
+  return result;
+}
+
+/** The row maxima of a tensor, or why there are none. */
+type Found = { tensor: string } | { reason: string };
+
+function softmaxRowMax(x: Exposer, scope: Scope, label: string | undefined, site: VerifySite): Found {
+  const softmax = label ? scope.graph.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === label) : undefined;
+  if (!softmax) return { reason: 'its Softmax is not in the graph' };
+  const rowMax = reduceRows(x, scope, softmax.output[0], site.record.layer);
+  orderBeforeValues(x, scope, softmax.output[0], rowMax, site.record.layer);
+  return { tensor: rowMax };
+}
+
+/** ReduceMax over keys of the last ROW_SAMPLE rows of `probs` (all rows where the opset and rank allow no Slice). */
+function reduceRows(x: Exposer, scope: Scope, probs: string, layer: number): string {
+  const g = scope.graph;
+  const rank = scope.shapes.rank(probs);
+  let rows = probs;
+  if (scope.opset >= 10 && (scope.opset >= 11 || rank !== undefined)) {
+    const k = (base: string, v: number[]): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [1], v));
+    const axis = scope.opset >= 11 ? -2 : rank! - 2;
+    rows = add(x, scope, node('Slice', [probs, k('rows_start', [-ROW_SAMPLE]), k('rows_end', [2 ** 62]), k('rows_axis', [axis])], g.uniqueName(`${PREFIX}L${layer}/last_rows`)));
+  } else if (rank !== undefined) {
+    rows = add(x, scope, node('Slice', [probs], g.uniqueName(`${PREFIX}L${layer}/last_rows`), { starts: [-ROW_SAMPLE], ends: [2 ** 62], axes: [rank - 2] }));
+  }
+  const out = g.uniqueName(`${PREFIX}L${layer}/row_max_raw`);
+  return scope.opset >= 18
+    ? add(x, scope, node('ReduceMax', [rows, add(x, scope, constant(g, `L${layer}/last_axis`, DataType.INT64, [1], [-1]))], out, { keepdims: 0 }))
+    : add(x, scope, node('ReduceMax', [rows], out, { keepdims: 0, axes: [-1] }));
+}
+
+function add(x: Exposer, scope: Scope, n: NodeProto): string {
+  x.add(scope, n);
+  return n.output[0];
+}
+
+/**
+ * Makes the attention's value MatMul wait for the row maximum by adding an exact zero computed from it to the
+ * values (v + (m − m), with m finite whenever the probabilities are). Without this dependency onnxruntime
+ * schedules the extra reductions after the whole graph and keeps every layer's attention matrix alive until
+ * then: 12 GB instead of 3.5 GB for a 12-layer model at 4096 tokens.
+ */
+function orderBeforeValues(x: Exposer, scope: Scope, probs: string, rowMax: string, layer: number): void {
+  const g: Graph = scope.graph;
+  const matmul = findValueMatMul(g, probs);
+  if (!matmul) return;
+  const values = matmul.input[1];
+  const m = add(x, scope, node('ReduceMax', [rowMax], g.uniqueName(`${PREFIX}L${layer}/order_max`), { keepdims: 0 }));
+  let zero = add(x, scope, node('Sub', [m, m], g.uniqueName(`${PREFIX}L${layer}/order_zero`)));
+  const valueType = scope.shapes.type(values);
+  if (valueType !== undefined && valueType !== scope.shapes.type(probs)) {
+    zero = add(x, scope, node('Cast', [zero], g.uniqueName(`${PREFIX}L${layer}/order_zero_cast`), { to: valueType }));
+  }
+  const dependent = add(x, scope, node('Add', [values, zero], g.uniqueName(`${PREFIX}L${layer}/values_after_row_max`)));
+  g.setInput(matmul, 1, dependent);
+}
+
+/**
+ * A fused operator's attention, from the extra output its kernel offers: probabilities (GroupQueryAttention
+ * qk_output = 2, ONNX Attention qk_matmul_output_mode = 3) or masked logits (MultiHeadAttention's qk, ONNX
+ * Attention modes 1 and 2), a Softmax of which gives the probabilities.
+ */
+function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): Found {
+  const op = scope.graph.nodes.find((n) => nodeKey(n) === key);
+  if (!op) return { reason: 'the operator is not in the graph' };
+  const layer = site.record.layer;
+  const qk = (kind: 'probs' | 'logits'): Found => {
+    let out = op.output[3];
+    if (!out) {
+      while (op.output.length < 3) op.output.push('');
+      out = scope.graph.uniqueName(`${PREFIX}L${layer}/qk`);
+      op.output[3] = out;
+      scope.graph.producer.set(out, op);
+      // The kernel's schema cannot infer this output's type: it is the query's.
+      scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: scope.shapes.type(op.input[0]) ?? DataType.FLOAT } } });
+    }
+    const probs = kind === 'probs' ? out : add(x, scope, node('Softmax', [out], scope.graph.uniqueName(`${PREFIX}L${layer}/qk_probs`), { axis: -1 }));
+    return { tensor: reduceRows(x, scope, probs, layer) };
+  };
+  const ms = op.domain === 'com.microsoft';
+  if (ms && op.opType === 'MultiHeadAttention') return qk('logits');
+  if (ms && op.opType === 'GroupQueryAttention') {
+    const mode = attrInt(op, 'qk_output') ?? 0;
+    if (op.output[3] && mode !== 2) return mode === 1 ? qk('logits') : { reason: 'its qk output is in a mode that holds no probabilities' };
+    setInt(op, 'qk_output', 2);
+    return qk('probs');
+  }
+  if (!ms && op.opType === 'Attention') {
+    const mode = attrInt(op, 'qk_matmul_output_mode') ?? 0;
+    if (op.output[3]) return mode === 3 ? qk('probs') : mode === 0 ? { reason: 'its qk output holds the logits before the mask' } : qk('logits');
+    setInt(op, 'qk_matmul_output_mode', 3);
+    return qk('probs');
+  }
+  if (ms && op.opType === 'DecoderMaskedMultiHeadAttention') {
+    if (op.output[3]) return (attrInt(op, 'output_qk') ?? 0) === 1 ? qk('logits') : { reason: 'its qk output is not enabled' };
+    setInt(op, 'output_qk', 1);
+    return qk('logits');
+  }
+  if (ms && op.opType === 'Attention') return attentionLogits(x, scope, op, layer);
+  if (op.opType === 'If' && site.record.expanded) return { reason: 'its expansion runs the kernel inside an If (one branch for decoding, one for a prompt), which the sweep does not read' };
+  return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
+}
+
+/**
+ * com.microsoft Attention computes Q and K inside and gives neither out: its probabilities are recomputed here
+ * from the same inputs (input · weights + bias, heads split, the cache's keys first, the scale, the causal mask
+ * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
+ */
+function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
+  const keyMask = op.input[3] && scope.shapes.rank(op.input[3]) === 2 ? op.input[3] : undefined;
+  const unsupported = [3, 6].filter((i) => op.input[i] && !(i === 3 && keyMask));
+  if (unsupported.length || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
+    return { reason: 'com.microsoft Attention with a mask_index other than [B, T], rotary or a shared cache gives no probabilities to recompute' };
+  }
+  const heads = attrInt(op, 'num_heads');
+  const sizes = attrInts(op, 'qkv_hidden_sizes');
+  if (!heads) return { reason: 'com.microsoft Attention without num_heads' };
+  const g = scope.graph;
+  const name = (base: string): string => g.uniqueName(`${PREFIX}L${layer}/${base}`);
+  const k64 = (base: string, v: number[]): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [v.length], v));
+  const n = (opType: string, inputs: string[], base: string, attrs: Record<string, number | number[]> = {}): string =>
+    add(x, scope, node(opType, inputs, name(base), attrs));
+  let qkv = n('MatMul', [op.input[0], op.input[1]], 'qkv');
+  if (op.input[2]) qkv = n('Add', [qkv, op.input[2]], 'qkv_biased');
+  // Widths of Q and K: qkv_hidden_sizes, else a third each of the weight's columns.
+  const width = n('Slice', [n('Shape', [op.input[1]], 'w_shape'), k64('last', [-1]), k64('end', [2 ** 62])], 'w_width');
+  const third = n('Div', [width, k64('three', [3])], 'third');
+  const qW = sizes ? k64('q_width', [sizes[0]]) : third;
+  const kEnd = sizes ? k64('k_end', [sizes[0] + sizes[1]]) : n('Mul', [third, k64('two', [2])], 'k_end');
+  const split = (from: string, to: string, base: string, perm: number[]): string => n('Transpose', [
+    n('Reshape', [n('Slice', [qkv, from, to, k64(`${base}_axis`, [2])], `${base}_cols`), k64(`${base}_heads`, [0, 0, heads, -1])], `${base}_4d`)], base, { perm });
+  const q = split(k64('zero', [0]), qW, 'q', [0, 2, 1, 3]);
+  let k = split(qW, kEnd, 'k', [0, 2, 1, 3]);
+  if (op.input[4]) k = n('Concat', [n('Squeeze', [n('Gather', [op.input[4], k64('past_k', [0])], 'past_k', { axis: 0 }), k64('axis0', [0])], 'past_k_4d'), k], 'k_all', { axis: 2 });
+  const kT = n('Transpose', [k], 'k_t', { perm: [0, 1, 3, 2] });
+  const hd = n('Cast', [n('Slice', [n('Shape', [q], 'q_shape'), k64('hd_at', [3]), k64('hd_end', [4])], 'head_size')], 'head_size_f', { to: DataType.FLOAT });
+  const scale = attrFloat(op, 'scale');
+  const factor = scale ? add(x, scope, constant(g, `L${layer}/scale`, DataType.FLOAT, [], [scale])) : n('Reciprocal', [n('Sqrt', [hd], 'sqrt_hd')], 'scale');
+  let logits = n('Mul', [n('MatMul', [q, kT], 'qk_raw'), factor], 'qk_scaled');
+  if ((attrInt(op, 'unidirectional') ?? 0) === 1) {
+    // Row i of S sees keys j ≤ Tk − S + i: −inf above that diagonal.
+    const qs = n('Shape', [q], 'q_rows_shape'), ks = n('Shape', [kT], 'k_cols_shape');
+    const S = n('Slice', [qs, k64('s_at', [2]), k64('s_end', [3])], 'rows'), T = n('Slice', [ks, k64('t_at', [3]), k64('t_end', [4])], 'cols');
+    const full = add(x, scope, node('ConstantOfShape', [n('Concat', [S, T], 'square', { axis: 0 })], name('neg_inf'),
+      { value: makeTensor('', DataType.FLOAT, [1], [-Infinity]) }));
+    const diag = n('Reshape', [n('Add', [n('Sub', [T, S], 'offset'), k64('one', [1])], 'diag_1'), k64('scalar', [])], 'diag');
+    logits = n('Add', [logits, n('Trilu', [full, diag], 'causal', { upper: 1 })], 'qk_masked');
+  }
+  // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
+  if (op.input[5]) logits = n('Add', [logits, op.input[5]], 'qk_biased');
+  if (keyMask) {
+    // mask_index [B, T]: 0 hides the key, by mask_filter_value (−10000 unless set), as the kernel does.
+    const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
+    const hidden = n('Sub', [f('one_f', 1), n('Cast', [keyMask], 'mask_f', { to: DataType.FLOAT })], 'mask_hidden');
+    const bias = n('Mul', [hidden, f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
+    logits = n('Add', [logits, n('Reshape', [bias, k64('mask_4d', [0, 1, 1, -1])], 'mask_bias_4d')], 'qk_padded');
+  }
+  return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
+}
+
+function setInt(op: NodeProto, name: string, value: number): void {
+  const a = attr(op, name);
+  if (a) {
+    a.i = value;
+    a.type = AttributeType.INT;
+  } else op.attribute.push(attribute(name, value));
+}

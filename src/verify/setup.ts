@@ -1,0 +1,224 @@
+/**
+ * Everything verification decides before a model runs: that the two models are a pair (the patched one minus
+ * what its journal added is the original), the sites from the record and its journal, the preset and where it
+ * promises a factor of 1, the inputs and how their dims are sized, L, and the runs.
+ */
+import { detectAttention } from '../detect/find-attention';
+import { InputError, opt } from '../errors';
+import { Graph } from '../graph/graph';
+import { modelScopes } from '../graph/scopes';
+import { DataType, ModelProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { Preset } from '../policy/factor';
+import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
+import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
+import { dimSources, synthesize } from './inputs';
+import { positionLimit } from './limits';
+import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
+import { findSites, VerifySite } from './sites';
+import { readTensorFile } from './tensor-files';
+import { Feeds } from './tensors';
+import { Tolerance } from './compare';
+import type { VerifyOptions } from './verify';
+
+const INTEGER_TYPES = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.BOOL]);
+
+/** Where the preset promises a factor of exactly 1: rows whose n lies in [from, upTo]. */
+export interface Identity {
+  from: number;
+  upTo: number;
+  /** How messages say it: `n = L = 64`, `n ≤ L = 64`, `n < floor_scale = 16`. */
+  text: string;
+}
+
+export interface Setup {
+  record: PatchRecord;
+  preset: Preset;
+  sites: VerifySite[];
+  /** Attention in the original that the patch refused (detection on the original), by node and reason. */
+  refused: string[];
+  graph: Graph;
+  specs: InputSpec[];
+  given: Feeds;
+  inputFiles: Record<string, string>;
+  fixed: Map<string, number>;
+  /** L: the sweep's centre and, with a known train length, where the ssmax retrofit promises factor 1. */
+  L: number;
+  trainLenKnown: boolean;
+  trainLenSource: string;
+  identity: Identity | null;
+  /** Runs beyond this total length are where the factor must show (liveness). */
+  liveFrom: number;
+  plan: Plan;
+  seqFree: boolean;
+  pastFree: boolean;
+  pinned: Partial<RunShape>;
+  /** The token count the inputs fix, without a free sequence axis; the fewest cached tokens a run may have. */
+  fixedSeq?: number;
+  minPast: number;
+  checks: Set<CheckId>;
+  strict: boolean;
+  tolerance: Tolerance;
+  toleranceGiven: boolean;
+  lowPrecisionOutputs: Set<string>;
+  modelOutputs: string[];
+  /** Every output holds integers (generated token ids): outputs that do not change prove nothing. */
+  integerOutputs: boolean;
+}
+
+export function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptions): Setup {
+  const record = readRecord(patched);
+  if (!record) throw new InputError("the patched model has no ssmax-patch record (metadata_props 'ssmax_patch'): give a model written by ssmax-patch");
+  checkPair(original, patched, record);
+  const graph = new Graph(original.graph!);
+  const specs = describeInputs(graph);
+  const checks = new Set(options.checks ?? CHECK_IDS);
+  const given = readGivenInputs(specs, options.inputFiles ?? {});
+  const fixed = new Map(Object.entries(options.dims ?? {}));
+  const origin = new Map([...fixed.keys()].map((k) => [k, opt('dims', k)]));
+  bindGivenDims(specs, given, fixed, origin);
+  const pinned = pinnedShape(fixed);
+  const sources = dimSources(specs, fixed, given);
+  const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));
+  // A total length (past + sequence) lets the sequence vary only where no cache takes up the difference.
+  const seqFree = pinned.seq === undefined && (sources.has('seq') || (sources.has('total') && !pastFree));
+  const fixedSeq = seqFree ? undefined : fixedTokens(specs);
+  const minPast = emptyCacheFails(original) ? 1 : 0;
+  const preset = recordedPreset(record);
+  const { sites, refused } = siteSetup(original, patched, record);
+  const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
+  const identity = identityOf(preset, L, known, sites);
+  const plan = makePlan({
+    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
+    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast,
+  });
+  const lowPrecisionOutputs = new Set(original.graph!.output
+    .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
+  const setup: Setup = {
+    record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source,
+    identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
+    tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
+    lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
+    integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
+  };
+  if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
+    plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
+  }
+  noteScaleDrift(setup);
+  validateSynthesis(setup);
+  return setup;
+}
+
+/** The token count the model's inputs fix (axis 1 of its ids, or of a float input [B, S, D]), if any. */
+function fixedTokens(specs: InputSpec[]): number | undefined {
+  const tokens = specs.find((s) => ['ids', 'positions', 'token-types', 'values'].includes(s.role) && s.dims.length >= 2 && 'value' in s.dims[1]);
+  const d = tokens?.dims[1];
+  return d && 'value' in d ? d.value : undefined;
+}
+
+/**
+ * onnxruntime 1.30's CPU DecoderMaskedMultiHeadAttention corrupts memory (the process aborts) on an empty cache
+ * (past_sequence_length 0): models that have one get at least one cached token in every run.
+ */
+function emptyCacheFails(model: ModelProto): boolean {
+  return modelScopes(model).some((s) => s.graph.nodes.some((n) => n.domain === 'com.microsoft' && n.opType === 'DecoderMaskedMultiHeadAttention'));
+}
+
+function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[] } {
+  // Forced sites are in the record; detection accepts them again by their (inner) node labels.
+  const force = record.sites.map((s) => s.softmax.split(' → ').pop()!);
+  const detection = detectAttention(original, modelScopes(original), { force });
+  const sites = findSites(patched, modelScopes(patched), record, detection);
+  const refused = detection.skipped.filter((k) => k.attention && !force.includes(k.node))
+    .map((k) => `refused attention ${k.node}${k.scope ? ` [${k.scope}]` : ''}: ${k.reason}`);
+  return { sites, refused };
+}
+
+/**
+ * The patched model minus what its journal added must be the original: the same inputs, outputs and
+ * initializers (names, types and dims). Anything else is another model's patch.
+ */
+function checkPair(original: ModelProto, patched: ModelProto, record: PatchRecord): void {
+  const main = (record.journal ?? []).filter((e) => e.scope === 'main');
+  const added = new Set(main.flatMap((e) => [...e.initializers, ...e.inputs]));
+  const o = original.graph!, p = patched.graph!;
+  const mismatch = (what: string): never => {
+    throw new InputError(`the patched model is not a patch of this original: ${what}`);
+  };
+  const values = (list: ValueInfoProto[]): Map<string, string> => new Map(list.filter((v) => !added.has(v.name)).map((v) => [v.name, typeText(v)]));
+  compareSets('input', values(o.input), values(p.input), mismatch);
+  compareSets('output', values(o.output), values(p.output), mismatch);
+  if (!record.journal) return;
+  const inits = (list: TensorProto[]): Map<string, string> => new Map(list.filter((t) => !added.has(t.name)).map((t) => [t.name, `${t.dataType}[${t.dims.map(toNumber).join(', ')}]`]));
+  compareSets('initializer', inits(o.initializer), inits(p.initializer), mismatch);
+}
+
+function typeText(v: ValueInfoProto): string {
+  const t = v.type?.tensorType;
+  return t ? String(t.elemType) : 'not a tensor';
+}
+
+function compareSets(what: string, original: Map<string, string>, patched: Map<string, string>, mismatch: (why: string) => never): void {
+  const missing = [...original.keys()].filter((k) => !patched.has(k));
+  const extra = [...patched.keys()].filter((k) => !original.has(k));
+  const list = (xs: string[]): string => `${xs.slice(0, 3).map((x) => `'${x}'`).join(', ')}${xs.length > 3 ? `, … ${xs.length} in all` : ''}`;
+  if (missing.length) mismatch(`the original's ${what}${missing.length > 1 ? 's' : ''} ${list(missing)} ${missing.length > 1 ? 'are' : 'is'} not in the patched model`);
+  if (extra.length) mismatch(`the patched model's ${what}${extra.length > 1 ? 's' : ''} ${list(extra)} ${extra.length > 1 ? 'are' : 'is'} neither the original's nor added by the patch`);
+  for (const [k, v] of original) if (patched.get(k) !== v) mismatch(`${what} '${k}' differs (type and shape ${v} in the original, ${patched.get(k)} in the patched model)`);
+}
+
+function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Feeds {
+  const given: Feeds = {};
+  for (const [name, file] of Object.entries(files)) {
+    const spec = specs.find((s) => s.name === name);
+    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    given[name] = readTensorFile(file, name, spec.elemType);
+  }
+  return given;
+}
+
+/**
+ * L per preset: the given train length, else the record's; for ssmax without one, the length where the mean s
+ * gives factor 1 (e^(1/s)); for llama4, floor_scale (its factor is 1 below it).
+ */
+function trainLength(option: number | undefined, record: PatchRecord, preset: Preset, sites: VerifySite[]): { L: number; known: boolean; source: string } {
+  if (option !== undefined) {
+    if (!Number.isInteger(option) || option < 2) throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${option}`);
+    return { L: option, known: true, source: 'the given train length' };
+  }
+  if (preset.kind === 'llama4') return { L: preset.floorScale, known: true, source: 'llama4: floor_scale, below which the factor is 1' };
+  if (record.trainLen) return { L: record.trainLen, known: true, source: 'the patch record' };
+  const all = sites.flatMap((s) => s.s);
+  // The none preset has no s: the sweep is centred where a default retrofit would put it.
+  if (all.length === 0) return { L: 256, known: false, source: 'no factor (the none preset): the sweep is centred on 256' };
+  const mean = all.reduce((a, b) => a + b, 0) / all.length;
+  const L = Math.min(1 << 20, Math.max(2, Math.round(Math.exp(1 / mean))));
+  return { L, known: false, source: `factor 1 at n = e^(1/s) for the mean s ${mean.toPrecision(3)}` };
+}
+
+/** Rows where the preset's factor is 1 by promise: none without a train length, or with the bias variant. */
+function identityOf(p: Preset, L: number, known: boolean, sites: VerifySite[]): Identity | null {
+  // A prior that varies with position (θβ ≠ 0 at some head) changes the logits at every length.
+  if (p.kind === 'none' || sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return null;
+  if (p.kind === 'llama4') return { from: 1, upTo: p.floorScale - 1, text: `n < floor_scale = ${p.floorScale}` };
+  if (!known) return null;
+  if (p.kind === 'qwen-logn') return { from: 1, upTo: L, text: `n ≤ L = ${L}` };
+  if (p.kind === 'ssmax' && p.b !== undefined && p.b !== 0) return null;
+  return { from: L, upTo: L, text: `n = L = ${L}` };
+}
+
+/** Where the model's s differs from the record's (fine-tuned, say): a note, and the probe expects the model's. */
+function noteScaleDrift(setup: Setup): void {
+  for (const site of setup.sites) {
+    if (site.record.s === undefined) continue;
+    const recorded = Array.isArray(site.record.s) ? site.record.s : [site.record.s];
+    if (site.s.length && recorded.some((v, h) => Math.abs(v - site.s[h % site.s.length]) > 1e-6 * Math.abs(v))) {
+      setup.plan.notes.push(`${site.label}: the record says s = ${recorded.map((v) => v.toPrecision(4)).join(', ')}, the model holds ${site.s.map((v) => v.toPrecision(4)).join(', ')}; the probe expects the model's`);
+    }
+  }
+}
+
+/** Synthesises the first run's inputs before any session exists, so input errors come first and fast. */
+function validateSynthesis(setup: Setup): void {
+  const first = setup.plan.runs[0];
+  if (first) synthesize(setup.graph, setup.specs, first, { fixed: setup.fixed, given: setup.given, padded: first.padded });
+}

@@ -1,0 +1,171 @@
+/**
+ * verify as a CI gate: --strict fails on anything left unverified and says what; a mismatched pair is an input
+ * error (exit 2); --update-s --verify compares with the input without its old patch and records the new train
+ * length; models with external data verify from files; non-finite differences never pass; progress lines on a
+ * terminal only.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, describe, it } from 'node:test';
+import { readModel, writeModel } from '../src/io/model-file';
+import { patchModel } from '../src/rewrite/patch';
+import { readRecord } from '../src/rewrite/record';
+import { verifyProgress } from '../src/cli/verify-command';
+import { aliveRuns } from '../src/verify/checks/common';
+import { compareOutputs } from '../src/verify/compare';
+import { verifyPatch } from '../src/verify/verify';
+import { CORPUS, TORCH } from './support/ref';
+import { doubleN } from './support/tamper';
+import { detectAttention } from '../src/detect/find-attention';
+import { modelScopes } from '../src/graph/scopes';
+import { ModelProto } from '../src/io/onnx';
+import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
+
+after(removeScratch);
+
+/** A folder with the llama fixture and its patch at L = 16, and gpt2's patch (another model). */
+function workdir(): { dir: string; original: string; patched: string; other: string } {
+  const dir = tmpdir('ssmax-gate-');
+  const original = path.join(dir, 'llama.onnx');
+  fs.copyFileSync(path.join(TORCH, 'llama_gqa.onnx'), original);
+  const patched = path.join(dir, 'llama.ssmax.onnx');
+  writeModel(patched, patchModel(readModel(original), { trainLen: 16 }).model);
+  const other = path.join(dir, 'gpt2.ssmax.onnx');
+  writeModel(other, patchModel(readModel(path.join(TORCH, 'gpt2_decoder.onnx')), { trainLen: 16 }).model);
+  return { dir, original, patched, other };
+}
+
+describe('--strict', () => {
+  it('passes when every check ran and every site was probed; fails (exit 1) listing what was left unverified', () => {
+    const w = workdir();
+    const ok = cli(['verify', w.original, w.patched, '--strict', '--lengths', '4,16,64']);
+    assert.equal(ok.code, 0, ok.stdout + ok.stderr);
+    assert.match(ok.stdout, /verify: PASSED \(5 passed; strict: nothing left unverified\)/);
+    // A pinned sequence length leaves no sweep: liveness and sharpness could not look.
+    const pinned = cli(['verify', w.original, w.patched, '--strict', '--dim', 'sequence=16']);
+    assert.equal(pinned.code, 1, pinned.stdout + pinned.stderr);
+    assert.match(pinned.stdout, /SKIPPED liveness: no run longer than L = 16/);
+    assert.match(pinned.stdout, /verify: FAILED \(3 passed, 2 skipped; strict: 2 left unverified\)/);
+    const lenient = cli(['verify', w.original, w.patched, '--dim', 'sequence=16']);
+    assert.equal(lenient.code, 0, 'without --strict a skip is listed, not failed');
+  });
+
+  it('checks not selected with --checks, and properties the patch does not promise, do not count against it', async () => {
+    const original = readModel(path.join(TORCH, 'bert_encoder.onnx'));
+    const r = await verifyPatch(original, patchModel(original, { s: 0.3 }).model, { strict: true, checks: ['wiring', 'probe', 'retrofit'] });
+    assert.equal(r.passed, true, r.unverified.join('\n'));
+    const retrofit = r.checks.find((c) => c.id === 'retrofit')!;
+    assert.equal(retrofit.skip, 'not applicable');
+    assert.match(retrofit.summary, /s given directly \(no train length\)/);
+    assert.equal(r.checks.find((c) => c.id === 'liveness')!.skip, 'not selected');
+  });
+
+  it('patch --verify --strict writes nothing when something is left unverified', () => {
+    const w = workdir();
+    const out = path.join(w.dir, 'out.onnx');
+    const r = cli([w.original, '--train-len', '16', '--verify', '--strict', '--dim', 'sequence=16', '-o', out]);
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.ok(!fs.existsSync(out));
+    assert.match(r.stderr, /--strict: .*: output not written/);
+  });
+});
+
+describe('pairs', () => {
+  it('another model\'s patch is an input error (exit 2), one line', () => {
+    const w = workdir();
+    assertOneLineError(cli(['verify', w.original, w.other]), 2, /the patched model is not a patch of this original: the original's (inputs?|initializers?) .* (is|are) not in the patched model/);
+  });
+
+  it('a patched model whose initializers differ from the original\'s beyond its journal is not a pair', async () => {
+    const original = readModel(path.join(TORCH, 'bert_encoder.onnx'));
+    const patched = patchModel(original, { trainLen: 16 }).model;
+    const w = patched.graph!.initializer.find((t) => !t.name.startsWith('ssmax/'))!;
+    w.dims = [...w.dims, 1];
+    await assert.rejects(verifyPatch(original, patched), /initializer '.*' differs \(type and shape/);
+  });
+});
+
+describe('--update-s --verify', () => {
+  it('verifies against the input without its old patch and records the new train length', () => {
+    const w = workdir();
+    const out = path.join(w.dir, 'updated.onnx');
+    const r = cli([w.patched, '--update-s', '--train-len', '32', '--verify', '--strict', '--lengths', '8,32,128', '-o', out]);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /PASSED\s+wiring parity: the factor-1 model equals the original/);
+    assert.match(r.stdout, /PASSED\s+retrofit parity: at n = L = 32 the factor is 1/);
+    assert.equal(readRecord(readModel(out))!.trainLen, 32);
+    // A later verify of the updated model takes L = 32 from its record.
+    const later = cli(['verify', w.original, out, '--lengths', '8,32,128']);
+    assert.equal(later.code, 0, later.stdout);
+    assert.match(later.stdout, /verify: L = 32 \(the patch record\)/);
+  });
+
+  it('refuses the options an update would ignore', () => {
+    const w = workdir();
+    assertOneLineError(cli([w.patched, '--update-s', '--train-len', '32', '--layers', '0', '--n', 'keys', '--verify']), 2, /--update-s replaces s .*--layers, --n would be ignored/);
+  });
+});
+
+describe('external data', () => {
+  it('a model whose weights are in a data file verifies, its sessions made from files', async () => {
+    const dir = tmpdir('ssmax-gate-ext-');
+    const file = path.join(dir, 'llama.onnx');
+    writeModel(file, readModel(path.join(TORCH, 'llama_gqa.onnx')), { maxProtobufBytes: 120 * 1024 });
+    assert.ok(fs.existsSync(`${file}.data`), 'written with external data');
+    const original = readModel(file);
+    const patchedFile = path.join(dir, 'llama.ssmax.onnx');
+    writeModel(patchedFile, patchModel(original, { trainLen: 16 }).model);
+    const r = await verifyPatch(original, readModel(patchedFile), { strict: true, lengths: [4, 16, 64] });
+    assert.equal(r.passed, true, r.checks.map((c) => `${c.status} ${c.name}: ${c.summary}`).join('\n'));
+  });
+});
+
+describe('non-finite numbers', () => {
+  it('a difference that is NaN or Inf against the original\'s own NaN or Inf shows no factor', () => {
+    const t = (data: number[]): { y: { dims: number[]; data: Float64Array } } => ({ y: { dims: [3], data: Float64Array.from(data) } });
+    const [o] = compareOutputs(t([Infinity, 1, 2]), t([NaN, 1, 2]));
+    assert.equal(o.maxAbs, Infinity);
+    assert.equal(o.maxAbsFinite, 0);
+    const run = { run: 'r', length: { batch: 1, seq: 64, past: 0 }, padded: false, outputs: [o], passed: false };
+    assert.equal(aliveRuns([run], [])[0].passed, false, 'Infinity is no evidence that the factor works');
+  });
+});
+
+describe('progress', () => {
+  it('writes lines in place on a terminal once the verification has run a while, nothing otherwise', () => {
+    const written: string[] = [];
+    const tty = { isTTY: true, write: (s: string): boolean => { written.push(s); return true; } };
+    const now = verifyProgress(false, tty, 0);
+    now('verify: original model, run 1 of 3');
+    now();
+    assert.deepEqual(written, ['\r\x1b[Kverify: original model, run 1 of 3', '\r\x1b[K']);
+    written.length = 0;
+    const soon = verifyProgress(false, tty, 60_000);
+    soon('verify: original model, run 1 of 3');
+    assert.deepEqual(written, [], 'a verification shorter than the delay shows nothing');
+    verifyProgress(false, { isTTY: false, write: tty.write }, 0)('x');
+    verifyProgress(true, tty, 0)('x');
+    assert.deepEqual(written, [], 'not a terminal, or quiet: nothing');
+  });
+});
+
+const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
+describe('graphs an operator holds (GreedySearch decoders)', { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+  const forced = (m: ModelProto): string[] => detectAttention(m, modelScopes(m)).skipped.filter((k) => k.forcible).map((k) => k.node);
+
+  it('are lifted into models of their own and probed; a wrong factor in one is caught and named', async () => {
+    const original = readModel(greedy);
+    const patched = patchModel(original, { trainLen: 16, n: 'keys', force: forced(original) }).model;
+    const r = await verifyPatch(original, patched, { checks: ['wiring', 'probe'] });
+    const probe = r.checks.find((c) => c.id === 'probe')!;
+    assert.equal(probe.status, 'PASSED', probe.summary);
+    assert.equal(probe.sites!.length, 10, 'five layers in each of the two decoder graphs');
+    assert.ok(probe.sites!.every((s) => /of main\/GreedySearch_gpt2\.(init_)?decoder/.test(s.site)), probe.sites!.map((s) => s.site).join('\n'));
+    doubleN(patched, 'main/GreedySearch_gpt2.decoder');
+    const wrong = await verifyPatch(original, patched, { checks: ['wiring', 'probe'] });
+    const failed = wrong.checks.find((c) => c.id === 'probe')!;
+    assert.equal(failed.status, 'FAILED');
+    assert.match(failed.summary, /^layer \d of main\/GreedySearch_gpt2\.decoder \(Attention '.*'\) .*matches n doubled \(2n\) \(lifted out of the decoder graph of GreedySearch/);
+  });
+});
