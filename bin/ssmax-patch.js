@@ -1,7 +1,10 @@
 #!/usr/bin/env node
 'use strict';
 const { main } = require('../dist/src/cli/main.js');
+const { relaunchForVerify } = require('../dist/src/cli/relaunch.js');
 
-main(process.argv.slice(2)).then((code) => {
-  process.exitCode = code;
-});
+relaunchForVerify(__filename, process.argv.slice(2))
+  .then((code) => (code === null ? main(process.argv.slice(2)) : code))
+  .then((code) => {
+    process.exitCode = code;
+  });
