@@ -1,6 +1,6 @@
 /**
  * A verifying command runs once more as a child with MALLOC_MMAP_THRESHOLD_ set (glibc returns freed buffers over
- * 8 MB, which keeps a verification's peak at its largest run); other commands, or a user's own setting, run as they are.
+ * 8 MB, which keeps a verification's peak at its largest run, and maps them in huge pages); other commands, or a user's own setting, run as they are.
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
@@ -15,13 +15,18 @@ describe('relaunch for verification', { skip: process.platform !== 'linux' ? 'gl
   const dir = tmpdir('ssmax-relaunch-');
   const bin = path.join(dir, 'bin.js');
   const seen = path.join(dir, 'seen.json');
-  fs.writeFileSync(bin, `require('fs').writeFileSync(${JSON.stringify(seen)}, JSON.stringify({ t: process.env.MALLOC_MMAP_THRESHOLD_, args: process.argv.slice(2) })); process.exit(7);\n`);
+  fs.writeFileSync(bin, `require('fs').writeFileSync(${JSON.stringify(seen)}, JSON.stringify({ t: process.env.MALLOC_MMAP_THRESHOLD_, g: process.env.GLIBC_TUNABLES, args: process.argv.slice(2) })); process.exit(7);\n`);
 
   it('verify and patch --verify run in a child with the threshold set; its exit code comes back', async () => {
     for (const args of [['verify', 'a.onnx', 'b.onnx'], ['m.onnx', '--train-len', '8', '--verify']]) {
       fs.rmSync(seen, { force: true });
       assert.equal(await relaunchForVerify(bin, args, {}), 7);
-      assert.deepEqual(JSON.parse(fs.readFileSync(seen, 'utf8')), { t: '8388608', args });
+      assert.deepEqual(JSON.parse(fs.readFileSync(seen, 'utf8')), { t: '8388608', g: 'glibc.malloc.hugetlb=1', args });
+    }
+    // The user's own tunables are kept, and so is their own hugetlb choice.
+    for (const [given, expected] of [['glibc.malloc.arena_max=2', 'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1'], ['glibc.malloc.hugetlb=0', 'glibc.malloc.hugetlb=0']]) {
+      await relaunchForVerify(bin, ['verify', 'a', 'b'], { GLIBC_TUNABLES: given });
+      assert.equal(JSON.parse(fs.readFileSync(seen, 'utf8')).g, expected);
     }
   });
 
