@@ -53,6 +53,16 @@ describe('--verify on the expanded GPT-2 form', () => {
     assert.match(r.stdout, /PASSED {2}retrofit parity/);
     assert.match(r.stdout, /verify: PASSED/);
   });
+
+  it('--strict: every check reads the expanded site (its probe through the projected query and mask_index, its sharpness from the prompt branch)', () => {
+    const r = cli([path.join(DIR, 'gpt2_causal_past.onnx'), '--train-len', '16', '--verify', '--strict', '--dry-run']);
+    assert.equal(r.code, 0, r.stderr + r.stdout);
+    assert.match(r.stdout, /PASSED {2}semantic probe: after = s·ln\(n\)·before at all 1 site\(s\).* padded/);
+    const sharp = /PASSED {2}attention sharpness: .* original (\S+) → (\S+) .* patched (\S+) → (\S+) /.exec(r.stdout);
+    assert.ok(sharp, r.stdout);
+    assert.ok(Number(sharp[1]) > Number(sharp[2]) && Number(sharp[4]) > Number(sharp[2]), 'the original fades, the patched model keeps more');
+    assert.match(r.stdout, /strict: PASSED/);
+  });
 });
 
 describe('an expanded site, patched again', () => {

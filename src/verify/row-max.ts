@@ -7,7 +7,6 @@
  */
 import { findValueMatMul } from '../detect/trace';
 import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
-import { makeTensor } from '../graph/tensor';
 import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
@@ -34,19 +33,35 @@ export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[]): RowMax
     const scope = x.scope(t.scope);
     if (!scope) return;
     // An expanded operator's output is written by its kernel (MultiHeadAttention) in the patched model, by the operator in the original.
-    const key = site.record.expanded && site.fused ? nodeKey(site.fused.node) : t.consumer;
+    let key = site.record.expanded && site.fused ? nodeKey(site.fused.node) : t.consumer;
+    let where = scope;
+    const prompt = site.record.expanded ? promptKernel(x, scope, key) : undefined;
+    if (prompt) ({ scope: where, key } = prompt);
     // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
     const ownSoftmax = t.softmax !== undefined && scope.graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax);
-    const r = site.fused && !ownSoftmax ? fusedRowMax(x, scope, key, site) : softmaxRowMax(x, scope, t.softmax, site);
+    const r = site.fused && !ownSoftmax ? fusedRowMax(x, where, key, site) : softmaxRowMax(x, scope, t.softmax, site);
     if ('reason' in r) result.unseen.push(`${site.label}: ${r.reason}`);
     else {
-      const out = x.expose(t.scope, r.tensor, `L${site.record.layer}/row_max`, site.call);
+      const out = x.expose(where.path, r.tensor, `L${site.record.layer}/row_max`, site.call);
       if (out instanceof Unexposable) result.unseen.push(`${site.label}: ${out.reason}`);
       else result.outputs.set(index, out);
     }
   });
   x.finish();
   return result;
+}
+
+/**
+ * An expanded com.microsoft Attention over a stacked cache picks its form with an If: one row (decoding) in plain
+ * ops, several (a prompt, every run of the sweep) on MultiHeadAttention in the else branch. That kernel, in that
+ * branch's scope, gives the probabilities; the Exposer brings them out of the If (empty when the other branch runs).
+ */
+function promptKernel(x: Exposer, scope: Scope, key: string): { scope: Scope; key: string } | undefined {
+  const op = scope.graph.nodes.find((n) => nodeKey(n) === key);
+  if (op?.opType !== 'If') return undefined;
+  const branch = x.scopes.find((s) => s.owner?.node === op && s.path.endsWith('.else_branch'));
+  const kernel = branch?.graph.nodes.find((n) => n.domain === 'com.microsoft' && n.opType === 'MultiHeadAttention');
+  return branch && kernel ? { scope: branch, key: nodeKey(kernel) } : undefined;
 }
 
 /** The row maxima of a tensor, or why there are none. */
@@ -180,20 +195,24 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
     n('Reshape', [n('Slice', [qkv, from, to, k64(`${base}_axis`, [2])], `${base}_cols`), k64(`${base}_heads`, [0, 0, heads, -1])], `${base}_4d`)], base, { perm });
   const q = split(k64('zero', [0]), qW, 'q', [0, 2, 1, 3]);
   let k = split(qW, kEnd, 'k', [0, 2, 1, 3]);
-  if (op.input[4]) k = n('Concat', [n('Squeeze', [n('Gather', [op.input[4], k64('past_k', [0])], 'past_k', { axis: 0 }), k64('axis0', [0])], 'past_k_4d'), k], 'k_all', { axis: 2 });
+  // Ops every opset ≥ 11 graph accepts (com.microsoft Attention is found in opset-11 decoders): a scalar Gather
+  // instead of Squeeze, a comparison of positions instead of Trilu.
+  const scalar = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [], [v]));
+  if (op.input[4]) k = n('Concat', [n('Gather', [op.input[4], scalar('past_k', 0)], 'past_k_4d', { axis: 0 }), k], 'k_all', { axis: 2 });
   const kT = n('Transpose', [k], 'k_t', { perm: [0, 1, 3, 2] });
   const hd = n('Cast', [n('Slice', [n('Shape', [q], 'q_shape'), k64('hd_at', [3]), k64('hd_end', [4])], 'head_size')], 'head_size_f', { to: DataType.FLOAT });
   const scale = attrFloat(op, 'scale');
   const factor = scale ? add(x, scope, constant(g, `L${layer}/scale`, DataType.FLOAT, [], [scale])) : n('Reciprocal', [n('Sqrt', [hd], 'sqrt_hd')], 'scale');
   let logits = n('Mul', [n('MatMul', [q, kT], 'qk_raw'), factor], 'qk_scaled');
   if ((attrInt(op, 'unidirectional') ?? 0) === 1) {
-    // Row i of S sees keys j ≤ Tk − S + i: −inf above that diagonal.
-    const qs = n('Shape', [q], 'q_rows_shape'), ks = n('Shape', [kT], 'k_cols_shape');
-    const S = n('Slice', [qs, k64('s_at', [2]), k64('s_end', [3])], 'rows'), T = n('Slice', [ks, k64('t_at', [3]), k64('t_end', [4])], 'cols');
-    const full = add(x, scope, node('ConstantOfShape', [n('Concat', [S, T], 'square', { axis: 0 })], name('neg_inf'),
-      { value: makeTensor('', DataType.FLOAT, [1], [-Infinity]) }));
-    const diag = n('Reshape', [n('Add', [n('Sub', [T, S], 'offset'), k64('one', [1])], 'diag_1'), k64('scalar', [])], 'diag');
-    logits = n('Add', [logits, n('Trilu', [full, diag], 'causal', { upper: 1 })], 'qk_masked');
+    // Row i of S sees keys j ≤ Tk − S + i: −inf where j is beyond that.
+    const dim = (t: string, axis: number, base: string): string => n('Gather', [n('Shape', [t], `${base}_shape`), scalar(`${base}_axis`, axis)], base, { axis: 0 });
+    const S = dim(q, 2, 'rows'), T = dim(kT, 3, 'cols');
+    const one = scalar('one', 1), zero = scalar('zero', 0);
+    const position = n('Reshape', [n('Add', [n('Range', [zero, S, one], 'row_index'), n('Sub', [T, S], 'offset')], 'row_pos'), k64('column', [-1, 1])], 'row_pos_col');
+    const future = n('Greater', [n('Range', [zero, T, one], 'key_pos'), position], 'future');
+    const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
+    logits = n('Add', [logits, n('Where', [future, f('neg_inf', -Infinity), f('zero_f', 0)], 'causal')], 'qk_masked');
   }
   // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
   if (op.input[5]) logits = n('Add', [logits, op.input[5]], 'qk_biased');
