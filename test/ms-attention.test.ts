@@ -18,6 +18,8 @@ import { patchModel } from '../src/rewrite/patch';
 import { FIXTURES, loadRef } from './support/ref';
 import { checkFixture, outputsOf, refError } from './support/refrun';
 import { cli } from './support/io';
+import { verifyPatch } from '../src/verify/verify';
+import { SharpnessPoint } from '../src/verify/sharpness';
 
 const DIR = path.join(FIXTURES, 'ms_attention');
 const MODELS = fs.readdirSync(DIR).filter((f) => f.endsWith('.onnx')).map((f) => f.replace(/\.onnx$/, '')).sort();
@@ -63,6 +65,27 @@ describe('--verify on the expanded GPT-2 form', () => {
     assert.ok(Number(sharp[1]) > Number(sharp[2]) && Number(sharp[4]) > Number(sharp[2]), 'the original fades, the patched model keeps more');
     assert.match(r.stdout, /strict: PASSED/);
   });
+});
+
+describe('attention sharpness of com.microsoft Attention', () => {
+  // With a factor of exactly 1 (s → 0, b = 1) the expansion's kernel and the original operator's probabilities
+  // recomputed from its inputs (mask_index in each 1-D format, a past, unidirectional, qkv_hidden_sizes) must agree.
+  for (const name of ['mask_1d_lengths', 'mask_1d_end_start', 'mask_1d_3b2', 'gpt2_causal_past', 'bias_qkv_sizes']) {
+    it(`${name}: the original's recomputed probabilities equal the expanded kernel's at factor 1, and differ at factor 1.5`, async () => {
+      const original = readModel(path.join(DIR, `${name}.onnx`));
+      const curve = async (b: number): Promise<SharpnessPoint[]> => {
+        const patched = patchModel(original, { s: 1e-30, b, n: 'causal' }).model;
+        const r = await verifyPatch(original, patched, { checks: ['sharpness'], lengths: [4, 16, 64] });
+        assert.ok(r.sharpness, r.checks.map((c) => c.summary).join('\n'));
+        return r.sharpness.points;
+      };
+      const unit = await curve(1);
+      assert.equal(unit.length, 3);
+      for (const p of unit) assert.ok(p.original > 0 && Math.abs(p.original - p.patched) <= 1e-6 * p.original, JSON.stringify(p));
+      // The factor scales q·k only (not an attention_bias), so it need not sharpen every row: it must show.
+      for (const p of await curve(1.5)) assert.ok(Math.abs(p.patched - p.original) > 0.01 * p.original, JSON.stringify(p));
+    });
+  }
 });
 
 describe('an expanded site, patched again', () => {

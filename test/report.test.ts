@@ -210,7 +210,10 @@ describe('JUnit XML and --strict', () => {
     const plot = path.join(w.dir, 'no-curve.svg');
     const s = cli(['verify', w.original, w.patched, '--junit', strict, '--strict', '--json', '--plot', plot, ...short]);
     assert.equal(s.code, 1, s.stderr);
-    assert.match(fs.readFileSync(plot, 'utf8'), /<svg[^]*no sharpness curve: no length beyond 64 ran/, 'a CI job uploading the plot gets the reason, not a missing file');
+    assert.match(fs.readFileSync(plot, 'utf8'), /<svg[^]*<path/, 'the curves that ran are drawn though no length passed L');
+    const none = cli(['verify', w.original, w.patched, '--checks', 'wiring', '--plot', plot, ...short]);
+    assert.equal(none.code, 0, none.stderr);
+    assert.match(fs.readFileSync(plot, 'utf8'), /<svg[^]*no sharpness curve: not selected/, 'a CI job uploading the plot gets the reason, not a missing file');
     const sdoc = JSON.parse(s.stdout);
     assertValid(sdoc, 'verify --strict');
     assert.equal(sdoc.status, 'failed');

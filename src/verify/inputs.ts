@@ -137,6 +137,13 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       break;
     }
     case 'mask': {
+      if (dims.length === 1 && isMaskIndex(graph, spec.name)) {
+        // com.microsoft Attention's 1-D mask_index holds each item's key end (then start positions, 0 here): every
+        // key of the run, the last item a quarter fewer when padded.
+        const T = shape.past + shape.seq, items = Math.min(count, shape.batch);
+        for (let i = 0; i < items; i++) values[i] = padded && items >= 2 && i === items - 1 ? T - Math.max(1, Math.floor(shape.seq / 4)) : T;
+        break;
+      }
       const perItem = dims.length ? count / Math.max(dims[0], 1) : count;
       const pad = Math.max(1, Math.floor(shape.seq / 4));
       // A padding mask (PyTorch's key_padding_mask, fairseq's) marks the keys to drop: true = pad, the opposite
@@ -164,6 +171,11 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
   return makeHost(type, dims, values);
+}
+
+/** The input is the mask_index of a com.microsoft Attention (its input 3), directly or through Casts. */
+function isMaskIndex(graph: Graph, name: string): boolean {
+  return readersThroughCasts(graph, name).some((n) => n.domain === 'com.microsoft' && n.opType === 'Attention' && n.input.indexOf(name) === 3);
 }
 
 /** Masks named for padding (padding_mask, key_padding_mask, src_key_padding_mask) hold true at the padded keys. */

@@ -171,10 +171,9 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
  * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
  */
 function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
-  const keyMask = op.input[3] && scope.shapes.rank(op.input[3]) === 2 ? op.input[3] : undefined;
-  const unsupported = [3, 6].filter((i) => op.input[i] && !(i === 3 && keyMask));
-  if (unsupported.length || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
-    return { reason: 'com.microsoft Attention with a mask_index other than [B, T], rotary or a shared cache gives no probabilities to recompute' };
+  const maskRank = op.input[3] ? scope.shapes.rank(op.input[3]) : undefined;
+  if ((maskRank !== undefined && maskRank > 2) || (op.input[3] && maskRank === undefined) || op.input[6] || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
+    return { reason: 'com.microsoft Attention with a mask_index other than [B] (or [2B], [3B + 2]) and [B, T], rotary or a shared cache gives no probabilities to recompute' };
   }
   const heads = attrInt(op, 'num_heads');
   const sizes = attrInts(op, 'qkv_hidden_sizes');
@@ -216,14 +215,33 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   }
   // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
   if (op.input[5]) logits = n('Add', [logits, op.input[5]], 'qk_biased');
-  if (keyMask) {
-    // mask_index [B, T]: 0 hides the key, by mask_filter_value (−10000 unless set), as the kernel does.
+  if (maskRank !== undefined) {
+    // Hidden keys get mask_filter_value (−10000 unless set), as the kernel does.
     const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
-    const hidden = n('Sub', [f('one_f', 1), n('Cast', [keyMask], 'mask_f', { to: DataType.FLOAT })], 'mask_hidden');
-    const bias = n('Mul', [hidden, f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
+    const keep = maskRank === 2 ? n('Cast', [op.input[3]], 'mask_keep', { to: DataType.BOOL }) : keptByPositions(n, scalar, k64, op, kT);
+    const bias = n('Where', [keep, f('zero_keep', 0), f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
     logits = n('Add', [logits, n('Reshape', [bias, k64('mask_4d', [0, 1, 1, -1])], 'mask_bias_4d')], 'qk_padded');
   }
   return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
+}
+
+type Emit = (opType: string, inputs: string[], base: string, attrs?: Record<string, number | number[]>) => string;
+
+/**
+ * A 1-D mask_index as bool [B, T]: key j is kept when j < end_b and j ≥ start_b. [B] holds the ends; [2B] the ends
+ * then the starts; [3B + 2] begins with the ends. The format is told at run time from the length, as the kernel does.
+ */
+function keptByPositions(n: Emit, scalar: (base: string, v: number) => string, k64: (base: string, v: number[]) => string, op: NodeProto, kT: string): string {
+  const m = n('Cast', [op.input[3]], 'mask_i64', { to: DataType.INT64 });
+  const B = n('Reshape', [n('Gather', [n('Shape', [op.input[0]], 'batch_shape'), scalar('batch_axis', 0)], 'batch', { axis: 0 }), k64('one_dim', [1])], 'batch_1');
+  const twoB = n('Add', [B, B], 'batch_2');
+  const ends = n('Slice', [m, k64('start0', [0]), B], 'key_end');
+  const padded = n('Concat', [m, n('Expand', [k64('zero1', [0]), B], 'zeros_b')], 'mask_padded', { axis: 0 });
+  const starts = n('Where', [n('Equal', [n('Shape', [m], 'mask_len'), twoB], 'end_start'), n('Slice', [padded, B, twoB], 'key_start_raw'), scalar('no_start', 0)], 'key_start');
+  const T = n('Gather', [n('Shape', [kT], 'kt_shape'), scalar('kt_axis', 3)], 'keys', { axis: 0 });
+  const pos = n('Range', [scalar('pos0', 0), T, scalar('pos1', 1)], 'key_pos_all');
+  const column = (t: string, base: string): string => n('Reshape', [t, k64(`${base}_col`, [-1, 1])], base);
+  return n('And', [n('Less', [pos, column(ends, 'end_col')], 'before_end'), n('Not', [n('Less', [pos, column(starts, 'start_col')], 'before_start')], 'from_start')], 'mask_keep');
 }
 
 function setInt(op: NodeProto, name: string, value: number): void {

@@ -339,8 +339,10 @@ function maskIndexKeep(m: number[] | undefined, rank: number, B: number, S: numb
     case 3:
       return (b, i, j) => m[per(b, S * T) + i * T + j] > 0;
     default: {
-      const M = Math.round(Math.sqrt(m.length % B === 0 && Number.isInteger(Math.sqrt(m.length / B)) ? m.length / B : m.length));
-      return (b, i, j) => m[per(b, M * M) + (T - S + i) * M + j] > 0;
+      // [B|1, 1, M, M]: one square per item, or one for all.
+      const items = Number.isInteger(Math.sqrt(m.length / B)) ? B : 1;
+      const M = Math.round(Math.sqrt(m.length / items));
+      return (b, i, j) => m[(items === 1 ? 0 : b) * M * M + (T - S + i) * M + j] > 0;
     }
   }
 }

@@ -40,7 +40,8 @@ export class SharpnessCheck implements CheckUnit {
     if (setup.preset.kind === 'none') {
       return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior alone, which promises no sharper attention at long lengths (the probe checks the prior itself)', 'not applicable');
     }
-    const unseen = factory.rowMax.patched?.unseen ?? [];
+    // A site counts where both models show its probabilities: the original's operator may hide what the patch's kernel shows.
+    const unseen = [...new Set([...(factory.rowMax.patched?.unseen ?? []), ...(factory.rowMax.original?.unseen ?? []).map((u) => `${u} (the original)`)])];
     const result = this.verdict(unseen);
     if (unseen.length && result.status !== 'SKIPPED') result.unchecked = unseen;
     return result;
@@ -48,15 +49,17 @@ export class SharpnessCheck implements CheckUnit {
 
   private verdict(unseen: string[]): CheckResult {
     const { setup, factory } = this.ctx;
-    if (!factory.rowMax.patched?.outputs.size) {
+    const { original, patched } = factory.rowMax;
+    if (![...(patched?.outputs.keys() ?? [])].some((i) => original?.outputs.has(i))) {
       return skippedCheck('sharpness', this.criterion, unseen.length ? `no site shows its attention probabilities (${unseen[0]})` : 'no run reached the sweep');
     }
     if (this.points.length < 2) return skippedCheck('sharpness', this.criterion, `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${this.points.length}`})`);
     const curve = sharpnessCurve(setup.L, this.points);
+    // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
+    this.curve = curve;
     if (curve.points[curve.points.length - 1].length <= setup.liveFrom) {
       return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
     }
-    this.curve = curve;
     return sharpnessCheck(this.criterion, curve, null);
   }
 }
