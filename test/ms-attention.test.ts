@@ -69,8 +69,8 @@ describe('--verify on the expanded GPT-2 form', () => {
 
 describe('attention sharpness of com.microsoft Attention', () => {
   // With a factor of exactly 1 (s → 0, b = 1) the expansion's kernel and the original operator's probabilities
-  // recomputed from its inputs (mask_index in each 1-D format, a past, unidirectional, qkv_hidden_sizes) must agree.
-  for (const name of ['mask_1d_lengths', 'mask_1d_end_start', 'mask_1d_3b2', 'gpt2_causal_past', 'bias_qkv_sizes']) {
+  // recomputed from its inputs (mask_index in each 1-D format and 3-D, a past, unidirectional, qkv_hidden_sizes) must agree.
+  for (const name of ['mask_1d_lengths', 'mask_1d_end_start', 'mask_1d_3b2', 'mask_3d', 'gpt2_causal_past', 'bias_qkv_sizes']) {
     it(`${name}: the original's recomputed probabilities equal the expanded kernel's at factor 1, and differ at factor 1.5`, async () => {
       const original = readModel(path.join(DIR, `${name}.onnx`));
       const curve = async (b: number): Promise<SharpnessPoint[]> => {

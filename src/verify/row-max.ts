@@ -172,8 +172,8 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
  */
 function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
   const maskRank = op.input[3] ? scope.shapes.rank(op.input[3]) : undefined;
-  if ((maskRank !== undefined && maskRank > 2) || (op.input[3] && maskRank === undefined) || op.input[6] || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
-    return { reason: 'com.microsoft Attention with a mask_index other than [B] (or [2B], [3B + 2]) and [B, T], rotary or a shared cache gives no probabilities to recompute' };
+  if ((maskRank !== undefined && maskRank > 3) || (op.input[3] && maskRank === undefined) || op.input[6] || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
+    return { reason: 'com.microsoft Attention with a 4-D or unranked mask_index, rotary or a shared cache gives no probabilities to recompute' };
   }
   const heads = attrInt(op, 'num_heads');
   const sizes = attrInts(op, 'qkv_hidden_sizes');
@@ -218,9 +218,14 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   if (maskRank !== undefined) {
     // Hidden keys get mask_filter_value (−10000 unless set), as the kernel does.
     const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
-    const keep = maskRank === 2 ? n('Cast', [op.input[3]], 'mask_keep', { to: DataType.BOOL }) : keptByPositions(n, scalar, k64, op, kT);
+    const keep = maskRank === 1 ? keptByPositions(n, scalar, k64, op, kT) : n('Cast', [op.input[3]], 'mask_keep', { to: DataType.BOOL });
     const bias = n('Where', [keep, f('zero_keep', 0), f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
-    logits = n('Add', [logits, n('Reshape', [bias, k64('mask_4d', [0, 1, 1, -1])], 'mask_bias_4d')], 'qk_padded');
+    // [B, T] → [B, 1, 1, T]; [B|1, S, T] → [B|1, 1, S, T].
+    const shape = maskRank === 3
+      ? n('Concat', [n('Slice', [n('Shape', [bias], 'mask_shape'), k64('m_at0', [0]), k64('m_end1', [1])], 'mask_items'), k64('one_head', [1]),
+        n('Slice', [n('Shape', [bias], 'mask_shape_rows'), k64('m_at1', [1]), k64('m_end3', [3])], 'mask_rows_keys')], 'mask_4d_shape', { axis: 0 })
+      : k64('mask_4d', [0, 1, 1, -1]);
+    logits = n('Add', [logits, n('Reshape', [bias, shape], 'mask_bias_4d')], 'qk_padded');
   }
   return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
 }
