@@ -8,31 +8,16 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
-import { AttributeProto, DataType, FunctionProto, GraphProto, ModelProto, NodeProto } from '../src/io/onnx';
+import { DataType, FunctionProto, GraphProto, ModelProto, NodeProto } from '../src/io/onnx';
 import { parseScaleJson } from '../src/policy/scale';
 import { patchModel } from '../src/rewrite/patch';
 import { withUnitFactor } from '../src/verify/verify';
 import { attention, bnsd, f32, floats, maxDiff, runOnce, ssmaxFactor } from './support/attention';
-import { f32 as f32Init, i64 as i64Init, model, node, value } from './support/build';
+import { attentionNodes, f32 as f32Init, graphAttr, i64 as i64Init, model, node, value } from './support/build';
 import { CORPUS } from './support/ref';
 
 const B = 2, N = 2, S = 5, H = 4, D = N * H;
 const TOL = 2e-5;
-
-function graphAttr(name: string, g: GraphProto): AttributeProto {
-  return { name, type: 5, g, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-}
-
-/** Attention on [B,N,S,H] tensors named by the caller, with tensors local to `tag` to keep names unique. */
-function attentionNodes(q: string, k: string, v: string, out: string, tag: string): NodeProto[] {
-  return [
-    node('Transpose', [k], [`${tag}_kt`], { perm: [0, 1, 3, 2] }, `${tag}_Transpose`),
-    node('MatMul', [q, `${tag}_kt`], [`${tag}_mm`], {}, `${tag}_MatMul`),
-    node('Div', [`${tag}_mm`, 'sqrt_d'], [`${tag}_scores`], {}, `${tag}_Div`),
-    node('Softmax', [`${tag}_scores`], [`${tag}_p`], { axis: -1 }, `${tag}_Softmax`),
-    node('MatMul', [`${tag}_p`, v], [out], {}, `${tag}_MatMulV`),
-  ];
-}
 
 function branch(name: string, nodes: NodeProto[], output: string): GraphProto {
   return { name, node: nodes, input: [], output: [value(output, DataType.FLOAT, [])], initializer: [], valueInfo: [] };

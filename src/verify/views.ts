@@ -11,6 +11,7 @@ import { ProbeView } from './probe';
 import { ProbeOutputs } from './probe-model';
 import { Outputs, OutputTensor } from './run';
 import { readsLogits, VerifySite } from './sites';
+import { elementCount } from './tensors';
 
 /**
  * One run's views of a site from the probe copy's outputs: its logits (the last row only, when the copy brought
@@ -148,7 +149,7 @@ export function fusedView(x: FusedInput): FusedViews | string {
   const N = site.heads.heads ?? x.heads;
   if (layout.layout === 'weights') return weightColumns(x, N, n, layout.qWidth);
   const before = withBias(x.before, x.bias?.before), after = withBias(x.after, x.bias?.after);
-  const d = x.expanded ? [x.before.dims[0], x.before.dims[1], x.before.dims.slice(2).reduce((a, b) => a * b, 1)] : x.before.dims;
+  const d = x.expanded ? [x.before.dims[0], x.before.dims[1], elementCount(x.before.dims.slice(2))] : x.before.dims;
   let split: Split;
   switch (layout.layout) {
     case 'bsd': split = rowsOf(d[0], d[1], d[2], d[2], N, (b, i, col) => (b * d[1] + i) * d[2] + col); break;
@@ -271,15 +272,7 @@ function withBias(t: OutputTensor, bias?: OutputTensor): ArrayLike<number> {
  * detect/fused.ts): the same formulas the patch builds in the graph, evaluated here on the actual values.
  */
 export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
-  const total = (terms: Term[]): number | string => {
-    let sum = 0;
-    for (const t of terms) {
-      const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
-      if (x === undefined) return `input ${t.input} of the operator was not read`;
-      sum += x;
-    }
-    return sum;
-  };
+  const total = (terms: Term[]): number | string => termTotal(terms, v);
   switch (plan.kind) {
     case 'keys': {
       const tk = total(plan.tk);
@@ -319,10 +312,22 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
   }
 }
 
+/** The sum of a plan's terms (input shapes and values) in this run, or which input was not read. */
+function termTotal(terms: Term[], v: TermValues): number | string {
+  let sum = 0;
+  for (const t of terms) {
+    const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
+    if (x === undefined) return `input ${t.input} of the operator was not read`;
+    sum += x;
+  }
+  return sum;
+}
+
 /**
  * Which keys com.microsoft Attention's mask_index leaves visible to row i of item b, from the operator's
- * definition (contrib-op docs): [B] end positions ([3B + 2] starts with them), [2B] end and start positions, [B|1, T] 1 = attend (a [B|1, 1]
- * when T ≠ 1 is the no-mask dummy), [B|1, S, T], and Megatron's [B|1, 1, M, M] whose rows T − S … T − 1 apply.
+ * definition (contrib-op docs): [B] end positions ([3B + 2] starts with them), [2B] end and start positions,
+ * [B|1, T] 1 = attend (a [B|1, 1] when T ≠ 1 is the no-mask dummy), [B|1, S, T], and Megatron's [B|1, 1, M, M]
+ * whose rows T − S … T − 1 apply.
  */
 function maskIndexKeep(m: number[] | undefined, rank: number, B: number, S: number, T: number): ((b: number, i: number, j: number) => boolean) | string {
   if (!m) return 'the mask_index of the operator was not read';
@@ -401,13 +406,8 @@ function planPositions(plan: NPlan, v: TermValues, S: number, T: number): Rows |
   switch (plan.kind) {
     case 'keys': case 'causal': return (_b, i) => T - S + i;
     case 'causal-offset': {
-      let p = 0;
-      for (const t of plan.offset) {
-        const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
-        if (x === undefined) return `input ${t.input} of the operator was not read`;
-        p += x;
-      }
-      return (_b, i) => p + i;
+      const p = termTotal(plan.offset, v);
+      return typeof p === 'string' ? p : (_b, i) => p + i;
     }
     case 'lengths': {
       const lengths = v.value(plan.lengths);
@@ -416,13 +416,8 @@ function planPositions(plan: NPlan, v: TermValues, S: number, T: number): Rows |
       return (b, i) => (prompt ? 0 : lengths[b] + (plan.plusOne ? 1 : 0) - S) + i;
     }
     case 'mask-index': {
-      let tk = 0;
-      for (const t of plan.tk) {
-        const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
-        if (x === undefined) return `input ${t.input} of the operator was not read`;
-        tk += x;
-      }
-      return (_b, i) => tk - S + i;
+      const tk = termTotal(plan.tk, v);
+      return typeof tk === 'string' ? tk : (_b, i) => tk - S + i;
     }
   }
 }
@@ -433,7 +428,7 @@ function broadcast(t: OutputTensor, dims: number[]): Float64Array | string {
   if (src.length > dims.length || src.some((x, k) => x !== 1 && x !== dims[dims.length - src.length + k])) {
     return `the bias the prior was added to is [${src.join(', ')}], which does not broadcast to [${dims.join(', ')}]`;
   }
-  const total = dims.reduce((a, x) => a * x, 1);
+  const total = elementCount(dims);
   const out = new Float64Array(total);
   const pad = dims.length - src.length;
   for (let k = 0; k < total; k++) {

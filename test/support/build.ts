@@ -1,6 +1,6 @@
 /** Builds tiny ONNX models in TypeScript for unit tests of each graph shape the tool handles. */
 import { makeTensor } from '../../src/graph/tensor';
-import { AttributeProto, DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../../src/io/onnx';
+import { AttributeProto, DataType, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../../src/io/onnx';
 
 type Attr = number | number[] | string | TensorProto;
 
@@ -48,4 +48,20 @@ export function randoms(count: number, seed: number, amp = 1): number[] {
     x = (x * 1103515245 + 12345) % 2147483648;
     return (x / 2147483648 * 2 - 1) * amp;
   });
+}
+
+/** A graph attribute (an If branch, a Loop or Scan body). */
+export function graphAttr(name: string, g: GraphProto): AttributeProto {
+  return { name, type: 5, g, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
+}
+
+/** Attention on [B, N, S, H] tensors named by the caller, with tensors local to `tag` to keep names unique. */
+export function attentionNodes(q: string, k: string, v: string, out: string, tag: string): NodeProto[] {
+  return [
+    node('Transpose', [k], [`${tag}_kt`], { perm: [0, 1, 3, 2] }, `${tag}_Transpose`),
+    node('MatMul', [q, `${tag}_kt`], [`${tag}_mm`], {}, `${tag}_MatMul`),
+    node('Div', [`${tag}_mm`, 'sqrt_d'], [`${tag}_scores`], {}, `${tag}_Div`),
+    node('Softmax', [`${tag}_scores`], [`${tag}_p`], { axis: -1 }, `${tag}_Softmax`),
+    node('MatMul', [`${tag}_p`, v], [out], {}, `${tag}_MatMulV`),
+  ];
 }

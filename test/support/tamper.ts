@@ -118,20 +118,21 @@ export function editN(m: ModelProto, make: (n: string, type: number, add: (x: No
   return logs.length;
 }
 
+/** `op`(n, value) before every ln n, named `t/<n>/<tag>`. */
+function opOnN(m: ModelProto, op: 'Mul' | 'Add', value: number, tag: string, path: string): number {
+  return editN(m, (n, type, add) => {
+    add(constant(`t/${n}/${tag}_operand`, type, [], [value]));
+    add(node(op, [n, `t/${n}/${tag}_operand`], `t/${n}/${tag}`));
+    return `t/${n}/${tag}`;
+  }, path);
+}
+
 /** n doubled before every ln n (the issue's tampering: s·ln(2n)). */
 export function doubleN(m: ModelProto, path = 'main'): number {
-  return editN(m, (n, type, add) => {
-    add(constant(`t/${n}/two`, type, [], [2]));
-    add(node('Mul', [n, `t/${n}/two`], `t/${n}/doubled`));
-    return `t/${n}/doubled`;
-  }, path);
+  return opOnN(m, 'Mul', 2, 'doubled', path);
 }
 
 /** n + 1 before every ln n. */
 export function nPlusOne(m: ModelProto, path = 'main'): number {
-  return editN(m, (n, type, add) => {
-    add(constant(`t/${n}/one`, type, [], [1]));
-    add(node('Add', [n, `t/${n}/one`], `t/${n}/plus_one`));
-    return `t/${n}/plus_one`;
-  }, path);
+  return opOnN(m, 'Add', 1, 'plus_one', path);
 }

@@ -4,8 +4,8 @@
  * GroupQueryAttention, DecoderMaskedMultiHeadAttention, com.microsoft Attention, ONNX Attention), and plain-op
  * attention inside If branches, a Loop body and a Scan body. Weights are random; sequence axes are dynamic.
  */
-import { AttributeProto, DataType, GraphProto, ModelProto, NodeProto, ValueInfoProto } from '../../src/io/onnx';
-import { f32, i64, model, node, randoms, value } from './build';
+import { DataType, GraphProto, ModelProto, NodeProto, ValueInfoProto } from '../../src/io/onnx';
+import { attentionNodes, f32, graphAttr, i64, model, node, randoms, value } from './build';
 
 const D = 16, N = 2, H = 8;
 
@@ -114,21 +114,6 @@ export function dmmhaModel(): ModelProto {
 }
 
 // ---- plain-op attention in subgraphs ----------------------------------------------------------------------
-
-function graphAttr(name: string, g: GraphProto): AttributeProto {
-  return { name, type: 5, g, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-}
-
-/** Attention on [B, N, S, H] tensors, tensors local to `tag`. */
-function attentionNodes(q: string, k: string, v: string, out: string, tag: string): NodeProto[] {
-  return [
-    node('Transpose', [k], [`${tag}_kt`], { perm: [0, 1, 3, 2] }, `${tag}_Transpose`),
-    node('MatMul', [q, `${tag}_kt`], [`${tag}_mm`], {}, `${tag}_MatMul`),
-    node('Div', [`${tag}_mm`, 'sqrt_d'], [`${tag}_scores`], {}, `${tag}_Div`),
-    node('Softmax', [`${tag}_scores`], [`${tag}_p`], { axis: -1 }, `${tag}_Softmax`),
-    node('MatMul', [`${tag}_p`, v], [out], {}, `${tag}_MatMulV`),
-  ];
-}
 
 /** q, k, v [batch, N, sequence, H] from one input through projections per head. */
 function headsFrom(x: string): { nodes: NodeProto[]; inits: ReturnType<typeof f32>[] } {

@@ -3,6 +3,7 @@ import { OutputStats, Tolerance } from '../compare';
 import { CheckId } from '../plan';
 import { CheckResult, RunResult, SkipKind, Status } from '../report';
 import { opt } from '../../errors';
+import { elementCount } from '../tensors';
 import { isUniform, MIN_KEPT, NO_FADE, SharpnessCurve } from '../sharpness';
 
 export const CHECK_NAMES: Record<CheckId, string> = {
@@ -39,7 +40,7 @@ function describeStats(o: OutputStats, tol: Tolerance): string {
   if (o.error) return `${o.name}: ${o.error}`;
   const base = `${o.name}: max abs ${e2(o.maxAbs)}, max rel ${e2(o.maxRel)}, mean abs ${e2(o.meanAbs)}`;
   if (o.passed) return base;
-  const n = o.dims.reduce((a, b) => a * b, 1);
+  const n = elementCount(o.dims);
   return `${base}; ${o.mismatches} of ${n} elements outside atol ${e2(tol.atol)} / rtol ${e2(tol.rtol)} (would pass with atol ${e2(o.neededAtol)} or rtol ${e2(o.neededRtol)})`;
 }
 
@@ -68,7 +69,7 @@ export function parityCheck(id: 'wiring' | 'retrofit', criterion: string, runs: 
  */
 function blindOutput(runs: RunResult[]): string | undefined {
   for (const r of runs) {
-    const o = r.outputs.find((x) => x.expectedNonFinite > 0 && x.expectedNonFinite === x.dims.reduce((a, b) => a * b, 1));
+    const o = r.outputs.find((x) => x.expectedNonFinite > 0 && x.expectedNonFinite === elementCount(x.dims));
     if (o) return `${r.run}: the original's ${o.name} is NaN or Inf everywhere, so nothing was compared; give inputs the model accepts with ${opt('inputFiles', 'NAME=FILE')}`;
   }
   return undefined;
