@@ -44,7 +44,7 @@ const collect = (v: string, list: string[] = []): string[] => [...list, v];
 export function addVerifyOptions(cmd: Command): Command {
   return cmd
     .option('--lengths <list>', 'context lengths of the sweep, comma-separated (default L/4,L/2,L,2L,4L,8L,16L)')
-    .option('--max-len <n>', 'no run longer than n tokens (default 4096, or the model\'s position table if shorter)')
+    .option('--max-len <n>', 'no run longer than n tokens (default 4096, less where one attention matrix would pass 2^27 values; never past the model\'s position table)')
     .option('--batch <n>', 'batch size of the short runs (default 2: a plain and a padded item)')
     .option('--checks <list>', `checks to run, comma-separated: ${CHECK_IDS.join(',')} (default all)`)
     .option('--atol <x>', 'absolute tolerance of the parity checks (default 1e-4; 1e-2 for fp16/bf16 outputs)')

@@ -1,7 +1,8 @@
 /**
  * Which runs verification makes: short runs (batch 2: plain, a padded batch, KV-cache prefill and decoding with
  * past > 0) for wiring and the probe, and a sweep of context lengths L/4 … 16·L (batch 1) for retrofit parity,
- * liveness and sharpness, capped by the model's position table, by --max-len, and by what the inputs allow.
+ * liveness and sharpness, capped by the model's position table, by --max-len (by default also by the size of one
+ * attention matrix), and by what the inputs allow.
  */
 import { LengthLimit } from './limits';
 import { RunShape } from './signature';
@@ -32,6 +33,8 @@ export interface PlanInput {
   fixedSeq?: number;
   /** The fewest cached tokens a run may have (1 where a kernel cannot take an empty cache). */
   minPast?: number;
+  /** The most heads of any attention site, when detection knows them: bounds the default longest length. */
+  heads?: number;
 }
 
 export interface Plan {
@@ -47,10 +50,33 @@ export const SHORT_SEQ = 12;
 const SECOND_SEQ = 7;
 
 /**
- * Longest run by default. One 4096-token run of a 100 M-parameter model takes about 10 s on two cores and the
+ * Longest run by default. One 4096-token run of a 100 M-parameter model takes about 20 s on two cores and the
  * attention matrices grow with the square of the length, so longer runs are opt-in.
  */
 export const DEFAULT_MAX_LEN = 4096;
+
+/**
+ * Values in one attention matrix [B, H, T, T] the default plan allows (2^27: 512 MiB in float32). The peak of a
+ * run is about two such matrices (a Softmax's input and output) plus the weights, so this bounds the default
+ * plan's memory for any head count.
+ */
+export const ATTENTION_BUDGET = 2 ** 27;
+
+/**
+ * The default longest length: DEFAULT_MAX_LEN, lowered to keep one attention matrix within the budget. It does
+ * not stretch to reach beyond L: a run that exhausts memory is killed without a report, while a plan with no run
+ * beyond L ends in a skipped check that says to raise the longest length.
+ */
+function defaultCap(p: PlanInput): { cap: number; reason: string } {
+  const usual = { cap: DEFAULT_MAX_LEN, reason: `the default longest length ${DEFAULT_MAX_LEN}; raise it to run longer` };
+  const rows = (p.pinned.batch ?? 1) * (p.heads ?? 0);
+  // Lengths asked for by name are run up to the usual default.
+  if (!rows || p.lengths) return usual;
+  const fits = Math.floor(Math.sqrt(ATTENTION_BUDGET / rows));
+  if (fits >= DEFAULT_MAX_LEN) return usual;
+  const shape = `[${rows > p.heads! ? `${p.pinned.batch}, ` : ''}${p.heads}, T, T]`;
+  return { cap: fits, reason: `the default plan keeps one attention matrix ${shape} within ${ATTENTION_BUDGET / 2 ** 20} Mi values; raise the longest length to run longer` };
+}
 
 export function defaultSweep(L: number): number[] {
   const raw = [L / 4, L / 2, L, 2 * L, 4 * L, 8 * L, 16 * L].map((x) => Math.max(2, Math.round(x)));
@@ -59,10 +85,10 @@ export function defaultSweep(L: number): number[] {
 
 export function makePlan(p: PlanInput): Plan {
   const notes: string[] = [];
-  const maxLen = p.maxLen ?? DEFAULT_MAX_LEN;
+  const byDefault = p.maxLen === undefined ? defaultCap(p) : null;
+  const maxLen = p.maxLen ?? byDefault!.cap;
   const cap = Math.min(maxLen, p.limit?.length ?? Infinity);
-  const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason
-    : p.maxLen === undefined ? `the default longest length ${DEFAULT_MAX_LEN}; raise it to run longer` : `the longest length ${maxLen} asked for`;
+  const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason : byDefault ? byDefault.reason : `the longest length ${maxLen} asked for`;
   const batch = p.pinned.batch ?? p.batch;
   const seqOf = (want: number): number => p.pinned.seq ?? p.fixedSeq ?? want;
   const minPast = p.pastFree ? p.minPast ?? 0 : 0;

@@ -84,12 +84,12 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   const fixedSeq = seqFree ? undefined : fixedTokens(specs);
   const minPast = emptyCacheFails(original) ? 1 : 0;
   const preset = recordedPreset(record);
-  const { sites, refused } = siteSetup(original, patched, record);
+  const { sites, refused, heads } = siteSetup(original, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites);
   const plan = makePlan({
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
-    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast,
+    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
   });
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
@@ -123,14 +123,15 @@ function emptyCacheFails(model: ModelProto): boolean {
   return modelScopes(model).some((s) => s.graph.nodes.some((n) => n.domain === 'com.microsoft' && n.opType === 'DecoderMaskedMultiHeadAttention'));
 }
 
-function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[] } {
+function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[]; heads?: number } {
   // Forced sites are in the record; detection accepts them again by their (inner) node labels.
   const force = record.sites.map((s) => s.softmax.split(' → ').pop()!);
   const detection = detectAttention(original, modelScopes(original), { force });
   const sites = findSites(patched, modelScopes(patched), record, detection);
   const refused = detection.skipped.filter((k) => k.attention && !force.includes(k.node))
     .map((k) => `refused attention ${k.node}${k.scope ? ` [${k.scope}]` : ''}: ${k.reason}`);
-  return { sites, refused };
+  const known = [...detection.sites, ...detection.fused, ...detection.calls.map((c) => c.inner)].map((s) => s.heads.heads ?? 0);
+  return { sites, refused, heads: Math.max(0, ...known) || undefined };
 }
 
 /**
