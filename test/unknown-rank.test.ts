@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { DataType } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
+import { verifyPatch } from '../src/verify/verify';
 import { f32, floats, maxDiff, runOnce } from './support/attention';
 import { model, node } from './support/build';
 
@@ -67,5 +68,18 @@ describe('opset 11 Softmax over logits of unknown rank', () => {
     const q = floats(B * Tq * D, 4, 1.5), k = floats(B * D * Tk, 5, 1.5), v = floats(B * Tk * Dv, 6);
     const got = await runOnce(patched, { q: f32([B, Tq, D], q), k: f32([B, D, Tk], k), v: f32([B, Tk, Dv], v) }, 'y');
     assert.ok(maxDiff(got, reference(q, k, v, B, Tq, D, Tk, Dv, 0.5 * Math.log(Tq * Tk), true)) < 1e-5);
+  });
+});
+
+describe('verifying a model whose inputs declare no shape', () => {
+  it('synthesises each as a square [seq, seq] matrix, sweeps the sequence, says so, and a strict verification passes', async () => {
+    const original = trtAttention();
+    const { model: patched } = patchModel(original, { trainLen: 16 });
+    const report = await verifyPatch(original, patched, { strict: true, lengths: [8, 16, 32, 64] });
+    assert.deepEqual(report.checks.map((c) => [c.id, c.status]).filter(([, s]) => s !== 'PASSED'), [['sharpness', 'SKIPPED']]);
+    assert.match(report.checks.find((c) => c.id === 'liveness')!.summary, /differ from the original's at 32, 64/);
+    assert.deepEqual(report.inputs.map((i) => [i.name, i.dims, i.sized]), ['q', 'k', 'v'].map((n) => [n, [null, null], ['has no declared shape: synthesised as a square [seq, seq] matrix']]));
+    assert.ok(report.runs.some((r) => r.id === 'batch=1 seq=64'));
+    assert.equal(report.passed, true);
   });
 });

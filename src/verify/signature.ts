@@ -32,6 +32,11 @@ export interface InputSpec {
   role: InputRole;
   /** Sizes the graph fixes for a past key/value input (heads, head size), where its shape leaves them open. */
   graphDims?: (number | undefined)[];
+  /**
+   * A float input with no declared shape (TensorRT's test graphs): synthesised as a square [seq, seq] matrix,
+   * which every chain of MatMuls accepts, with the sequence varied like any sequence axis.
+   */
+  unshaped?: true;
 }
 
 /** The sizes a run asks for; symbolic dims are resolved against them. */
@@ -56,8 +61,12 @@ export function describeInputs(graph: Graph): InputSpec[] {
   const specs = realInputs(graph).map((v) => {
     const tensor = v.type?.tensorType;
     if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`);
-    const dims = (tensor.shape?.dim ?? []).map(dimSpec);
     const role = roleOf(v.name, tensor.elemType);
+    if (!tensor.shape && FLOAT_TYPES.includes(tensor.elemType)) {
+      const rule: DimRule = { source: 'seq', why: 'has no declared shape: synthesised as a square [seq, seq] matrix' };
+      return { name: v.name, elemType: tensor.elemType, dims: [{ unknown: true, rule }, { unknown: true, rule }] as DimSpec[], role, unshaped: true as const };
+    }
+    const dims = (tensor.shape?.dim ?? []).map(dimSpec);
     const graphDims = role === 'past' ? pastDimsFromGraph(graph, v.name, shapes ??= new Shapes(graph)) : undefined;
     return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
   });
@@ -75,7 +84,7 @@ export function describeInputs(graph: Graph): InputSpec[] {
 function ruleUnknownDims(specs: InputSpec[]): void {
   const byName = new Map<string, DimRule>();
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
-  for (const spec of specs) {
+  for (const spec of specs.filter((x) => !x.unshaped)) {
     spec.dims.forEach((d, axis) => {
       if ('value' in d) return;
       if ('param' in d && resolveParam(d.param, probe, new Map())) return;
@@ -101,6 +110,7 @@ function sizeByPosition(spec: InputSpec, axis: number): DimRule {
 
 /** How the dims no name rule knows were sized, per input, for the report. */
 export function ruledDims(spec: InputSpec): string[] {
+  if (spec.unshaped) return [(spec.dims[0] as { rule: DimRule }).rule.why];
   return spec.dims.flatMap((d, axis) => ('rule' in d && d.rule ? [`dim ${axis}${'param' in d ? ` '${d.param}'` : ''}: ${d.rule.why}`] : []));
 }
 
@@ -155,6 +165,7 @@ function roleOf(name: string, elemType: number): InputRole {
 export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } {
   const d = input.dims[axis];
   if ('value' in d) return { size: d.value, source: 'fixed' };
+  if (input.unshaped) return { size: shape.seq, source: 'seq' };
   const fromGraph = input.graphDims?.[axis];
   if ('param' in d) {
     const r = resolveParam(d.param, shape, fixed);
@@ -228,6 +239,8 @@ export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: 
   for (const [name, tensor] of Object.entries(given)) {
     const spec = specs.find((s) => s.name === name);
     if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    // An input without a declared shape takes whatever was given.
+    if (spec.unshaped) continue;
     const shape = `[${tensor.dims.join(', ')}]`;
     if (spec.dims.length && tensor.dims.length !== spec.dims.length) {
       throw new InputError(`${opt('inputFiles', name)}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
