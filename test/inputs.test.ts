@@ -71,6 +71,15 @@ describe('input roles and dims', () => {
     assert.deepEqual(values(synthesize(g, specs, { batch: 1, seq: 3, past: 0 }).use_cache_branch), [0]);
   });
 
+  it("fills nonpad_kv_seqlen of an expanded ONNX Attention body with K's key count; other lengths stay refused", () => {
+    const g = new Graph({ name: 'empty', node: [], input: [], output: [], initializer: [], valueInfo: [] });
+    const k = { name: 'K', elemType: DataType.FLOAT, role: 'values' as const, dims: [{ value: 2 }, { value: 2 }, { value: 8 }, { value: 8 }] };
+    const nonpad = { name: 'nonpad_kv_seqlen', elemType: DataType.INT64, role: 'lengths' as const, dims: [{ value: 2 }] };
+    assert.deepEqual(values(synthesize(g, [k, nonpad], { batch: 2, seq: 4, past: 0 }).nonpad_kv_seqlen), [8, 8]);
+    assert.throws(() => synthesize(g, [nonpad], { batch: 2, seq: 4, past: 0 }), /input 'nonpad_kv_seqlen' holds lengths/);
+    assert.throws(() => synthesize(g, [k, { ...nonpad, name: 'kv_len' }], { batch: 2, seq: 4, past: 0 }), /input 'kv_len' holds lengths/);
+  });
+
   it('matches dim names, sums and pinned sizes', () => {
     const spec = { name: 'x', elemType: DataType.FLOAT, role: 'values' as const, dims: [
       { param: 'batch_size' }, { param: 'max_seq_len_in_batch' }, { param: 'past_seq_len + 1' }, { param: 'past_sequence_length+sequence_length' },

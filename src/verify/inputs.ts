@@ -54,10 +54,16 @@ export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, op
   return feeds;
 }
 
+/** The keys of ONNX Attention's K ([B, Tk, H·D] or [B, H, Tk, D]), or past + sequence when K is not an input. */
+function keyCount(k: HostTensor | undefined, shape: RunShape): number {
+  return k ? k.dims[k.dims.length === 3 ? 1 : 2] : shape.past + shape.seq;
+}
+
 /**
  * Lengths have model-specific meanings (total, total − 1, per-item padding), so they are synthesised only where
  * the operator reading them says what they are: GroupQueryAttention's seqlens_k (total − 1 per item) and
- * total_sequence_length, ONNX Attention's nonpad_kv_seqlen (every key valid), the past_sequence_length of
+ * total_sequence_length, ONNX Attention's nonpad_kv_seqlen (every key valid; also where its function body was
+ * expanded into the graph, which keeps the names nonpad_kv_seqlen and K), the past_sequence_length of
  * MultiHeadAttention and DecoderMaskedMultiHeadAttention.
  */
 function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
@@ -71,12 +77,10 @@ function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape,
     if (ms && node.opType === 'GroupQueryAttention' && slot === 6) return fill(shape.past + shape.seq);
     if (ms && node.opType === 'MultiHeadAttention' && slot === 8) return fill(shape.past);
     if (ms && node.opType === 'DecoderMaskedMultiHeadAttention' && slot === 7) return fill(shape.past);
-    if ((node.domain === '' || node.domain === 'ai.onnx') && node.opType === 'Attention' && slot === 6) {
-      const k = feeds[graph.proto.input.find((v) => v.name === node.input[1])?.name ?? ''];
-      const keys = k ? k.dims[k.dims.length === 3 ? 1 : 2] : shape.past + shape.seq;
-      return fill(keys);
-    }
+    if ((node.domain === '' || node.domain === 'ai.onnx') && node.opType === 'Attention' && slot === 6) return fill(keyCount(feeds[node.input[1]], shape));
   }
+  // ONNX Attention expanded into its function body keeps the input's name, and K's: every key valid.
+  if (spec.name === 'nonpad_kv_seqlen' && feeds.K) return fill(keyCount(feeds.K, shape));
   throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
 }
 
