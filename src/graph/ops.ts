@@ -63,6 +63,8 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Constant: { type: (n, _t, g) => g.constValue(n.output[0])?.dataType, position: true },
   ConstantOfShape: { shape: R.constantOfShape, type: (n) => attr(n, 'value')?.t?.dataType ?? DataType.FLOAT, position: true },
   Shape: { shape: R.shapeOf, type: 'int64', position: true, shapeOnly: true },
+  // A branch's output type, where the branch declares it (not its condition's bool).
+  If: { type: (n) => attr(n, 'then_branch')?.g?.output[0]?.type?.tensorType?.elemType || undefined },
   Size: { shape: R.size, type: 'int64', shapeOnly: true },
   MatMul: { shape: R.matmul, product: true },
   FusedMatMul: { shape: R.matmul, product: true },

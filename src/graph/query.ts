@@ -4,11 +4,13 @@
  * until the graph is edited (Graph.reindex and the edit methods forget them).
  *
  * Walks are iterative (no depth limit, no node budget: the graph's own size bounds them) and never pass from a
- * shape-only op (Shape, Size) to its input: a shape tells sizes, not values.
+ * shape-only op (Shape, Size) to its input: a shape tells sizes, not values. A node with subgraphs (If, Loop,
+ * Scan) is computed from its inputs and from the names its subgraphs capture from this graph (readsOf).
  */
 import { NodeProto } from '../io/onnx';
 import type { Graph } from './graph';
 import { opInfo } from './ops';
+import { readsOf } from './toposort';
 
 /**
  * What a walk sees at one tensor and its producer: an answer (found), `null` (nothing here or behind it: stop),
@@ -44,12 +46,12 @@ export class Query {
         if (v !== undefined || !p || opInfo(p).shapeOnly) { memo.set(t, v ?? null); stack.pop(); continue; }
         open.add(t);
         // A name on the current path again would be a cycle: it adds nothing.
-        const pending = p.input.filter((i) => i && !memo!.has(i) && !open.has(i));
+        const pending = readsOf(p).filter((i) => !memo!.has(i) && !open.has(i));
         if (pending.length) { stack.push(...pending.reverse()); continue; }
       }
       let found: T | null = null;
-      for (const i of p!.input) {
-        const r = i ? memo.get(i) : null;
+      for (const i of readsOf(p!)) {
+        const r = memo.get(i);
         if (r !== undefined && r !== null) { found = r; break; }
       }
       memo.set(t, found);

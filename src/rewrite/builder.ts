@@ -38,13 +38,14 @@ export class Builder {
 
   /**
    * A builder for a new graph to put in a node's attribute (an If branch). Nothing it adds is journalled on its
-   * own: the graph goes with the node that holds it. `output` names what the built graph returns.
+   * own: the graph goes with the node that holds it. `output` names what the built graph returns; `elemType`, when
+   * given, is declared on it (so the type pass knows the If's output).
    */
-  branch(name: string, build: (b: Builder) => string): GraphProto {
+  branch(name: string, build: (b: Builder) => string, elemType?: number): GraphProto {
     const proto: GraphProto = { node: [], name: this.graph.uniqueName(`${this.prefix}${name}`), initializer: [], input: [], output: [], valueInfo: [] };
     const editor = new Editor(this.graph.child(proto), { scope: proto.name, owner: 'branch', nodes: [], initializers: [], inputs: [], rewired: [] });
     const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.options));
-    proto.output = [{ name: output }];
+    proto.output = [elemType ? { name: output, type: { tensorType: { elemType } } } : { name: output }];
     return proto;
   }
 
