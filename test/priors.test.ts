@@ -11,12 +11,14 @@ import { describe, it } from 'node:test';
 import { Graph } from '../src/graph/graph';
 import { readModel, serializeModel } from '../src/io/model-file';
 import { encodeModel, ModelProto } from '../src/io/onnx';
-import { alibiSlopes } from '../src/policy/prior';
+import { alibiSlopes, LayerTheta, priorValue } from '../src/policy/prior';
 import { parseScaleJson } from '../src/policy/scale';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
 import { Outputs, Runner } from '../src/verify/run';
+import { makeHost } from '../src/verify/tensors';
+import { randoms } from './support/build';
 import { cliError } from './support/io';
 import { decode, RefCase, TORCH } from './support/ref';
 
@@ -116,4 +118,39 @@ describe('priors through the journal', () => {
     assert.throws(() => patchModel(m, { prior: 'ggd', priorTheta: { theta_gamma: 1 }, s: 0.3 }), /unknown key 'theta_gamma'/);
     assert.throws(() => patchModel(m, { priorTheta: { theta_alpha: 1 }, s: 0.3 }), cliError(/given without --prior/));
   });
+});
+
+describe('the prior tensor B, laid out by blocks of keys', () => {
+  // Each (Tq, past) picks another block size K (the largest of 64 … 8 dividing Tk, at most Tq and √(1.25·Tk), else 1).
+  const runs: [number, number, number][] = [[256, 0, 16], [225, 0, 15], [40, 24, 8], [20, 28, 1], [5, 95, 1], [1, 100, 1], [7, 0, 1], [67, 0, 1]];
+  const theta: LayerTheta = { alpha: [-0.5, 0, 0.3, -1], beta: [0.8, 1.3, 0, 2], mu: [0, 0.2, -0.2, 0.4] };
+  const { model } = patchModel(readModel(path.join(TORCH, 'gpt2_past.onnx')), { preset: 'none', prior: 'ggd', priorTheta: { theta_alpha: theta.alpha, theta_beta: theta.beta, theta_mu: theta.mu } });
+  const nodes = new Graph(model.graph!).nodes;
+  const prior = nodes.find((n) => /L0\/prior$/.test(n.name))!.output[0];
+  const size = nodes.find((n) => n.opType === 'ReduceMax' && /\/block$/.test(n.name))!.output[0];
+  model.graph!.output.push({ name: prior, type: { tensorType: { elemType: 1 } } }, { name: size, type: { tensorType: { elemType: 7 } } });
+
+  for (const [tq, past, block] of runs) {
+    it(`Tq = ${tq} after ${past} cached (K = ${block}): B[h, i, j] = prior(θ_h, j − (past + i)) at every head, row and key`, async () => {
+      const runner = await Runner.create(encodeModel(model), 'prior layout');
+      const past4 = (seed: number) => makeHost('float32', [1, 4, past, 8], randoms(4 * past * 8, seed));
+      const feeds = {
+        input_ids: makeHost('int64', [1, tq], Array.from({ length: tq }, (_, i) => i % 50)),
+        attention_mask: makeHost('int64', [1, past + tq], new Array(past + tq).fill(1)),
+        past_key_0: past4(1), past_value_0: past4(2), past_key_1: past4(3), past_value_1: past4(4),
+      };
+      const out = await runner.run(feeds, [prior, size]);
+      await runner.release();
+      assert.equal(Number(out[size].data[0]), block);
+      const b = out[prior];
+      const tk = past + tq;
+      assert.deepEqual(b.dims, [4, tq, tk]);
+      let worst = 0;
+      for (let h = 0; h < 4; h++) for (let i = 0; i < tq; i++) for (let j = 0; j < tk; j++) {
+        const want = priorValue(theta, h, j - (past + i));
+        worst = Math.max(worst, Math.abs(b.data[(h * tq + i) * tk + j] - want) / Math.max(1, Math.abs(want)));
+      }
+      assert.ok(worst < 1e-5, `max relative error ${worst}`);
+    });
+  }
 });

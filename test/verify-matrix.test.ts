@@ -266,10 +266,10 @@ function otherLayersTheta(m: ModelProto, to = 0, from = 1): void {
   }
 }
 
-/** The prior of every site added without its factor: the Mul the rewrite names prior_scaled (or prior_table_scaled) bypassed. */
+/** The prior of every site added without its factor: the Mul the rewrite names prior_scaled (or prior_scale_scaled, per head) bypassed. */
 function unscaledPrior(m: ModelProto): void {
   const g = new Graph(m.graph!);
-  const scaled = g.nodes.filter((n) => /\/prior(_table)?_scaled$/.test(n.name));
+  const scaled = g.nodes.filter((n) => /\/prior(_scale)?_scaled$/.test(n.name));
   assert.ok(scaled.length > 0, 'no Mul scales the prior');
   for (const n of scaled) {
     for (const r of [...g.consumersOf(n.output[0])]) r.input.forEach((x, i) => { if (x === n.output[0]) g.setInput(r, i, n.input[0]); });

@@ -3,9 +3,9 @@
  * factor and before every mask, so the Softmax sees c·(z + B) + masks and masked entries stay masked.
  *
  * B depends on (head, j − i) only: it is built per layer as a small table over the Tq + Tk − 1 relative positions
- * a run can see, from θ initializers at run time (so θ can be fine-tuned), then gathered into [Tq, Tk, H] through
- * an index matrix shared by every layer with the same Tq and Tk. Per layer that is one Gather, one Transpose to
- * [H, Tq, Tk], one Mul by the factor and one Add over the logits.
+ * a run can see, from θ initializers at run time (so θ can be fine-tuned), then laid out as [H, Tq, Tk] by two
+ * Gathers of blocks through indices shared by every layer with the same Tq and Tk (n-source.ts, Positions). Per
+ * layer that is one pass over an attention-sized tensor to build B, one Mul by a per-row factor and one Add.
  */
 import { AttentionSite } from '../detect/find-attention';
 import { InputError } from '../errors';
@@ -13,6 +13,7 @@ import { DataType } from '../io/onnx';
 import { LayerTheta, THETAS, ThetaName } from '../policy/prior';
 import { Builder } from './builder';
 import { ScaleContext, tileOverBatch } from './insert-scale';
+import { Positions } from './n-source';
 
 /** The θ initializers (or, in a function body, the inputs θ comes in through) of one site. */
 export type ThetaTensors = Record<ThetaName, string>;
@@ -24,18 +25,22 @@ export function thetaConstants(b: Builder, theta: LayerTheta): ThetaTensors {
 }
 
 /**
- * B over relative positions: −exp(θα)·(|d − μ| + 1e-5)^θβ for a column of positions d [M, 1], one column per head
- * [M, H]. The table is [positions, heads] so that Gather copies one row of H values per (i, j): several times faster
- * in onnxruntime than gathering single values from a [heads, positions] table.
+ * B over relative positions: −exp(θα)·(|d − μ| + 1e-5)^θβ for a column of positions d [M, 1], as [H, M] (one row
+ * per head), times `headScale` [H] when given (a factor that is one value per head). Every broadcast of a head's θ
+ * runs along a contiguous row: onnxruntime's elementwise kernels take an [M, H] layout with a [1, H] row at a few
+ * ns per value, which decoding with a long cache pays in every layer. The power is exp(θβ·ln x) (x > 0 always),
+ * cheaper than Pow; θβ = 0 still gives exactly 1.
  */
-function priorTable(b: Builder, theta: ThetaTensors, d: string): string {
-  const row = (x: string, name: string): string => b.op('Reshape', [x, b.int64('head_row', [1, -1])], {}, name);
+function priorTable(b: Builder, theta: ThetaTensors, d: string, headScale?: string): string {
+  const column = (x: string, name: string): string => b.op('Reshape', [x, b.int64('head_column', [-1, 1])], {}, name);
   const mu = b.op('Sub', [b.op('Exp', [theta.mu], {}, 'exp_mu'), b.op('Exp', [b.op('Neg', [theta.mu], {}, 'neg_mu')], {}, 'exp_neg_mu')], {}, 'mu');
-  const distance = b.op('Abs', [b.op('Sub', [d, row(mu, 'mu_row')], {}, 'd_minus_mu')], {}, 'distance');
-  const powered = b.op('Pow', [b.op('Add', [distance, b.constant('eps', DataType.FLOAT, [], [1e-5])], {}, 'distance_eps'),
-    row(theta.beta, 'beta_row')], {}, 'distance_pow');
-  const scale = b.op('Neg', [b.op('Exp', [row(theta.alpha, 'alpha_row')], {}, 'exp_alpha')], {}, 'prior_scale');
-  return b.op('Mul', [scale, powered], {}, 'prior_table');
+  const dRow = b.op('Reshape', [d, b.int64('position_row', [1, -1])], {}, 'd_row');
+  const distance = b.op('Abs', [b.op('Sub', [dRow, column(mu, 'mu_column')], {}, 'd_minus_mu')], {}, 'distance');
+  const logDistance = b.op('Log', [b.op('Add', [distance, b.constant('eps', DataType.FLOAT, [], [1e-5])], {}, 'distance_eps')], {}, 'log_distance');
+  const powered = b.op('Exp', [b.op('Mul', [logDistance, column(theta.beta, 'beta_column')], {}, 'beta_log_distance')], {}, 'distance_pow');
+  let scale = b.op('Neg', [b.op('Exp', [theta.alpha], {}, 'exp_alpha')], {}, 'prior_scale');
+  if (headScale) scale = b.op('Mul', [scale, headScale], {}, 'prior_scale_scaled');
+  return b.op('Mul', [column(scale, 'scale_column'), powered], {}, 'prior_table');
 }
 
 /** Where a fused operator's bias [B|1, H, S, T] sits: S rows, T keys, each item's first row at absolute position `past`. */
@@ -62,10 +67,30 @@ export function fusedPrior(b: Builder, theta: ThetaTensors, at: BiasPositions, f
   const past = b.op('Reshape', [at.past, b.int64('items_shape', [-1, 1, 1])], {}, 'first_row_pos');
   // Index of d = j − (past_b + i) in d_range, which starts at −(T − 1).
   const index = b.op('Add', [b.op('Sub', [b.op('Sub', [keys, rows], {}, 'j_minus_i'), past], {}, 'd_bij'), last], {}, 'd_index');
-  const gathered = b.op('Gather', [priorTable(b, theta, d), b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32')], { axis: 0 }, 'prior_bsth');
+  // [positions, heads], so that Gather copies one row of H values per (item, i, j) here, where each item's rows
+  // start at its own position.
+  const table = b.op('Transpose', [priorTable(b, theta, d)], { perm: [1, 0] }, 'prior_table_mh');
+  const gathered = b.op('Gather', [table, b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32')], { axis: 0 }, 'prior_bsth');
   let bias = b.op('Transpose', [gathered], { perm: [0, 3, 1, 2] }, 'prior');
   if (factor) bias = b.op('Mul', [bias, factor], {}, 'prior_scaled');
   return dtype === DataType.FLOAT ? bias : b.op('Cast', [bias], { to: dtype }, 'prior_cast');
+}
+
+/**
+ * The table [H, Tq + Tk − 1] laid out as B [H, Tq, Tk] (see Positions): by two Gathers of blocks of K ≥ 8 keys
+ * ([H, Tq, Tk / K, K]), or else by a Gather of H values per (i, j) from the table transposed, and a Transpose. Each
+ * branch ends in the op that writes its result (onnxruntime copies a branch's output that a Reshape made), and one
+ * Reshape after the If, which onnxruntime does without a copy, makes both [H, Tq, Tk].
+ */
+function layoutPrior(b: Builder, table: string, pos: Positions): string {
+  const blocks = b.branch('prior_blocks', (sb) =>
+    sb.op('Gather', [sb.op('Gather', [table, pos.windows], { axis: 1 }, 'prior_windows'), pos.blocks], { axis: 1 }, 'prior_gathered'), DataType.FLOAT);
+  const pairs = b.branch('prior_pairs', (sb) => {
+    const byPosition = sb.op('Transpose', [table], { perm: [1, 0] }, 'prior_table_mh');
+    return sb.op('Transpose', [sb.op('Gather', [byPosition, pos.blocks], { axis: 0 }, 'prior_ijh')], { perm: [2, 0, 1] }, 'prior_laid');
+  }, DataType.FLOAT);
+  const laid = b.op('If', [pos.blocked], { then_branch: { graph: blocks }, else_branch: { graph: pairs } }, 'prior_layout');
+  return b.op('Reshape', [laid, pos.shape], {}, 'prior');
 }
 
 /**
@@ -78,10 +103,9 @@ export function insertPrior(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (!heads) throw new InputError(`layer ${site.layer}: a positional prior needs the head count (${site.heads.reason})`);
   if (site.logitsRank !== 3 && site.logitsRank !== 4) throw new InputError(`layer ${site.layer}: a positional prior needs logits of known rank 3 or 4`);
   const pos = ctx.sources.positions(site);
-  const row = (x: string, name: string): string => b.op('Reshape', [x, b.int64('head_row', [1, -1])], {}, name);
-  let table = priorTable(b, theta, pos.d);
-  if (factor?.perHead) table = b.op('Mul', [table, row(factor.tensor, 'factor_row')], {}, 'prior_table_scaled');
-  let bias = b.op('Transpose', [b.op('Gather', [table, pos.index], { axis: 0 }, 'prior_ijh')], { perm: [2, 0, 1] }, 'prior');
+  const headScale = factor?.perHead ? b.op('Reshape', [factor.tensor, b.int64('head_vector', [-1])], {}, 'factor_heads') : undefined;
+  const table = priorTable(b, theta, pos.d, headScale);
+  let bias = layoutPrior(b, table, pos);
   const consumer = site.consumer;
   const current = consumer.node.input[consumer.index];
   if (site.logitsRank === 3) bias = tileOverBatch(b, bias, current, heads);
