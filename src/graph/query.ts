@@ -20,11 +20,20 @@ export type Visit<T> = (tensor: string, producer: NodeProto | undefined) => T | 
 
 export class Query {
   private readonly tables = new Map<string, Map<string, unknown>>();
+  /** What each node reads (readsOf), once: a node holding a subgraph would otherwise be scanned at every visit. */
+  private readonly reads = new Map<NodeProto, string[]>();
 
   constructor(private readonly graph: Graph) {}
 
   forget(): void {
     this.tables.clear();
+    this.reads.clear();
+  }
+
+  private readsOf(node: NodeProto): string[] {
+    let r = this.reads.get(node);
+    if (!r) this.reads.set(node, (r = readsOf(node)));
+    return r;
   }
 
   /**
@@ -46,11 +55,11 @@ export class Query {
         if (v !== undefined || !p || opInfo(p).shapeOnly) { memo.set(t, v ?? null); stack.pop(); continue; }
         open.add(t);
         // A name on the current path again would be a cycle: it adds nothing.
-        const pending = readsOf(p).filter((i) => !memo!.has(i) && !open.has(i));
+        const pending = this.readsOf(p).filter((i) => !memo!.has(i) && !open.has(i));
         if (pending.length) { stack.push(...pending.reverse()); continue; }
       }
       let found: T | null = null;
-      for (const i of readsOf(p!)) {
+      for (const i of this.readsOf(p!)) {
         const r = memo.get(i);
         if (r !== undefined && r !== null) { found = r; break; }
       }
