@@ -50,7 +50,7 @@ function shapeSources(site: AttentionSite): [string, string] {
  * the [Tq, Tk] index of d_ij in the table, which the per-(i, j) layout reads.
  */
 export interface Positions {
-  /** [Tq + Tk − 1, 1] float: every d from 1 − Tk to Tq − 1, as a column. */
+  /** [1, Tq + Tk − 1] float: every d from 1 − Tk to Tq − 1, as a row. */
   d: string;
   /** bool scalar: K ≥ 8 (else K = 1). */
   blocked: string;
@@ -120,7 +120,7 @@ export class NSources {
     const rows = column(b.op('Range', [zero, tq, one], {}, 'rows'), 'row_column');
     const blocks = b.op('Add', [b.op('Sub', [starts, rows], {}, 'block_minus_row'), b.op('Sub', [tq, one], {}, 'tq_minus_1')], {}, 'blocks');
     return {
-      d: b.op('Reshape', [b.op('Cast', [d], { to: DataType.FLOAT }, 'd'), b.int64('column', [-1, 1])], {}, 'd_column'),
+      d: row(b.op('Cast', [d], { to: DataType.FLOAT }, 'd'), 'd_row'),
       blocked: b.op('Less', [one, block], {}, 'blocked'),
       windows: b.op('Cast', [windows], { to: DataType.INT32 }, 'windows_i32'),
       blocks: b.op('Cast', [blocks], { to: DataType.INT32 }, 'blocks_i32'),

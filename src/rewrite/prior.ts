@@ -25,7 +25,7 @@ export function thetaConstants(b: Builder, theta: LayerTheta): ThetaTensors {
 }
 
 /**
- * B over relative positions: −exp(θα)·(|d − μ| + 1e-5)^θβ for a column of positions d [M, 1], as [H, M] (one row
+ * B over relative positions: −exp(θα)·(|d − μ| + 1e-5)^θβ for a row of positions d [1, M], as [H, M] (one row
  * per head), times `headScale` [H] when given (a factor that is one value per head). Every broadcast of a head's θ
  * runs along a contiguous row: onnxruntime's elementwise kernels take an [M, H] layout with a [1, H] row at a few
  * ns per value, which decoding with a long cache pays in every layer. The power is exp(θβ·ln x) (x > 0 always),
@@ -34,8 +34,7 @@ export function thetaConstants(b: Builder, theta: LayerTheta): ThetaTensors {
 function priorTable(b: Builder, theta: ThetaTensors, d: string, headScale?: string): string {
   const column = (x: string, name: string): string => b.op('Reshape', [x, b.int64('head_column', [-1, 1])], {}, name);
   const mu = b.op('Sub', [b.op('Exp', [theta.mu], {}, 'exp_mu'), b.op('Exp', [b.op('Neg', [theta.mu], {}, 'neg_mu')], {}, 'exp_neg_mu')], {}, 'mu');
-  const dRow = b.op('Reshape', [d, b.int64('position_row', [1, -1])], {}, 'd_row');
-  const distance = b.op('Abs', [b.op('Sub', [dRow, column(mu, 'mu_column')], {}, 'd_minus_mu')], {}, 'distance');
+  const distance = b.op('Abs', [b.op('Sub', [d, column(mu, 'mu_column')], {}, 'd_minus_mu')], {}, 'distance');
   const logDistance = b.op('Log', [b.op('Add', [distance, b.constant('eps', DataType.FLOAT, [], [1e-5])], {}, 'distance_eps')], {}, 'log_distance');
   const powered = b.op('Exp', [b.op('Mul', [logDistance, column(theta.beta, 'beta_column')], {}, 'beta_log_distance')], {}, 'distance_pow');
   let scale = b.op('Neg', [b.op('Exp', [theta.alpha], {}, 'exp_alpha')], {}, 'prior_scale');
@@ -60,7 +59,7 @@ export function fusedPrior(b: Builder, theta: ThetaTensors, at: BiasPositions, f
   const last = b.op('Sub', [at.T, one], {}, 'last_key');
   const range = (from: string, to: string, name: string): string => b.op('Range', [from, to, one], {}, name);
   const d = b.op('Reshape', [b.op('Cast', [range(b.op('Neg', [last], {}, 'first_d'), at.T, 'd_range')], { to: DataType.FLOAT }, 'd'),
-    b.int64('column', [-1, 1])], {}, 'd_column');
+    b.int64('row_shape', [1, -1])], {}, 'd_row');
   const zero = b.int64('zero', [0], true);
   const keys = b.op('Reshape', [range(zero, at.T, 'keys'), b.int64('keys_shape', [1, 1, -1])], {}, 'key_pos');
   const rows = b.op('Reshape', [range(zero, at.S, 'rows'), b.int64('rows_shape', [1, -1, 1])], {}, 'row_pos');
