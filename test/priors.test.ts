@@ -121,8 +121,8 @@ describe('priors through the journal', () => {
 });
 
 describe('the prior tensor B, laid out by blocks of keys', () => {
-  // Each (Tq, past) picks another block size K (the largest of 64 … 8 dividing Tk, at most Tq and √(1.25·Tk), else 1).
-  const runs: [number, number, number][] = [[256, 0, 16], [225, 0, 15], [40, 24, 8], [20, 28, 1], [5, 95, 1], [1, 100, 1], [7, 0, 1], [67, 0, 1]];
+  // Each (Tq, past) picks another block size K (the largest of 64 … 8 dividing Tk, at most Tq and 2·√Tk, else 1).
+  const runs: [number, number, number][] = [[256, 0, 32], [225, 0, 25], [40, 24, 16], [20, 28, 12], [8, 56, 8], [5, 95, 1], [1, 100, 1], [7, 0, 1], [67, 0, 1]];
   const theta: LayerTheta = { alpha: [-0.5, 0, 0.3, -1], beta: [0.8, 1.3, 0, 2], mu: [0, 0.2, -0.2, 0.4] };
   const { model } = patchModel(readModel(path.join(TORCH, 'gpt2_past.onnx')), { preset: 'none', prior: 'ggd', priorTheta: { theta_alpha: theta.alpha, theta_beta: theta.beta, theta_mu: theta.mu } });
   const nodes = new Graph(model.graph!).nodes;

@@ -76,18 +76,21 @@ export function fusedPrior(b: Builder, theta: ThetaTensors, at: BiasPositions, f
 }
 
 /**
- * The table [H, Tq + Tk − 1] laid out as B [H, Tq, Tk] (see Positions): by two Gathers of blocks of K ≥ 8 keys
- * ([H, Tq, Tk / K, K]), or else by a Gather of H values per (i, j) from the table transposed, and a Transpose. Each
+ * The table [H, Tq + Tk − 1] laid out as B [H, Tq, Tk] (see Positions): by a Gather of every K-wide window
+ * (H values per index, from the table transposed; then transposed to [H, windows, K]) and a Gather of blocks of
+ * K ≥ 8 keys ([H, Tq, Tk / K, K]), or else by a Gather of H values per (i, j) and a Transpose. Each
  * branch ends in the op that writes its result (onnxruntime copies a branch's output that a Reshape made), and one
  * Reshape after the If, which onnxruntime does without a copy, makes both [H, Tq, Tk].
  */
 function layoutPrior(b: Builder, table: string, pos: Positions): string {
-  const blocks = b.branch('prior_blocks', (sb) =>
-    sb.op('Gather', [sb.op('Gather', [table, pos.windows], { axis: 1 }, 'prior_windows'), pos.blocks], { axis: 1 }, 'prior_gathered'), DataType.FLOAT);
-  const pairs = b.branch('prior_pairs', (sb) => {
-    const byPosition = sb.op('Transpose', [table], { perm: [1, 0] }, 'prior_table_mh');
-    return sb.op('Transpose', [sb.op('Gather', [byPosition, pos.blocks], { axis: 0 }, 'prior_ijh')], { perm: [2, 0, 1] }, 'prior_laid');
+  // [positions, H]: each index below copies a head's row of H values, not one value.
+  const byPosition = b.op('Transpose', [table], { perm: [1, 0] }, 'prior_table_mh');
+  const blocks = b.branch('prior_blocks', (sb) => {
+    const windows = sb.op('Transpose', [sb.op('Gather', [byPosition, pos.windows], { axis: 0 }, 'prior_windows_skh')], { perm: [2, 0, 1] }, 'prior_windows');
+    return sb.op('Gather', [windows, pos.blocks], { axis: 1 }, 'prior_gathered');
   }, DataType.FLOAT);
+  const pairs = b.branch('prior_pairs', (sb) =>
+    sb.op('Transpose', [sb.op('Gather', [byPosition, pos.blocks], { axis: 0 }, 'prior_ijh')], { perm: [2, 0, 1] }, 'prior_laid'), DataType.FLOAT);
   const laid = b.op('If', [pos.blocked], { then_branch: { graph: blocks }, else_branch: { graph: pairs } }, 'prior_layout');
   return b.op('Reshape', [laid, pos.shape], {}, 'prior');
 }
