@@ -114,9 +114,22 @@ export const LATENCY_CASES: LatencyCase[] = [
   { label: 'GPT-2 fused Attention 12L×768, decode 1 token, KV cache 1024', config: WIDE, seq: 1, past: 1024, pairs: 120, model: 'fused' },
 ];
 
-/** The same cases with a positional prior (BAM's GGD, neutral θ) added to SSMax: the prior's cost. */
-const PRIOR: PatchOptions = { trainLen: 1024, prior: 'ggd' };
-LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({ ...c, label: `${c.label}, + ggd prior`, patch: PRIOR })));
+/**
+ * θ that differs per layer and head, as after fine-tuning. With the neutral θ = 0 in every layer onnxruntime shares
+ * the equal θ initializers and merges the layers' identical prior computations, which a real model never allows.
+ */
+function trainedTheta(cfg: DecoderConfig): PatchOptions['priorTheta'] {
+  const per = (f: (l: number, h: number) => number): number[][] =>
+    Array.from({ length: cfg.layers }, (_, l) => Array.from({ length: cfg.heads }, (_, h) => f(l, h)));
+  return {
+    theta_alpha: per((l, h) => -1 - 0.01 * (l * cfg.heads + h)), theta_beta: per((l, h) => 0.5 + 0.01 * (l + h)), theta_mu: per((l, h) => 0.001 * (l - h)),
+  };
+}
+
+/** The same cases with a positional prior (BAM's GGD, θ differing per layer and head) added to SSMax: the prior's cost. */
+LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({
+  ...c, label: `${c.label}, + ggd prior`, patch: { trainLen: 1024, prior: 'ggd', priorTheta: trainedTheta(c.config) },
+})));
 
 export async function latencyTable(filter?: RegExp): Promise<string> {
   const rows = [
