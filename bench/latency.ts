@@ -5,9 +5,11 @@
  */
 import * as fs from 'node:fs';
 import * as ort from 'onnxruntime-node';
+import { makeTensor } from '../src/graph/tensor';
 import { readModel, serializeModel } from '../src/io/model-file';
+import { DataType, encodeModel, ModelProto, NodeProto } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
-import { DecoderConfig, decoderFile } from './decoder';
+import { buildDecoder, DecoderConfig, decoderFile } from './decoder';
 import { fusedGpt2File } from './fused-gpt2';
 
 export interface LatencyCase {
@@ -20,6 +22,8 @@ export interface LatencyCase {
   patch?: PatchOptions;
   /** `plain`: the decoder of plain ops (decoder.ts); `fused`: GPT-2 with com.microsoft Attention (fused-gpt2.ts). */
   model?: 'plain' | 'fused';
+  /** Instead of a patch, the plain decoder with the least an exact prior must add (floorModel). */
+  floor?: 'prior' | 'ssmax-prior';
 }
 
 export interface LatencyResult {
@@ -72,7 +76,8 @@ async function timed(session: ort.InferenceSession, input: Record<string, ort.Te
 export async function measureLatency(c: LatencyCase): Promise<LatencyResult> {
   const file = c.model === 'fused' ? fusedGpt2File(c.config) : decoderFile(c.config);
   const original = fs.readFileSync(file);
-  const patched = serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
+  const patched = c.floor ? encodeModel(floorModel(c.config, c.floor === 'ssmax-prior'))
+    : serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
   // Default session options (graph optimisations, threads); only warnings are silenced.
   const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
   const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
@@ -130,6 +135,49 @@ function trainedTheta(cfg: DecoderConfig): PatchOptions['priorTheta'] {
 LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({
   ...c, label: `${c.label}, + ggd prior`, patch: { trainLen: 1024, prior: 'ggd', priorTheta: trainedTheta(c.config) },
 })));
+
+/**
+ * The least an exact prior can add at a layer, to set the patched model's cost against: a [1, H, Tq, Tk] tensor
+ * written by an Expand (the cheapest op that writes one; a prior must write its B, which differs per layer) and added
+ * to the scores before the mask; with `rowFactor`, multiplied first by one value per row, as SSMax's causal factor
+ * multiplies B. Each layer expands its own values, so onnxruntime cannot share one tensor across layers.
+ */
+function floorModel(cfg: DecoderConfig, rowFactor: boolean): ModelProto {
+  const model = buildDecoder(cfg);
+  const g = model.graph;
+  if (!g) throw new Error('the decoder has no graph');
+  const op = (opType: string, input: string[], output: string, axis?: number): NodeProto => ({
+    opType, domain: '', input, output: [output], name: output,
+    attribute: axis === undefined ? [] : [{ name: 'axis', type: 2, i: axis, floats: [], ints: [], strings: [], tensors: [], graphs: [] }],
+  });
+  g.initializer.push(makeTensor('floor_one', DataType.INT64, [1], [1]), makeTensor('floor_rows', DataType.INT64, [1], [-2]),
+    makeTensor('floor_keys', DataType.INT64, [1], [-1]));
+  for (let l = 0; l < cfg.layers; l++) {
+    const p = `l${l}_floor_`;
+    const at = g.node.findIndex((n) => n.output[0] === `l${l}_masked`);
+    const scores = g.node[at].input[0];
+    const values = Array.from({ length: cfg.heads }, (_, h) => 0.01 * (l * cfg.heads + h + 1));
+    g.initializer.push(makeTensor(`${p}value`, DataType.FLOAT, [1, cfg.heads, 1, 1], values));
+    const added = [op('Shape', [scores], `${p}shape`), op('Expand', [`${p}value`, `${p}shape`], `${p}bias`)];
+    let bias = `${p}bias`;
+    if (rowFactor) {
+      g.initializer.push(makeTensor(`${p}row_value`, DataType.FLOAT, [1, 1], [1 + 0.01 * l]));
+      added.push(op('Slice', [`${p}shape`, 'floor_rows', 'floor_keys'], `${p}tq`), op('Concat', [`${p}tq`, 'floor_one'], `${p}row_shape`, 0));
+      added.push(op('Expand', [`${p}row_value`, `${p}row_shape`], `${p}row`), op('Mul', [bias, `${p}row`], `${p}scaled`));
+      bias = `${p}scaled`;
+    }
+    added.push(op('Add', [scores, bias], `${p}added`));
+    g.node[at].input[0] = `${p}added`;
+    g.node.splice(at, 0, ...added);
+  }
+  return model;
+}
+
+/** At 4096 tokens, the least any exact layout of the prior can cost (see floorModel), measured like the patches. */
+LATENCY_CASES.push(
+  { label: '4L×256, seq 4096, floor of a prior (Expand + Add)', config: ATTENTION_HEAVY, seq: 4096, past: 0, pairs: 16, floor: 'prior' },
+  { label: '4L×256, seq 4096, floor of SSMax + prior (Expand + Mul by rows + Add)', config: ATTENTION_HEAVY, seq: 4096, past: 0, pairs: 16, floor: 'ssmax-prior' },
+);
 
 export async function latencyTable(filter?: RegExp): Promise<string> {
   const rows = [
