@@ -7,7 +7,7 @@
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
-import { chosenDefinition, ConstantDef, defTensor, defValue, repeatedConstants } from './duplicates';
+import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
@@ -108,7 +108,7 @@ export class Graph {
     for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.names.add(n);
     this.repeated.clear();
     for (const [name, defs] of repeatedConstants(this.proto)) {
-      const i = chosenDefinition(defs, defValue);
+      const i = chosenDefinition(defs);
       if (i !== null) this.repeated.set(name, defs[i]);
     }
   }
@@ -118,7 +118,7 @@ export class Graph {
     const def = this.repeated.get(name);
     if (def) return defTensor(def);
     const node = this.producer.get(name);
-    return node?.opType === 'Constant' ? constantNodeTensor(node) : this.initializers.get(name);
+    return node?.opType === 'Constant' ? defTensor({ node }) : this.initializers.get(name);
   }
 
   /** An index over a graph held in one of this graph's node attributes (names stay unique model-wide). */
@@ -291,11 +291,6 @@ export function attrInts(node: NodeProto, name: string): number[] | undefined {
 
 export function attrFloat(node: NodeProto, name: string): number | undefined {
   return attr(node, name)?.f;
-}
-
-/** The tensor of a Constant node's `value` attribute (the other forms are scalars or lists built on read). */
-function constantNodeTensor(node: NodeProto): TensorProto | undefined {
-  return node.attribute.find((a) => a.name === 'value')?.t;
 }
 
 function constantNodeValue(node: NodeProto): ConstTensor | null {
