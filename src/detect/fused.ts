@@ -160,7 +160,7 @@ function multiHead(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const tk: Term[] = [kv];
   if (present(node, 8)) tk.push({ input: 8, value: true });
   else if (present(node, 6)) tk.push({ input: 6, axis: 2 });
-  const mask = (attrInt(node, 'unidirectional') ?? 0) === 1
+  const mask = attrInt(node, 'unidirectional') === 1
     ? { causal: true, reason: 'causal: unidirectional=1' } : masksOf(ctx, node, [4, 5], 'no key_padding_mask or attention_bias');
   const deviation = kRank === 4 && present(node, 6) ? 'past_key given with 4-D key: the key length is ambiguous' : undefined;
   return {
@@ -183,7 +183,7 @@ function groupQuery(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const deviations: string[] = [];
   const softcap = attrFloat(node, 'softcap') ?? 0;
   if (softcap !== 0) deviations.push(`softcap=${softcap}: tanh capping after the factor is not SSMax`);
-  const sink = (attrInt(node, 'smooth_softmax') ?? 0) === 1 || present(node, 11);
+  const sink = attrInt(node, 'smooth_softmax') === 1 || present(node, 11);
   if (sink) deviations.push('attention sink (smooth_softmax / head_sink): the extra softmax term is not scaled with n');
   const qNorm = present(node, 14) || present(node, 15);
   if (qNorm) deviations.push('q_norm_weight: the kernel RMS-normalises Q after the point where the factor goes, undoing it');
@@ -205,7 +205,7 @@ function decoderMasked(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
   const packed = !present(node, 1);
   const kRank = rankOf(ctx, node, 1);
   const cross = !packed && (kRank === 4 || (kRank === undefined && !present(node, 5)));
-  const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
+  const share = attrInt(node, 'past_present_share_buffer') === 1;
   let tk: Term[];
   if (cross) tk = [{ input: 1, axis: 2 }];
   else if (share && present(node, 7)) tk = [{ input: 7, value: true }, { input: 0, axis: 1 }];
@@ -230,7 +230,7 @@ function decoderMasked(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
  * causal or masked node needs n per row and per item: it is expanded into its projection and MultiHeadAttention.
  */
 function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
-  const share = (attrInt(node, 'past_present_share_buffer') ?? 0) === 1;
+  const share = attrInt(node, 'past_present_share_buffer') === 1;
   if (present(node, 6) && !share) {
     return { reason: 'com.microsoft Attention with input 6 (separate key, or past_sequence_length without a shared buffer) is not handled' };
   }
@@ -241,14 +241,14 @@ function msAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
     tk.push({ input: 4, axis: 3 });
     if (share) deviations.push('shared past/present buffer without past_sequence_length: its length is not the sequence length');
   }
-  const unidirectional = (attrInt(node, 'unidirectional') ?? 0) === 1;
+  const unidirectional = attrInt(node, 'unidirectional') === 1;
   const mask = present(node, 3) ? 3 : undefined;
   const maskRank = mask === undefined ? undefined : rankOf(ctx, node, mask);
   if (mask !== undefined && (maskRank === undefined || maskRank < 1 || maskRank > 4)) {
     return { reason: 'com.microsoft Attention: mask_index of unknown rank, so its format (lengths, raw 2-D, 3-D, 4-D) cannot be told' };
   }
   if (maskRank === 4 && unidirectional) return { reason: 'com.microsoft Attention: a 4-D (Megatron) mask_index with unidirectional=1 is invalid for this operator' };
-  const rotary = (attrInt(node, 'do_rotary') ?? 0) === 1;
+  const rotary = attrInt(node, 'do_rotary') === 1;
   const perRow = unidirectional || mask !== undefined;
   if (perRow && rotary) {
     deviations.push(`do_rotary=1 with ${unidirectional ? 'causal masking' : 'a mask_index'}: the kernel rotates Q after projecting it, so Q cannot `
@@ -282,7 +282,7 @@ function onnxAttentionOp(ctx: Scope, node: NodeProto): ReturnType<Matcher> {
     : h ? { heads: h, axis: 1, reason: `declared shape of Q has ${h} heads at axis 1` } : { axis: 1, reason: 'heads are axis 1 of Q; its size is not declared' };
   const tk: Term[] = [{ input: 1, axis: kRank === 3 ? 1 : 2 }];
   if (present(node, 4)) tk.push({ input: 4, axis: 2 });
-  const isCausal = (attrInt(node, 'is_causal') ?? 0) === 1;
+  const isCausal = attrInt(node, 'is_causal') === 1;
   const mask: MaskVerdict = isCausal ? { causal: true, reason: 'causal: is_causal=1' } : masksOf(ctx, node, [3], 'no attn_mask');
   let n: NPlan;
   if (present(node, 6)) n = { kind: 'lengths', lengths: 6, plusOne: false, causal: mask.causal };

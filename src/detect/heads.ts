@@ -38,7 +38,7 @@ export function inferHeads(graph: Graph, query: string, logitsRank: number | und
   if (logitsRank !== 3 && logitsRank !== 4) return { reason: 'rank of the logits unknown' };
   const axis = logitsRank === 4 ? 1 : 0;
   // In [B·H, Tq, Tk] logits the heads are the inner part of axis 0; we look for them at axis 1 of the 4-D source.
-  const start = extra.queryAxis ?? (logitsRank === 4 ? 1 : 0);
+  const start = extra.queryAxis ?? axis;
   const found = traceHeadAxis(graph, query, start, logitsRank === 3 && extra.queryAxis === undefined, shapes);
   if (found) return { heads: found.heads, axis, reason: found.reason };
   const declared = logitsRank === 4 && extra.logits ? declaredDim(graph, extra.logits, 1) : undefined;

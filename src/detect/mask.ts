@@ -46,8 +46,7 @@ export function causalEvidence(graph: Graph, mask: string): string | null {
 /** True when the last two axes hold a lower-triangular keep pattern (bool/0-1 keep mask or additive mask). */
 export function isTriangular(t: ConstTensor): boolean {
   if (t.dims.length < 2) return false;
-  const rows = t.dims[t.dims.length - 2];
-  const cols = t.dims[t.dims.length - 1];
+  const [rows, cols] = t.dims.slice(-2);
   if (rows < 2 || cols < 2) return false;
   const additive = t.values.some((v) => v < -1);
   const keep = (v: number): boolean => (additive ? v > -1 : v !== 0);

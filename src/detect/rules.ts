@@ -8,7 +8,7 @@ import { nodeLabel } from '../graph/graph';
 import { calledFunction, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import type { AttentionSite } from './find-attention';
-import { FusedSite, msAttention, msDmmha, msGqa, msMultiHead, onnxAttention, unsupportedFused } from './fused';
+import { FusedMatch, msAttention, msDmmha, msGqa, msMultiHead, onnxAttention, unsupportedFused } from './fused';
 import { einsumQk, matmulQk, opset11Reshape } from './softmax';
 
 /** `forced`: the user accepts this node's refusal (--force-site). */
@@ -17,7 +17,7 @@ export interface RuleContext { model: ModelProto; scope: Scope; forced: boolean 
 /** The site as detection reports it, before layers and scopes are numbered. */
 export type Found =
   | { kind: 'softmax'; site: Omit<AttentionSite, 'layer' | 'scope' | 'rule'> }
-  | { kind: 'fused'; site: Omit<FusedSite, 'layer' | 'scope' | 'rule'> }
+  | { kind: 'fused'; site: FusedMatch }
   | { kind: 'call'; node: NodeProto; fn: FunctionProto };
 
 /** `steps`: checks passed before the stop; `attention`: refused attention, not some other Softmax. */

@@ -42,18 +42,17 @@ const sameValue = (a: ConstTensor | null, b: ConstTensor | null): boolean => a !
 
 /**
  * The index of the definition onnxruntime uses, or null when their sizes straddle its threshold and their values
- * differ (then which one it uses is not defined). `value` reads a definition's values.
+ * differ (then which one it uses is not defined).
  */
-export function chosenDefinition(defs: ConstantDef[], value: (d: ConstantDef) => ConstTensor | null): number | null {
+export function chosenDefinition(defs: ConstantDef[]): number | null {
   const small = defs.map((d) => bytesOf(d) < SMALL_BYTES);
   if (small.every(Boolean)) return defs.length - 1;
   if (!small.some(Boolean)) return 0;
-  const first = value(defs[0]);
-  return defs.every((d) => sameValue(value(d), first)) ? defs.length - 1 : null;
+  const first = defValue(defs[0]);
+  return defs.every((d) => sameValue(defValue(d), first)) ? defs.length - 1 : null;
 }
 
-/** Values of a definition, for comparing definitions. */
-export function defValue(d: ConstantDef): ConstTensor | null {
+function defValue(d: ConstantDef): ConstTensor | null {
   const t = defTensor(d);
   return t ? readTensor(t) : null;
 }

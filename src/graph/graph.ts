@@ -7,7 +7,7 @@
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
-import { chosenDefinition, ConstantDef, defTensor, defValue, repeatedConstants } from './duplicates';
+import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
@@ -108,7 +108,7 @@ export class Graph {
     for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.names.add(n);
     this.repeated.clear();
     for (const [name, defs] of repeatedConstants(this.proto)) {
-      const i = chosenDefinition(defs, defValue);
+      const i = chosenDefinition(defs);
       if (i !== null) this.repeated.set(name, defs[i]);
     }
   }
@@ -118,7 +118,7 @@ export class Graph {
     const def = this.repeated.get(name);
     if (def) return defTensor(def);
     const node = this.producer.get(name);
-    return node?.opType === 'Constant' ? constantNodeTensor(node) : this.initializers.get(name);
+    return node?.opType === 'Constant' ? defTensor({ node }) : this.initializers.get(name);
   }
 
   /** An index over a graph held in one of this graph's node attributes (names stay unique model-wide). */
@@ -131,6 +131,7 @@ export class Graph {
   }
 
   // ---- Edits: each keeps the index live and forgets remembered answers. The caller sorts the scope afterwards.
+  // Values of constants stay remembered (they may be external data) unless the edit replaces or removes them.
 
   /** Appends a node; its outputs and reads join the index. */
   insertNode(node: NodeProto): void {
@@ -138,7 +139,7 @@ export class Graph {
     if (node.name) this.nodeNames.add(node.name);
     for (const out of node.output) if (out) this.producer.set(out, node);
     for (const name of node.input) this.addConsumer(name, node);
-    this.edited();
+    this.query.forget();
   }
 
   /** Points input `index` of `node` at `name`, padding skipped optional inputs with ''. */
@@ -148,7 +149,7 @@ export class Graph {
     node.input[index] = name;
     if (old && !node.input.includes(old)) this.consumers.set(old, this.consumersOf(old).filter((n) => n !== node));
     this.addConsumer(name, node);
-    this.edited();
+    this.query.forget();
   }
 
   /** Removes nodes from the graph and the index. */
@@ -158,14 +159,14 @@ export class Graph {
       for (const out of node.output) if (this.producer.get(out) === node) this.producer.delete(out);
       for (const name of new Set(node.input)) if (name) this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
     }
-    this.edited();
+    this.query.forget();
   }
 
   addInitializer(t: TensorProto): void {
     this.proto.initializer.push(t);
     this.initializers.set(t.name, t);
     this.names.add(t.name);
-    this.edited();
+    this.query.forget();
   }
 
   /** Replaces an initializer in place (same position), e.g. new values for s. */
@@ -176,14 +177,14 @@ export class Graph {
     list[i] = t;
     this.initializers.set(t.name, t);
     this.constCache.delete(t.name);
-    this.edited();
+    this.query.forget();
   }
 
   removeInitializer(name: string): void {
     this.proto.initializer = this.proto.initializer.filter((t) => t.name !== name);
     this.initializers.delete(name);
     this.constCache.delete(name);
-    this.edited();
+    this.query.forget();
   }
 
   addInput(v: ValueInfoProto): void {
@@ -191,24 +192,19 @@ export class Graph {
     this.inputs.add(v.name);
     this.valueInfo.set(v.name, v);
     this.names.add(v.name);
-    this.edited();
+    this.query.forget();
   }
 
   removeInput(name: string): void {
     this.proto.input = this.proto.input.filter((v) => v.name !== name);
     this.inputs.delete(name);
-    this.edited();
+    this.query.forget();
   }
 
   private addConsumer(name: string, node: NodeProto): void {
     if (!name) return;
     const list = this.consumersOf(name);
     if (!list.includes(node)) this.consumers.set(name, [...list, node]);
-  }
-
-  /** Constants stay what they were (their values are remembered: they may be external data); answers are forgotten. */
-  private edited(): void {
-    this.query.forget();
   }
 
   /** A name not yet used by any tensor or node of this graph. */
@@ -260,14 +256,6 @@ export class Graph {
     if (init) return init.dataType;
     return this.valueInfo.get(name)?.type?.tensorType?.elemType || undefined;
   }
-
-  /** Declared rank of a tensor, if any. */
-  declaredRank(name: string): number | undefined {
-    const init = this.initializers.get(name);
-    if (init) return init.dims.length;
-    const shape = this.valueInfo.get(name)?.type?.tensorType?.shape;
-    return shape ? shape.dim.length : undefined;
-  }
 }
 
 /** How reports and messages name a node: its name, or its op and first output when it has none. */
@@ -293,11 +281,6 @@ export function attrFloat(node: NodeProto, name: string): number | undefined {
   return attr(node, name)?.f;
 }
 
-/** The tensor of a Constant node's `value` attribute (the other forms are scalars or lists built on read). */
-function constantNodeTensor(node: NodeProto): TensorProto | undefined {
-  return node.attribute.find((a) => a.name === 'value')?.t;
-}
-
 function constantNodeValue(node: NodeProto): ConstTensor | null {
   const a = node.attribute[0];
   if (!a) return null;
@@ -311,10 +294,5 @@ function constantNodeValue(node: NodeProto): ConstTensor | null {
 
 /** Every graph held in a node's attributes (If branches, Loop/Scan bodies, contrib-op subgraphs). */
 export function subgraphsOf(node: NodeProto): GraphProto[] {
-  const out: GraphProto[] = [];
-  for (const a of node.attribute) {
-    if (a.g) out.push(a.g);
-    if (a.graphs?.length) out.push(...a.graphs);
-  }
-  return out;
+  return node.attribute.flatMap((a) => [...(a.g ? [a.g] : []), ...(a.graphs ?? [])]);
 }

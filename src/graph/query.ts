@@ -42,8 +42,8 @@ export class Query {
    */
   first<T>(key: string, name: string, visit: Visit<T>): T | undefined {
     if (!name) return undefined;
-    let memo = this.tables.get(key) as Map<string, T | null> | undefined;
-    if (!memo) this.tables.set(key, (memo = new Map()));
+    const memo = (this.tables.get(key) ?? new Map()) as Map<string, T | null>;
+    this.tables.set(key, memo);
     const stack = [name];
     const open = new Set<string>();
     while (stack.length) {
@@ -55,15 +55,11 @@ export class Query {
         if (v !== undefined || !p || opInfo(p).shapeOnly) { memo.set(t, v ?? null); stack.pop(); continue; }
         open.add(t);
         // A name on the current path again would be a cycle: it adds nothing.
-        const pending = this.readsOf(p).filter((i) => !memo!.has(i) && !open.has(i));
+        const pending = this.readsOf(p).filter((i) => !memo.has(i) && !open.has(i));
         if (pending.length) { stack.push(...pending.reverse()); continue; }
       }
-      let found: T | null = null;
-      for (const i of this.readsOf(p!)) {
-        const r = memo.get(i);
-        if (r !== undefined && r !== null) { found = r; break; }
-      }
-      memo.set(t, found);
+      const found = this.readsOf(p!).map((i) => memo.get(i)).find((r) => r !== undefined && r !== null);
+      memo.set(t, found ?? null);
       open.delete(t);
       stack.pop();
     }

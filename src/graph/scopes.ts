@@ -42,9 +42,8 @@ export function calledFunction(model: ModelProto, node: NodeProto): FunctionProt
 export function modelScopes(model: ModelProto): Scope[] {
   const registry = collectNames(model);
   const opset = defaultOpsetOf(model.opsetImport);
-  const scopes: Scope[] = [];
   const main = graphScope('main', 'main', model.graph!, opset, registry);
-  scopes.push(main, ...subScopes(main, registry));
+  const scopes = [main, ...subScopes(main, registry)];
   for (const fn of model.functions) {
     const fnScope = functionScope(model, fn, scopes, registry);
     scopes.push(fnScope, ...subScopes(fnScope, registry));
@@ -78,8 +77,7 @@ function subScopes(scope: Scope, registry: NameRegistry): Scope[] {
 }
 
 function graphsOf(a: AttributeProto): GraphProto[] {
-  if (a.g) return [a.g];
-  return a.graphs ?? [];
+  return a.g ? [a.g] : a.graphs ?? [];
 }
 
 /** A function body as a graph: no initializers, inputs untyped, constants only through Constant nodes. */
@@ -109,12 +107,8 @@ function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], r
  */
 function constantArguments(model: ModelProto, fn: FunctionProto, callers: Scope[]): Set<string> {
   const calls = callers.flatMap((s) => s.graph.nodes.filter((n) => calledFunction(model, n) === fn).map((n) => ({ n, s })));
-  const out = new Set<string>();
-  if (calls.length === 0) return out;
-  fn.input.forEach((name, i) => {
-    if (calls.every(({ n, s }) => n.input[i] && s.graph.isConstant(n.input[i]))) out.add(name);
-  });
-  return out;
+  if (calls.length === 0) return new Set();
+  return new Set(fn.input.filter((_name, i) => calls.every(({ n, s }) => n.input[i] && s.graph.isConstant(n.input[i]))));
 }
 
 /** Every tensor and node name of the model, in every graph and function. */

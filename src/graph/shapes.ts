@@ -53,11 +53,6 @@ export class Shapes {
     return this.graph.elemType(name) ?? this.types.get(name) ?? (this.graph.definesLocally(name) ? undefined : this.outer?.type(name));
   }
 
-  /** Every tensor whose rank is known, for callers that want a plain map. */
-  get ranks(): Map<string, number> {
-    return new Map([...this.syms].flatMap(([k, v]) => (v.shape ? [[k, v.shape.length] as [string, number]] : [])));
-  }
-
   private get(name: string): Sym {
     if (!name) return {};
     const known = this.syms.get(name);

@@ -19,34 +19,28 @@ export const float16ToNumber = (h: number): number => {
 
 const elementCount = (dims: number[]): number => dims.reduce((a, b) => a * b, 1);
 
+/** Per element type: the bytes of one element, and how to read the element at a byte offset (little-endian). */
+const RAW: Record<number, [number, (view: DataView, o: number) => number]> = {
+  [DataType.FLOAT]: [4, (v, o) => v.getFloat32(o, true)],
+  [DataType.DOUBLE]: [8, (v, o) => v.getFloat64(o, true)],
+  [DataType.INT32]: [4, (v, o) => v.getInt32(o, true)],
+  [DataType.INT64]: [8, (v, o) => Number(v.getBigInt64(o, true))],
+  [DataType.UINT64]: [8, (v, o) => Number(v.getBigUint64(o, true))],
+  [DataType.UINT32]: [4, (v, o) => v.getUint32(o, true)],
+  [DataType.INT16]: [2, (v, o) => v.getInt16(o, true)],
+  [DataType.UINT16]: [2, (v, o) => v.getUint16(o, true)],
+  [DataType.INT8]: [1, (v, o) => v.getInt8(o)],
+  [DataType.BOOL]: [1, (v, o) => v.getUint8(o)],
+  [DataType.UINT8]: [1, (v, o) => v.getUint8(o)],
+  [DataType.FLOAT16]: [2, (v, o) => float16ToNumber(v.getUint16(o, true))],
+  [DataType.BFLOAT16]: [2, (v, o) => bfloat16ToNumber(v.getUint16(o, true))],
+};
+
 function readRaw(raw: Uint8Array, dataType: number, count: number): number[] | null {
+  const [size, read] = RAW[dataType] ?? [];
+  if (!size || !read || raw.byteLength < size * count) return null;
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
-  const out: number[] = [];
-  const step: Record<number, number> = {
-    [DataType.FLOAT]: 4, [DataType.DOUBLE]: 8, [DataType.INT32]: 4, [DataType.INT64]: 8, [DataType.BOOL]: 1,
-    [DataType.UINT8]: 1, [DataType.INT8]: 1, [DataType.FLOAT16]: 2, [DataType.BFLOAT16]: 2, [DataType.INT16]: 2,
-    [DataType.UINT16]: 2, [DataType.UINT32]: 4, [DataType.UINT64]: 8,
-  };
-  const size = step[dataType];
-  if (!size || raw.byteLength < size * count) return null;
-  for (let i = 0; i < count; i++) {
-    const o = i * size;
-    switch (dataType) {
-      case DataType.FLOAT: out.push(view.getFloat32(o, true)); break;
-      case DataType.DOUBLE: out.push(view.getFloat64(o, true)); break;
-      case DataType.INT32: out.push(view.getInt32(o, true)); break;
-      case DataType.INT64: out.push(Number(view.getBigInt64(o, true))); break;
-      case DataType.UINT64: out.push(Number(view.getBigUint64(o, true))); break;
-      case DataType.UINT32: out.push(view.getUint32(o, true)); break;
-      case DataType.INT16: out.push(view.getInt16(o, true)); break;
-      case DataType.UINT16: out.push(view.getUint16(o, true)); break;
-      case DataType.INT8: out.push(view.getInt8(o)); break;
-      case DataType.BOOL: case DataType.UINT8: out.push(view.getUint8(o)); break;
-      case DataType.FLOAT16: out.push(float16ToNumber(view.getUint16(o, true))); break;
-      case DataType.BFLOAT16: out.push(bfloat16ToNumber(view.getUint16(o, true))); break;
-    }
-  }
-  return out;
+  return Array.from({ length: count }, (_, i) => read(view, i * size));
 }
 
 /**

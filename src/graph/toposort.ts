@@ -70,8 +70,7 @@ function kahn(deps: number[][], dependents: number[][], ready: Ready): number[] 
  * nodes in reverse topological order.
  */
 function placement(deps: number[][], dependents: number[][]): number[] {
-  const stack: number[] = [];
-  const order = kahn(deps, dependents, { push: (i) => stack.push(i), pop: () => stack.pop() });
+  const order = kahn(deps, dependents, []); // a plain stack: any topological order will do
   const priority = deps.map((_, i) => i);
   for (let k = order.length - 1; k >= 0; k--) {
     const i = order[k];

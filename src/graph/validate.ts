@@ -7,7 +7,7 @@
  */
 import { InputError } from '../errors';
 import { GraphProto, NodeProto } from '../io/onnx';
-import { chosenDefinition, ConstantDef, defValue, repeatedConstants } from './duplicates';
+import { chosenDefinition, ConstantDef, repeatedConstants } from './duplicates';
 import { nodeLabel, subgraphsOf } from './graph';
 import { readsOf, topoSort } from './toposort';
 
@@ -79,7 +79,7 @@ function definitions(g: GraphProto, where: string, findings: GraphFindings): Map
 
 function describeRepeated(name: string, defs: ConstantDef[]): string {
   const kinds = defs.map((d) => ('tensor' in d ? 'initializer' : `Constant node '${nodeLabel(d.node)}'`));
-  const chosen = chosenDefinition(defs, defValue);
+  const chosen = chosenDefinition(defs);
   if (chosen === null) {
     throw new InputError(`'${name}' is defined ${defs.length} times with different values (${kinds.join(', ')}), some under and some over `
       + "onnxruntime's 128-byte threshold, so which one it uses is not defined: keep one definition");
