@@ -6,8 +6,8 @@
  */
 import { InputError } from '../errors';
 import { EXTERNAL } from './constants';
-import { dataFile, externalRef, isExternal } from './external';
-import type { AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
+import { dataFile, externalRef, forAttributes, isExternal } from './external';
+import type { AttributeProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
 import {
   cloneTracked, ContainerOrigin, externalContext, headerOf, MessageOrigin, originOf, PAYLOAD_FIELDS, payloadIntact, StubOrigin,
 } from './origin';
@@ -302,12 +302,11 @@ function rewritesNodes(plan: EmitPlan): boolean {
 }
 
 function hasExternalTensor(attributes: AttributeProto[]): boolean {
-  return attributes.some((a) => [a.t, ...(a.tensors ?? [])].some((t) => t && isExternal(t))
-    || [a.g, ...(a.graphs ?? [])].some((g) => g && graphHasExternal(g)));
-}
-
-function graphHasExternal(g: GraphProto): boolean {
-  return g.initializer.some(isExternal) || g.node.some((n) => hasExternalTensor(n.attribute));
+  let found = false;
+  forAttributes(attributes, (t) => {
+    found ||= isExternal(t);
+  });
+  return found;
 }
 
 /** A copy of the node whose external attribute tensors are inlined or relocated; the node keeps its origin. */
@@ -322,17 +321,7 @@ function rewriteNodeTensors(node: NodeProto, plan: EmitPlan): NodeProto {
       t.externalData = [];
     } else t.externalData = t.externalData.map((kv) => (kv.key === 'location' ? { key: kv.key, value: plan.relocate!.get(file)! } : kv));
   };
-  const walk = (attributes: AttributeProto[]): void => {
-    for (const a of attributes) {
-      for (const t of [a.t, ...(a.tensors ?? [])]) if (t) fix(t);
-      for (const g of [a.g, ...(a.graphs ?? [])]) {
-        if (!g) continue;
-        g.initializer.forEach(fix);
-        for (const n of g.node) walk(n.attribute);
-      }
-    }
-  };
-  walk(copy.attribute);
+  forAttributes(copy.attribute, fix);
   return copy;
 }
 

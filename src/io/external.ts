@@ -30,7 +30,7 @@ function forGraph(g: GraphProto, fn: (t: TensorProto) => void): void {
   for (const n of g.node) forAttributes(n.attribute, fn);
 }
 
-function forAttributes(attributes: AttributeProto[], fn: (t: TensorProto) => void): void {
+export function forAttributes(attributes: AttributeProto[], fn: (t: TensorProto) => void): void {
   for (const a of attributes) {
     for (const t of [a.t, ...(a.tensors ?? [])]) if (t) fn(t);
     for (const g of [a.g, ...(a.graphs ?? [])]) if (g) forGraph(g, fn);

@@ -8,6 +8,7 @@
 import { createHash } from 'node:crypto';
 import { EXTERNAL, isKnownDataType, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto } from './onnx';
+import { forAttributes } from './external';
 import { definePayload, ModelContext, PAYLOAD_FIELDS, setExternalContext, setOrigin, StubOrigin } from './origin';
 import { allowedWireTypes, checkWireTree, decodeAs, encodeAs, encodeField, fieldName, TypeName } from './proto';
 import { MemorySource, Reader, Source } from './source';
@@ -215,15 +216,9 @@ function trackSubgraphs(node: NodeProto, r: Reader, e: Entry, ctx: ModelContext)
 
 /** Tensors with external data inside node attributes (Constant values, subgraph initializers). */
 function registerAttributeTensors(attributes: AttributeProto[], ctx: ModelContext): void {
-  for (const a of attributes) {
-    for (const t of [a.t, ...(a.tensors ?? [])]) if (t && t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-    for (const g of [a.g, ...(a.graphs ?? [])]) if (g) registerGraphTensors(g, ctx);
-  }
-}
-
-function registerGraphTensors(g: GraphProto, ctx: ModelContext): void {
-  for (const t of g.initializer) if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-  for (const n of g.node) registerAttributeTensors(n.attribute, ctx);
+  forAttributes(attributes, (t) => {
+    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
+  });
 }
 
 /** Recognises files that are something else, so the message can say what they are. */
