@@ -126,9 +126,14 @@ function decodeOrFail<T>(type: TypeName, bytes: Uint8Array, what: string): T {
 }
 
 function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, what: string): object {
-  if (type === 'TensorProto') return decodeTensor(r, e, ctx, what);
+  if (type === 'TensorProto' && e.end - e.data > EAGER_TENSOR_BYTES) return decodeStub(r, e, ctx, what);
   const el = decodeOrFail<object>(type, r.bytes(e.data, e.end), what);
   setOrigin(el, { kind: 'message', type, ctx, entry: e, canon: digest(encodeAs(type, el)) });
+  if (type === 'TensorProto') {
+    const t = el as TensorProto;
+    checkTensor(t, t.dataLocation === EXTERNAL ? undefined : t.rawData?.length, true);
+    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
+  }
   if (type === 'NodeProto') {
     trackSubgraphs(el as NodeProto, r, e, ctx);
     registerAttributeTensors((el as NodeProto).attribute, ctx);
@@ -137,14 +142,8 @@ function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, w
   return el;
 }
 
-function decodeTensor(r: Reader, e: Entry, ctx: ModelContext, what: string): TensorProto {
-  if (e.end - e.data <= EAGER_TENSOR_BYTES) {
-    const t = decodeOrFail<TensorProto>('TensorProto', r.bytes(e.data, e.end), what);
-    setOrigin(t, { kind: 'message', type: 'TensorProto', ctx, entry: e, canon: digest(encodeAs('TensorProto', t)) });
-    checkTensor(t, t.dataLocation === EXTERNAL ? undefined : t.rawData?.length, true);
-    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-    return t;
-  }
+/** A tensor too large to decode whole: its header is decoded, its data stays in the source. */
+function decodeStub(r: Reader, e: Entry, ctx: ModelContext, what: string): TensorProto {
   const fields = scanFields(r, e.data, e.end);
   for (const f of fields) checkWire('TensorProto', f);
   const header = fields.filter((f) => !PAYLOAD_FIELDS.has(f.field)).map((f) => r.bytes(f.start, f.end));
