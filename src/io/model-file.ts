@@ -13,7 +13,7 @@ import { originOf } from './origin';
 import { Progress } from './progress';
 import { decodeModelFrom, ModelFormatError } from './read';
 import { commit, commitAsync, Job, JobResult, PlaceJob } from './sink';
-import { FileSource, MemorySource, SourceChangedError } from './source';
+import { FileSource, MemorySource, Source, SourceChangedError } from './source';
 import { WireError } from './wire';
 
 /** The largest protobuf onnx and onnxruntime accept as one message. */
@@ -29,9 +29,7 @@ export interface ParseOptions {
 export function parseModel(bytes: Uint8Array, label: string, options: ParseOptions = {}): ModelProto {
   const dir = options.dir ? path.resolve(options.dir) : null;
   try {
-    const model = decodeModelFrom(new MemorySource(bytes, label), dir);
-    if (dir) checkExternalData(model, dir);
-    return model;
+    return decodeChecked(new MemorySource(bytes, label), dir);
   } catch (e) {
     throw readError(label, e);
   }
@@ -39,20 +37,19 @@ export function parseModel(bytes: Uint8Array, label: string, options: ParseOptio
 
 export function readModel(file: string): ModelProto {
   const abs = path.resolve(file);
-  let src: FileSource;
   try {
     if (!fs.statSync(abs).isFile()) throw new InputError(`${file}: not a file`);
-    src = new FileSource(abs);
+    return decodeChecked(new FileSource(abs), path.dirname(abs));
   } catch (e) {
     throw readError(file, e);
   }
-  try {
-    const model = decodeModelFrom(src, path.dirname(abs));
-    checkExternalData(model, path.dirname(abs));
-    return model;
-  } catch (e) {
-    throw readError(file, e);
-  }
+}
+
+/** Decodes the model and, when its folder is known, checks its external data. */
+function decodeChecked(src: Source, dir: string | null): ModelProto {
+  const model = decodeModelFrom(src, dir);
+  if (dir) checkExternalData(model, dir);
+  return model;
 }
 
 export interface SerializeOptions {
@@ -194,20 +191,19 @@ function checkFolder(label: string, dir: string): void {
 
 interface Placed {
   jobs: PlaceJob[];
-  relocate?: Map<string, string>;
+  relocate: Map<string, string>;
   report: { file: string; how: Placement }[];
 }
 
 /** Where the output's external data comes from: the same files in place, links, copies, or references. */
 function placeExternalData(model: ModelProto, outDir: string, mode: ExternalDataMode | undefined, inputs: string[], force?: boolean): Placed {
-  const placed: Placed = { jobs: [], report: [] };
-  const relocate = new Map<string, string>();
+  const placed: Placed = { jobs: [], report: [], relocate: new Map() };
   for (const f of externalFiles(model)) {
     const dest = path.resolve(outDir, f.location);
     if (dest === f.file) {
       placed.report.push({ file: f.file, how: 'in place' });
     } else if (mode === 'reference') {
-      relocate.set(f.file, path.relative(outDir, f.file).split(path.sep).join('/'));
+      placed.relocate.set(f.file, path.relative(outDir, f.file).split(path.sep).join('/'));
       placed.report.push({ file: f.file, how: 'referenced' });
     } else {
       if (!isInside(outDir, dest)) {
@@ -222,7 +218,6 @@ function placeExternalData(model: ModelProto, outDir: string, mode: ExternalData
       placed.report.push({ file: dest, how: mode === 'copy' ? 'copied' : 'linked' });
     }
   }
-  if (relocate.size) placed.relocate = relocate;
   return placed;
 }
 
