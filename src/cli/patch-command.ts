@@ -13,7 +13,7 @@ import { revertModel } from '../rewrite/revert';
 import type { VerifyOptions, VerifyReport } from '../verify/verify';
 import { explainCommand } from './explain';
 import { formatPatch, formatVerify, formatWrite } from './format';
-import { optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
@@ -43,8 +43,6 @@ export interface PatchCliOptions extends VerifyCliOptions {
   sortNodes?: boolean;
   explain?: string;
 }
-
-const collect = (v: string, all: string[] = []): string[] => [...all, v];
 
 export function patchProgram(cmd: Command): Command {
   return addVerifyOptions(cmd
@@ -189,7 +187,7 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
   }];
 }
 
-function writeOptions(o: PatchCliOptions, input: string): WriteOptions {
+export function writeOptions(o: Pick<PatchCliOptions, 'externalData' | 'force' | 'quiet'>, input: string): WriteOptions {
   const modes = ['reference', 'copy', 'link'];
   if (o.externalData !== undefined && !modes.includes(o.externalData)) {
     throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
