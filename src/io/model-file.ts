@@ -31,7 +31,7 @@ export function parseModel(bytes: Uint8Array, label: string, options: ParseOptio
   try {
     return decodeChecked(new MemorySource(bytes, label), dir);
   } catch (e) {
-    throw readError(label, e);
+    throw ioError(label, e, 'read');
   }
 }
 
@@ -41,7 +41,7 @@ export function readModel(file: string): ModelProto {
     if (!fs.statSync(abs).isFile()) throw new InputError(`${file}: not a file`);
     return decodeChecked(new FileSource(abs), path.dirname(abs));
   } catch (e) {
-    throw readError(file, e);
+    throw ioError(file, e, 'read');
   }
 }
 
@@ -66,7 +66,7 @@ export function serializeModel(model: ModelProto, options: SerializeOptions = {}
   try {
     return toBytes(out);
   } catch (e) {
-    throw readError('model', e);
+    throw ioError('model', e, 'read');
   }
 }
 
@@ -99,7 +99,7 @@ export function writeModel(file: string, model: ModelProto, options: WriteOption
   try {
     return settleWrite(plan, commit(plan.jobs, options.progress ?? null));
   } catch (e) {
-    throw writeError(file, e);
+    throw ioError(file, e, 'write');
   }
 }
 
@@ -112,7 +112,7 @@ export async function writeModelAsync(file: string, model: ModelProto, options: 
   try {
     return settleWrite(plan, await commitAsync(plan.jobs, options.progress ?? null));
   } catch (e) {
-    throw writeError(file, e);
+    throw ioError(file, e, 'write');
   }
 }
 
@@ -249,25 +249,13 @@ const errnoText: Record<string, string> = {
   EISDIR: 'is a folder', ENOTDIR: 'not a folder', EMFILE: 'too many open files',
 };
 
-function errnoMessage(e: unknown): string | null {
-  const code = (e as NodeJS.ErrnoException)?.code;
-  return code ? (errnoText[code] ?? code) : null;
-}
-
-function writeError(file: string, e: unknown): Error {
+/** An error met reading or writing `label`, as the InputError the user sees; errors of unknown kind pass through. */
+function ioError(label: string, e: unknown, verb: 'read' | 'write'): Error {
   if (e instanceof SsmaxError) return e;
   if (e instanceof SourceChangedError) return new InputError(e.message);
-  const why = errnoMessage(e);
-  return why ? new InputError(`${file}: cannot write (${why})`) : (e as Error);
-}
-
-function readError(label: string, e: unknown): Error {
-  if (e instanceof SsmaxError) return e;
-  if (e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`);
-  if (e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`);
-  if (e instanceof SourceChangedError) return new InputError(e.message);
+  if (verb === 'read' && e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`);
+  if (verb === 'read' && e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`);
   const code = (e as NodeJS.ErrnoException)?.code;
-  if (code === 'ENOENT') return new InputError(`${label}: no such file`);
-  const why = errnoMessage(e);
-  return why ? new InputError(`${label}: cannot read (${why})`) : (e as Error);
+  if (verb === 'read' && code === 'ENOENT') return new InputError(`${label}: no such file`);
+  return code ? new InputError(`${label}: cannot ${verb} (${errnoText[code] ?? code})`) : (e as Error);
 }
