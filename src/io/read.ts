@@ -242,8 +242,3 @@ function isSafetensors(head: Uint8Array, size: number): boolean {
   const n = Buffer.from(head.buffer, head.byteOffset, 8).readBigUInt64LE(0);
   return n > 0n && n < BigInt(size);
 }
-
-/** Decodes bytes held in memory (used for copies, tests and round trips). */
-export function decodeBytes(bytes: Uint8Array, label = 'bytes'): ModelProto {
-  return decodeModelFrom(new MemorySource(bytes, label), null);
-}
