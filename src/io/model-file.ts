@@ -169,23 +169,15 @@ function guardTarget(label: string, target: string, inputs: string[], force?: bo
   for (const p of inputs) {
     if (samePath(p, target)) throw new InputError(`${label}: refusing to overwrite the input model${p.endsWith('.onnx') ? '' : ` (its external data ${path.basename(p)})`}`);
   }
-  let st: fs.Stats;
-  try {
-    st = fs.statSync(target);
-  } catch {
-    return;
-  }
+  const st = statOrNull(target);
+  if (!st) return;
   if (st.isDirectory()) throw new InputError(`${label}: is a folder`);
   if (!force) throw new InputError(`${label}: already exists (${opt('overwrite')} overwrites it)`);
 }
 
 function checkFolder(label: string, dir: string): void {
-  let st: fs.Stats;
-  try {
-    st = fs.statSync(dir);
-  } catch {
-    throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`);
-  }
+  const st = statOrNull(dir);
+  if (!st) throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`);
   if (!st.isDirectory()) throw new InputError(`${label}: cannot write (${dir} is not a folder)`);
 }
 
@@ -233,12 +225,17 @@ function samePath(a: string, b: string): boolean {
 }
 
 function sameFile(a: string, b: string): boolean {
+  const x = statOrNull(a);
+  const y = statOrNull(b);
+  return Boolean(x && y && x.dev === y.dev && x.ino === y.ino);
+}
+
+/** The file's status, or null when it cannot be had (missing, unreadable folder, ...). */
+function statOrNull(file: string): fs.Stats | null {
   try {
-    const x = fs.statSync(a);
-    const y = fs.statSync(b);
-    return x.dev === y.dev && x.ino === y.ino;
+    return fs.statSync(file);
   } catch {
-    return false;
+    return null;
   }
 }
 
