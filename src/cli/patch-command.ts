@@ -3,7 +3,7 @@ import * as path from 'node:path';
 import { Command } from 'commander';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
-import { ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
+import { ExternalDataMode, readModel, writeModelAsync, WriteOptions } from '../io/model-file';
 import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
@@ -94,7 +94,11 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   const files = verification ? writeArtifacts(doc, {
     verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(plan.input)}`, suite: `ssmax-patch patch ${plan.input}`,
   }, o, [plan.input, plan.output]) : [];
-  run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
+  run.print(() => [
+    ...formatPatch(report, Boolean(o.dryRun)),
+    ...(verification ? [...formatVerify(verification), ...strictLines(doc), ...files] : []),
+    ...formatWrite(written, Boolean(o.dryRun)),
+  ]);
   return doc.exitCode;
 }
 
@@ -193,13 +197,4 @@ export function writeOptions(o: Pick<PatchCliOptions, 'externalData' | 'force' |
     throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
   }
   return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
-}
-
-function textLines(
-  report: PatchReport, verification: VerifyReport | undefined, doc: PatchDocument, written: WriteReport | null, files: string[], dryRun: boolean,
-): string[] {
-  const lines = formatPatch(report, dryRun);
-  if (verification) lines.push(...formatVerify(verification), ...strictLines(doc), ...files);
-  lines.push(...formatWrite(written, dryRun));
-  return lines;
 }
