@@ -97,7 +97,7 @@ export interface WriteReport {
 export function writeModel(file: string, model: ModelProto, options: WriteOptions = {}): WriteReport {
   const plan = planWrite(file, model, options);
   try {
-    return settleWrite(plan, commit(plan.jobs, options.progress ?? null));
+    return settleWrite(plan.report, commit(plan.jobs, options.progress ?? null));
   } catch (e) {
     throw ioError(file, e, 'write');
   }
@@ -110,18 +110,13 @@ export function writeModel(file: string, model: ModelProto, options: WriteOption
 export async function writeModelAsync(file: string, model: ModelProto, options: WriteOptions = {}): Promise<WriteReport> {
   const plan = planWrite(file, model, options);
   try {
-    return settleWrite(plan, await commitAsync(plan.jobs, options.progress ?? null));
+    return settleWrite(plan.report, await commitAsync(plan.jobs, options.progress ?? null));
   } catch (e) {
     throw ioError(file, e, 'write');
   }
 }
 
-interface WritePlan {
-  jobs: Job[];
-  report: WriteReport;
-}
-
-function planWrite(file: string, model: ModelProto, options: WriteOptions): WritePlan {
+function planWrite(file: string, model: ModelProto, options: WriteOptions): { jobs: Job[]; report: WriteReport } {
   const target = path.resolve(file);
   const dir = path.dirname(target);
   const inputs = [...inputFiles(model), ...(options.protect ?? [])];
@@ -150,12 +145,12 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): Writ
 }
 
 /** How each data file actually got there: a link can fall back to a copy. */
-function settleWrite(plan: WritePlan, results: JobResult[]): WriteReport {
+function settleWrite(report: WriteReport, results: JobResult[]): WriteReport {
   for (const r of results) {
-    const entry = plan.report.externalData.find((e) => e.file === r.target);
+    const entry = report.externalData.find((e) => e.file === r.target);
     if (entry && r.how !== 'written') entry.how = r.how;
   }
-  return plan.report;
+  return report;
 }
 
 /** The files a model was read from: its own file and its external data files. */
