@@ -54,15 +54,14 @@ export function decodeModelFrom(src: Source, dir: string | null): ModelProto {
   return src.session((r) => {
     const other = otherFormat(r, src.size);
     if (other) throw new ModelFormatError(`not an ONNX model (${other})`);
-    let model: ModelProto;
     try {
-      model = decodeContainer<ModelProto>('ModelProto', r, 0, src.size, ctx);
+      const model = decodeContainer<ModelProto>('ModelProto', r, 0, src.size, ctx);
+      checkModel(model);
+      return model;
     } catch (e) {
       if (e instanceof WireError) throw new ModelFormatError(`not a readable ONNX model (${e.message})`);
       throw e;
     }
-    checkModel(model);
-    return model;
   });
 }
 
