@@ -116,7 +116,6 @@ function unchanged(type: TypeName, obj: object, origin: MessageOrigin): boolean 
 function emitContainer(type: TypeName, obj: object, origin: ContainerOrigin, out: Out, plan: EmitPlan): void {
   const spec = SPECS[type]!;
   const record = obj as Record<string, unknown>;
-  const src = origin.ctx.src;
   const done = new Set<number>();
   const emitField = (id: number): void => {
     const list = spec.lists[id];
@@ -133,7 +132,7 @@ function emitContainer(type: TypeName, obj: object, origin: ContainerOrigin, out
       emitField(e.field);
       done.add(e.field);
     } else {
-      out.span(src, e.start, e.end);
+      out.span(origin.ctx.src, e.start, e.end);
     }
   }
   const present = new Set(origin.entries.map((e) => e.field));
