@@ -8,6 +8,9 @@ import { InputError } from '../errors';
 const INTEGER = /^[0-9]+$/;
 const REAL = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
 
+/** Collects the values of a repeatable option. */
+export const collect = (v: string, all: string[] = []): string[] => [...all, v];
+
 export function integerValue(v: string, flag: string, min: number): number {
   const x = Number(v);
   if (!INTEGER.test(v) || !Number.isSafeInteger(x) || x < min) throw new InputError(`${flag}: expected an integer ≥ ${min}, got '${v}'`);

@@ -3,7 +3,7 @@ import * as path from 'node:path';
 import { Command } from 'commander';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
-import { ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
+import { ExternalDataMode, readModel, writeModelAsync, WriteOptions } from '../io/model-file';
 import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
@@ -13,7 +13,7 @@ import { revertModel } from '../rewrite/revert';
 import type { VerifyOptions, VerifyReport } from '../verify/verify';
 import { explainCommand } from './explain';
 import { formatPatch, formatVerify, formatWrite } from './format';
-import { optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
@@ -43,8 +43,6 @@ export interface PatchCliOptions extends VerifyCliOptions {
   sortNodes?: boolean;
   explain?: string;
 }
-
-const collect = (v: string, all: string[] = []): string[] => [...all, v];
 
 export function patchProgram(cmd: Command): Command {
   return addVerifyOptions(cmd
@@ -96,7 +94,11 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   const files = verification ? writeArtifacts(doc, {
     verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(plan.input)}`, suite: `ssmax-patch patch ${plan.input}`,
   }, o, [plan.input, plan.output]) : [];
-  run.print(() => textLines(report, verification, doc, written, files, Boolean(o.dryRun)));
+  run.print(() => [
+    ...formatPatch(report, Boolean(o.dryRun)),
+    ...(verification ? [...formatVerify(verification), ...strictLines(doc), ...files] : []),
+    ...formatWrite(written, Boolean(o.dryRun)),
+  ]);
   return doc.exitCode;
 }
 
@@ -189,19 +191,10 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
   }];
 }
 
-function writeOptions(o: PatchCliOptions, input: string): WriteOptions {
+export function writeOptions(o: Pick<PatchCliOptions, 'externalData' | 'force' | 'quiet'>, input: string): WriteOptions {
   const modes = ['reference', 'copy', 'link'];
   if (o.externalData !== undefined && !modes.includes(o.externalData)) {
     throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
   }
   return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
-}
-
-function textLines(
-  report: PatchReport, verification: VerifyReport | undefined, doc: PatchDocument, written: WriteReport | null, files: string[], dryRun: boolean,
-): string[] {
-  const lines = formatPatch(report, dryRun);
-  if (verification) lines.push(...formatVerify(verification), ...strictLines(doc), ...files);
-  lines.push(...formatWrite(written, dryRun));
-  return lines;
 }

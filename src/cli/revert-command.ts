@@ -1,12 +1,11 @@
 /** `ssmax-patch revert PATCHED [-o OUT]`: removes the patch, giving back the original model. */
 import * as path from 'node:path';
 import { Command } from 'commander';
-import { InputError } from '../errors';
-import { ExternalDataMode, readModel, writeModelAsync } from '../io/model-file';
-import { terminalProgress } from '../io/progress';
+import { readModel, writeModelAsync } from '../io/model-file';
 import { revertModel } from '../rewrite/revert';
 import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
+import { writeOptions } from './patch-command';
 import { RevertDocument, settle } from './report';
 import { Run } from './run';
 
@@ -37,14 +36,10 @@ export async function revertCommand(args: string[], o: RevertCliOptions, run: Ru
   const input = args[0];
   doc.input = input;
   const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
-  if (o.externalData !== undefined && !['reference', 'copy', 'link'].includes(o.externalData)) {
-    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
-  }
+  const write = writeOptions(o, input);
   const { model, report } = revertModel(readModel(input), { sortNodes: o.sortNodes });
   Object.assign(doc, report);
-  const written = await writeModelAsync(output, model, {
-    force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }),
-  });
+  const written = await writeModelAsync(output, model, write);
   Object.assign(doc, { output: written.output, externalData: written.externalData });
   settle(doc, 0);
   run.print(() => [...formatRevert(report), ...formatWrite(written)]);

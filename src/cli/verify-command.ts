@@ -17,7 +17,7 @@ import { VerifyOptions, VerifyReport, verifyPatch } from '../verify/verify';
 import type { ModelProto } from '../io/onnx';
 import { formatVerify } from './format';
 import { junitXml } from './junit';
-import { listValue, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { collect, listValue, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { documentJson, ReportDocument, settle, VerifyDocument } from './report';
 import { printWarnings, Run } from './run';
 import { refusedOf, skippedOf } from './sites';
@@ -37,8 +37,6 @@ export interface VerifyCliOptions {
   junit?: string;
   strict?: boolean;
 }
-
-const collect = (v: string, list: string[] = []): string[] => [...list, v];
 
 /** Adds the options every verification takes (verify subcommand and patch --verify). */
 export function addVerifyOptions(cmd: Command): Command {

@@ -6,8 +6,8 @@
  */
 import { InputError } from '../errors';
 import { EXTERNAL } from './constants';
-import { dataFile, externalRef, isExternal } from './external';
-import type { AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
+import { dataFile, externalRef, forAttributes, isExternal } from './external';
+import type { AttributeProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
 import {
   cloneTracked, ContainerOrigin, externalContext, headerOf, MessageOrigin, originOf, PAYLOAD_FIELDS, payloadIntact, StubOrigin,
 } from './origin';
@@ -37,11 +37,13 @@ export class Out {
     this.size += end - start;
   }
 
+  piece(p: Piece): void {
+    if (p instanceof Uint8Array) this.bytes(p);
+    else this.span(p.src, p.start, p.end);
+  }
+
   append(other: Out): void {
-    for (const p of other.pieces) {
-      if (p instanceof Uint8Array) this.bytes(p);
-      else this.span(p.src, p.start, p.end);
-    }
+    for (const p of other.pieces) this.piece(p);
   }
 
   /** Pads with zeros to a multiple of `alignment`. */
@@ -78,28 +80,9 @@ function emitPayload(type: TypeName, obj: object, out: Out, plan: EmitPlan): voi
   const origin = originOf(value);
   if (!origin) out.bytes(encodeAs(type, value));
   else if (origin.kind === 'container') emitContainer(type, value, origin, out, plan);
-  else if (origin.kind === 'stub') emitStub(value, origin, out);
+  else if (origin.kind === 'stub') emitReplacing(tensorFields(value as TensorProto), new Map(), out);
   else if (unchanged(type, value, origin)) out.span(origin.ctx.src, origin.entry.data, origin.entry.end);
   else emitMerged(type, value, origin, out, plan);
-}
-
-/**
- * A tensor whose data stayed in the file. Unchanged: its bytes. Header edited (a rename, new dims): the
- * new header, then the original data and unknown fields, copied. Data replaced: encoded anew.
- */
-function emitStub(t: object, origin: StubOrigin, out: Out): void {
-  if (!payloadIntact(t)) {
-    out.bytes(encodeAs('TensorProto', t));
-    return;
-  }
-  if (stubUnchanged(t, origin)) {
-    out.span(origin.ctx.src, origin.entry.data, origin.entry.end);
-    return;
-  }
-  out.bytes(encodeAs('TensorProto', headerOf(t)));
-  for (const f of origin.fields) {
-    if (PAYLOAD_FIELDS.has(f.field) || !fieldName('TensorProto', f.field)) out.span(origin.ctx.src, f.start, f.end);
-  }
 }
 
 function stubUnchanged(t: object, origin: StubOrigin): boolean {
@@ -113,10 +96,12 @@ function emitElement(field: number, type: TypeName, obj: object, out: Out, plan:
     && (origin.kind === 'stub' ? stubUnchanged(obj, origin) : unchanged(type, obj, origin))
     && !(type === 'TensorProto' && tensorTransform(obj as TensorProto, plan))
     && !(type === 'NodeProto' && rewritesNodes(plan) && hasExternalTensor((obj as NodeProto).attribute));
-  if (reusable) {
-    out.span(origin.ctx.src, origin.entry.start, origin.entry.end);
-    return;
-  }
+  if (reusable) out.span(origin.ctx.src, origin.entry.start, origin.entry.end);
+  else emitEmbedded(field, type, obj, out, plan);
+}
+
+/** A message as a field of its parent: tag and length, then the message. */
+function emitEmbedded(field: number, type: TypeName, obj: object, out: Out, plan: EmitPlan): void {
   const sub = new Out();
   emitPayload(type, obj, sub, plan);
   out.bytes(lenHeader(field, sub.size));
@@ -131,30 +116,23 @@ function unchanged(type: TypeName, obj: object, origin: MessageOrigin): boolean 
 function emitContainer(type: TypeName, obj: object, origin: ContainerOrigin, out: Out, plan: EmitPlan): void {
   const spec = SPECS[type]!;
   const record = obj as Record<string, unknown>;
-  const src = origin.ctx.src;
   const done = new Set<number>();
   const emitField = (id: number): void => {
     const list = spec.lists[id];
     const single = spec.single[id];
     if (list) for (const el of (record[list[0]] as object[] | undefined) ?? []) emitElement(id, list[1], el, out, plan);
-    else if (single && record[single[0]]) {
-      const sub = new Out();
-      emitPayload(single[1], record[single[0]] as object, sub, plan);
-      out.bytes(lenHeader(id, sub.size));
-      out.append(sub);
-    } else if (spec.scalars[id] !== undefined) out.bytes(encodeField(type, obj, spec.scalars[id]));
+    else if (single && record[single[0]]) emitEmbedded(id, single[1], record[single[0]] as object, out, plan);
+    else if (spec.scalars[id] !== undefined) out.bytes(encodeField(type, obj, spec.scalars[id]));
   };
   for (const e of origin.entries) {
     if (done.has(e.field)) continue;
     const scalar = spec.scalars[e.field];
-    if (spec.lists[e.field] || spec.single[e.field]) {
-      emitField(e.field);
-      done.add(e.field);
-    } else if (scalar !== undefined && digest(encodeField(type, obj, scalar)) !== origin.scalars.get(scalar)) {
+    const changed = scalar !== undefined && digest(encodeField(type, obj, scalar)) !== origin.scalars.get(scalar);
+    if (spec.lists[e.field] || spec.single[e.field] || changed) {
       emitField(e.field);
       done.add(e.field);
     } else {
-      out.span(src, e.start, e.end);
+      out.span(origin.ctx.src, e.start, e.end);
     }
   }
   const present = new Set(origin.entries.map((e) => e.field));
@@ -174,15 +152,8 @@ function emitNested(type: TypeName, field: number, name: string, obj: object, ou
   const value = (obj as Record<string, unknown>)[name];
   const elements = (Array.isArray(value) ? value : value ? [value] : []) as object[];
   if (!elemType || !elements.some((el) => originOf(el))) return false;
-  for (const el of elements) {
-    if (Array.isArray(value)) emitElement(field, elemType, el, out, plan);
-    else {
-      const sub = new Out();
-      emitPayload(elemType, el, sub, plan);
-      out.bytes(lenHeader(field, sub.size));
-      out.append(sub);
-    }
-  }
+  const emit = Array.isArray(value) ? emitElement : emitEmbedded;
+  for (const el of elements) emit(field, elemType, el, out, plan);
   return true;
 }
 
@@ -227,7 +198,7 @@ function rawField(origin: StubOrigin): Entry | undefined {
 
 function emitTransformedTensor(t: TensorProto, out: Out, plan: EmitPlan): void {
   const fields = tensorFields(t);
-  const replace = new Map<number, Uint8Array | Piece[]>();
+  const replace = new Map<number, Piece[]>();
   if (isExternal(t) && plan.inline) {
     const { file, ref } = locate(t);
     replace.set(13, []).set(14, []);
@@ -235,7 +206,7 @@ function emitTransformedTensor(t: TensorProto, out: Out, plan: EmitPlan): void {
   } else if (isExternal(t)) {
     const { file } = locate(t);
     const entries = t.externalData.map((kv) => (kv.key === 'location' ? { key: kv.key, value: plan.relocate!.get(file)! } : kv));
-    replace.set(13, encodeField('TensorProto', { externalData: entries }, 'externalData'));
+    replace.set(13, [encodeField('TensorProto', { externalData: entries }, 'externalData')]);
   } else {
     const x = plan.externalize!;
     const origin = originOf(t) as StubOrigin;
@@ -247,7 +218,8 @@ function emitTransformedTensor(t: TensorProto, out: Out, plan: EmitPlan): void {
     const entries: StringStringEntry[] = [
       { key: 'location', value: x.location }, { key: 'offset', value: String(offset) }, { key: 'length', value: String(length) },
     ];
-    replace.set(9, []).set(13, encodeField('TensorProto', { externalData: entries }, 'externalData')).set(14, varintField(14, EXTERNAL));
+    replace.set(9, []).set(13, [encodeField('TensorProto', { externalData: entries }, 'externalData')]);
+    replace.set(14, [varintField(14, EXTERNAL)]);
   }
   emitReplacing(fields, replace, out);
 }
@@ -256,14 +228,9 @@ function emitTransformedTensor(t: TensorProto, out: Out, plan: EmitPlan): void {
 type Located = Entry & { src: Source };
 
 /** Emits fields in order, putting each replacement where its field first appeared (or at the end). */
-function emitReplacing(fields: Located[], replace: Map<number, Uint8Array | Piece[]>, out: Out): void {
+function emitReplacing(fields: Located[], replace: Map<number, Piece[]>, out: Out): void {
   const done = new Set<number>();
-  const put = (r: Uint8Array | Piece[]): void => {
-    for (const p of r instanceof Uint8Array ? [r] : r) {
-      if (p instanceof Uint8Array) out.bytes(p);
-      else out.span(p.src, p.start, p.end);
-    }
-  };
+  const put = (r: Piece[]): void => r.forEach((p) => out.piece(p));
   for (const f of fields) {
     const r = replace.get(f.field);
     if (!r) out.span(f.src, f.start, f.end);
@@ -275,7 +242,11 @@ function emitReplacing(fields: Located[], replace: Map<number, Uint8Array | Piec
   for (const [id, r] of [...replace].sort((a, b) => a[0] - b[0])) if (!done.has(id)) put(r);
 }
 
-/** A tensor's fields, each with the source its bytes are in, whatever the tensor's origin and edits. */
+/**
+ * A tensor's fields, each with the source its bytes are in, whatever the tensor's origin and edits. A tensor whose
+ * data stayed in the file: unchanged, its bytes; header edited (a rename, new dims), the new header, then the
+ * original data and unknown fields, copied; data replaced, encoded anew.
+ */
 function tensorFields(t: TensorProto): Located[] {
   const origin = originOf(t);
   const located = (src: Source, entries: Entry[]): Located[] => entries.map((e) => ({ ...e, src }));
@@ -330,12 +301,11 @@ function rewritesNodes(plan: EmitPlan): boolean {
 }
 
 function hasExternalTensor(attributes: AttributeProto[]): boolean {
-  return attributes.some((a) => [a.t, ...(a.tensors ?? [])].some((t) => t && isExternal(t))
-    || [a.g, ...(a.graphs ?? [])].some((g) => g && graphHasExternal(g)));
-}
-
-function graphHasExternal(g: GraphProto): boolean {
-  return g.initializer.some(isExternal) || g.node.some((n) => hasExternalTensor(n.attribute));
+  let found = false;
+  forAttributes(attributes, (t) => {
+    found ||= isExternal(t);
+  });
+  return found;
 }
 
 /** A copy of the node whose external attribute tensors are inlined or relocated; the node keeps its origin. */
@@ -350,17 +320,7 @@ function rewriteNodeTensors(node: NodeProto, plan: EmitPlan): NodeProto {
       t.externalData = [];
     } else t.externalData = t.externalData.map((kv) => (kv.key === 'location' ? { key: kv.key, value: plan.relocate!.get(file)! } : kv));
   };
-  const walk = (attributes: AttributeProto[]): void => {
-    for (const a of attributes) {
-      for (const t of [a.t, ...(a.tensors ?? [])]) if (t) fix(t);
-      for (const g of [a.g, ...(a.graphs ?? [])]) {
-        if (!g) continue;
-        g.initializer.forEach(fix);
-        for (const n of g.node) walk(n.attribute);
-      }
-    }
-  };
-  walk(copy.attribute);
+  forAttributes(copy.attribute, fix);
   return copy;
 }
 

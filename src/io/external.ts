@@ -30,7 +30,7 @@ function forGraph(g: GraphProto, fn: (t: TensorProto) => void): void {
   for (const n of g.node) forAttributes(n.attribute, fn);
 }
 
-function forAttributes(attributes: AttributeProto[], fn: (t: TensorProto) => void): void {
+export function forAttributes(attributes: AttributeProto[], fn: (t: TensorProto) => void): void {
   for (const a of attributes) {
     for (const t of [a.t, ...(a.tensors ?? [])]) if (t) fn(t);
     for (const g of [a.g, ...(a.graphs ?? [])]) if (g) forGraph(g, fn);
@@ -79,8 +79,8 @@ export function isInside(dir: string, file: string): boolean {
   return rel !== '' && !rel.startsWith('..') && !path.isAbsolute(rel);
 }
 
-/** Checks that every external tensor's file exists and holds its bytes; returns the files, absolute. */
-export function checkExternalData(model: ModelProto, dir: string): string[] {
+/** Checks that every external tensor's file exists and holds its bytes. */
+export function checkExternalData(model: ModelProto, dir: string): void {
   const sizes = new Map<string, number>();
   forEachTensor(model, (t) => {
     if (!isExternal(t)) return;
@@ -95,7 +95,6 @@ export function checkExternalData(model: ModelProto, dir: string): string[] {
       throw new ModelFormatError(`tensor '${t.name}': external data at offset ${ref.offset} + ${ref.length} bytes runs past the end of '${ref.location}' (${size} bytes)`);
     }
   });
-  return [...sizes.keys()];
 }
 
 function fileSize(file: string, location: string, tensor: string): number {
@@ -123,16 +122,16 @@ export function readExternal(t: TensorProto): Uint8Array | null {
   }
 }
 
-/** The external data files a model references, absolute, with the folder each is relative to. */
-export function externalFiles(model: ModelProto): { file: string; location: string; dir: string }[] {
-  const seen = new Map<string, { file: string; location: string; dir: string }>();
+/** The external data files a model references, absolute, with the location that names each. */
+export function externalFiles(model: ModelProto): { file: string; location: string }[] {
+  const seen = new Map<string, { file: string; location: string }>();
   forEachTensor(model, (t) => {
     if (!isExternal(t)) return;
     const ctx = externalContext(t);
     if (!ctx || ctx.dir === null) return;
     const location = externalRef(t).location;
     const file = dataFile(ctx.dir, location);
-    if (!seen.has(file)) seen.set(file, { file, location, dir: ctx.dir });
+    if (!seen.has(file)) seen.set(file, { file, location });
   });
   return [...seen.values()];
 }

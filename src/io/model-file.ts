@@ -13,7 +13,7 @@ import { originOf } from './origin';
 import { Progress } from './progress';
 import { decodeModelFrom, ModelFormatError } from './read';
 import { commit, commitAsync, Job, JobResult, PlaceJob } from './sink';
-import { FileSource, MemorySource, SourceChangedError } from './source';
+import { FileSource, MemorySource, Source, SourceChangedError } from './source';
 import { WireError } from './wire';
 
 /** The largest protobuf onnx and onnxruntime accept as one message. */
@@ -29,30 +29,27 @@ export interface ParseOptions {
 export function parseModel(bytes: Uint8Array, label: string, options: ParseOptions = {}): ModelProto {
   const dir = options.dir ? path.resolve(options.dir) : null;
   try {
-    const model = decodeModelFrom(new MemorySource(bytes, label), dir);
-    if (dir) checkExternalData(model, dir);
-    return model;
+    return decodeChecked(new MemorySource(bytes, label), dir);
   } catch (e) {
-    throw readError(label, e);
+    throw ioError(label, e, 'read');
   }
 }
 
 export function readModel(file: string): ModelProto {
   const abs = path.resolve(file);
-  let src: FileSource;
   try {
     if (!fs.statSync(abs).isFile()) throw new InputError(`${file}: not a file`);
-    src = new FileSource(abs);
+    return decodeChecked(new FileSource(abs), path.dirname(abs));
   } catch (e) {
-    throw readError(file, e);
+    throw ioError(file, e, 'read');
   }
-  try {
-    const model = decodeModelFrom(src, path.dirname(abs));
-    checkExternalData(model, path.dirname(abs));
-    return model;
-  } catch (e) {
-    throw readError(file, e);
-  }
+}
+
+/** Decodes the model and, when its folder is known, checks its external data. */
+function decodeChecked(src: Source, dir: string | null): ModelProto {
+  const model = decodeModelFrom(src, dir);
+  if (dir) checkExternalData(model, dir);
+  return model;
 }
 
 export interface SerializeOptions {
@@ -69,7 +66,7 @@ export function serializeModel(model: ModelProto, options: SerializeOptions = {}
   try {
     return toBytes(out);
   } catch (e) {
-    throw readError('model', e);
+    throw ioError('model', e, 'read');
   }
 }
 
@@ -100,9 +97,9 @@ export interface WriteReport {
 export function writeModel(file: string, model: ModelProto, options: WriteOptions = {}): WriteReport {
   const plan = planWrite(file, model, options);
   try {
-    return settleWrite(plan, commit(plan.jobs, options.progress ?? null));
+    return settleWrite(plan.report, commit(plan.jobs, options.progress ?? null));
   } catch (e) {
-    throw writeError(file, e);
+    throw ioError(file, e, 'write');
   }
 }
 
@@ -113,18 +110,13 @@ export function writeModel(file: string, model: ModelProto, options: WriteOption
 export async function writeModelAsync(file: string, model: ModelProto, options: WriteOptions = {}): Promise<WriteReport> {
   const plan = planWrite(file, model, options);
   try {
-    return settleWrite(plan, await commitAsync(plan.jobs, options.progress ?? null));
+    return settleWrite(plan.report, await commitAsync(plan.jobs, options.progress ?? null));
   } catch (e) {
-    throw writeError(file, e);
+    throw ioError(file, e, 'write');
   }
 }
 
-interface WritePlan {
-  jobs: Job[];
-  report: WriteReport;
-}
-
-function planWrite(file: string, model: ModelProto, options: WriteOptions): WritePlan {
+function planWrite(file: string, model: ModelProto, options: WriteOptions): { jobs: Job[]; report: WriteReport } {
   const target = path.resolve(file);
   const dir = path.dirname(target);
   const inputs = [...inputFiles(model), ...(options.protect ?? [])];
@@ -153,12 +145,12 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): Writ
 }
 
 /** How each data file actually got there: a link can fall back to a copy. */
-function settleWrite(plan: WritePlan, results: JobResult[]): WriteReport {
+function settleWrite(report: WriteReport, results: JobResult[]): WriteReport {
   for (const r of results) {
-    const entry = plan.report.externalData.find((e) => e.file === r.target);
+    const entry = report.externalData.find((e) => e.file === r.target);
     if (entry && r.how !== 'written') entry.how = r.how;
   }
-  return plan.report;
+  return report;
 }
 
 /** The files a model was read from: its own file and its external data files. */
@@ -172,42 +164,33 @@ function guardTarget(label: string, target: string, inputs: string[], force?: bo
   for (const p of inputs) {
     if (samePath(p, target)) throw new InputError(`${label}: refusing to overwrite the input model${p.endsWith('.onnx') ? '' : ` (its external data ${path.basename(p)})`}`);
   }
-  let st: fs.Stats;
-  try {
-    st = fs.statSync(target);
-  } catch {
-    return;
-  }
+  const st = statOrNull(target);
+  if (!st) return;
   if (st.isDirectory()) throw new InputError(`${label}: is a folder`);
   if (!force) throw new InputError(`${label}: already exists (${opt('overwrite')} overwrites it)`);
 }
 
 function checkFolder(label: string, dir: string): void {
-  let st: fs.Stats;
-  try {
-    st = fs.statSync(dir);
-  } catch {
-    throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`);
-  }
+  const st = statOrNull(dir);
+  if (!st) throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`);
   if (!st.isDirectory()) throw new InputError(`${label}: cannot write (${dir} is not a folder)`);
 }
 
 interface Placed {
   jobs: PlaceJob[];
-  relocate?: Map<string, string>;
+  relocate: Map<string, string>;
   report: { file: string; how: Placement }[];
 }
 
 /** Where the output's external data comes from: the same files in place, links, copies, or references. */
 function placeExternalData(model: ModelProto, outDir: string, mode: ExternalDataMode | undefined, inputs: string[], force?: boolean): Placed {
-  const placed: Placed = { jobs: [], report: [] };
-  const relocate = new Map<string, string>();
+  const placed: Placed = { jobs: [], report: [], relocate: new Map() };
   for (const f of externalFiles(model)) {
     const dest = path.resolve(outDir, f.location);
     if (dest === f.file) {
       placed.report.push({ file: f.file, how: 'in place' });
     } else if (mode === 'reference') {
-      relocate.set(f.file, path.relative(outDir, f.file).split(path.sep).join('/'));
+      placed.relocate.set(f.file, path.relative(outDir, f.file).split(path.sep).join('/'));
       placed.report.push({ file: f.file, how: 'referenced' });
     } else {
       if (!isInside(outDir, dest)) {
@@ -222,7 +205,6 @@ function placeExternalData(model: ModelProto, outDir: string, mode: ExternalData
       placed.report.push({ file: dest, how: mode === 'copy' ? 'copied' : 'linked' });
     }
   }
-  if (relocate.size) placed.relocate = relocate;
   return placed;
 }
 
@@ -238,12 +220,17 @@ function samePath(a: string, b: string): boolean {
 }
 
 function sameFile(a: string, b: string): boolean {
+  const x = statOrNull(a);
+  const y = statOrNull(b);
+  return Boolean(x && y && x.dev === y.dev && x.ino === y.ino);
+}
+
+/** The file's status, or null when it cannot be had (missing, unreadable folder, ...). */
+function statOrNull(file: string): fs.Stats | null {
   try {
-    const x = fs.statSync(a);
-    const y = fs.statSync(b);
-    return x.dev === y.dev && x.ino === y.ino;
+    return fs.statSync(file);
   } catch {
-    return false;
+    return null;
   }
 }
 
@@ -254,25 +241,13 @@ const errnoText: Record<string, string> = {
   EISDIR: 'is a folder', ENOTDIR: 'not a folder', EMFILE: 'too many open files',
 };
 
-function errnoMessage(e: unknown): string | null {
-  const code = (e as NodeJS.ErrnoException)?.code;
-  return code ? (errnoText[code] ?? code) : null;
-}
-
-function writeError(file: string, e: unknown): Error {
+/** An error met reading or writing `label`, as the InputError the user sees; errors of unknown kind pass through. */
+function ioError(label: string, e: unknown, verb: 'read' | 'write'): Error {
   if (e instanceof SsmaxError) return e;
   if (e instanceof SourceChangedError) return new InputError(e.message);
-  const why = errnoMessage(e);
-  return why ? new InputError(`${file}: cannot write (${why})`) : (e as Error);
-}
-
-function readError(label: string, e: unknown): Error {
-  if (e instanceof SsmaxError) return e;
-  if (e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`);
-  if (e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`);
-  if (e instanceof SourceChangedError) return new InputError(e.message);
+  if (verb === 'read' && e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`);
+  if (verb === 'read' && e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`);
   const code = (e as NodeJS.ErrnoException)?.code;
-  if (code === 'ENOENT') return new InputError(`${label}: no such file`);
-  const why = errnoMessage(e);
-  return why ? new InputError(`${label}: cannot read (${why})`) : (e as Error);
+  if (verb === 'read' && code === 'ENOENT') return new InputError(`${label}: no such file`);
+  return code ? new InputError(`${label}: cannot ${verb} (${errnoText[code] ?? code})`) : (e as Error);
 }

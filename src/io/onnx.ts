@@ -5,7 +5,8 @@
  */
 import { serializeModel } from './model-file';
 import { cloneTracked } from './origin';
-import { decodeBytes } from './read';
+import { decodeModelFrom } from './read';
+import { MemorySource } from './source';
 import { Int64 } from './constants';
 
 export { toNumber, DataType, AttributeType } from './constants';
@@ -95,7 +96,7 @@ export interface ModelProto {
 
 /** Decodes a model held in memory; external data, if any, is neither checked nor readable (no folder). */
 export function decodeModel(bytes: Uint8Array): ModelProto {
-  return decodeBytes(bytes);
+  return decodeModelFrom(new MemorySource(bytes, 'bytes'), null);
 }
 
 /**

@@ -122,24 +122,20 @@ export function setExternalContext(tensor: object, ctx: ModelContext): void {
  * A deep copy that keeps each message's provenance, so a copy is still written losslessly. Byte arrays and
  * int64 values are shared (nothing mutates them in place); a stub's data accessors are copied, not read.
  */
-export function cloneTracked<T>(value: T): T {
-  return copy(value) as T;
-}
-
-function copy(v: unknown): unknown {
+export function cloneTracked<T>(v: T): T {
   if (v === null || typeof v !== 'object') return v;
   if (v instanceof Uint8Array || typeof (v as { toNumber?: unknown }).toNumber === 'function') return v;
-  if (Array.isArray(v)) return v.map(copy);
+  if (Array.isArray(v)) return v.map(cloneTracked) as T;
   const origin = origins.get(v);
   const out = Object.create(Object.getPrototypeOf(v)) as Record<string, unknown>;
   for (const key of Object.keys(v)) {
     const d = Object.getOwnPropertyDescriptor(v, key)!;
     // A stub's data stays in the file: copy the accessor, not the bytes.
     if (d.get) Object.defineProperty(out, key, d);
-    else out[key] = copy(d.value);
+    else out[key] = cloneTracked(d.value);
   }
   if (origin) origins.set(out, origin);
   const ext = externals.get(v);
   if (ext) externals.set(out, ext);
-  return out;
+  return out as T;
 }

@@ -8,6 +8,7 @@
 import { createHash } from 'node:crypto';
 import { EXTERNAL, isKnownDataType, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto } from './onnx';
+import { forAttributes } from './external';
 import { definePayload, ModelContext, PAYLOAD_FIELDS, setExternalContext, setOrigin, StubOrigin } from './origin';
 import { allowedWireTypes, checkWireTree, decodeAs, encodeAs, encodeField, fieldName, TypeName } from './proto';
 import { MemorySource, Reader, Source } from './source';
@@ -53,15 +54,14 @@ export function decodeModelFrom(src: Source, dir: string | null): ModelProto {
   return src.session((r) => {
     const other = otherFormat(r, src.size);
     if (other) throw new ModelFormatError(`not an ONNX model (${other})`);
-    let model: ModelProto;
     try {
-      model = decodeContainer<ModelProto>('ModelProto', r, 0, src.size, ctx);
+      const model = decodeContainer<ModelProto>('ModelProto', r, 0, src.size, ctx);
+      checkModel(model);
+      return model;
     } catch (e) {
       if (e instanceof WireError) throw new ModelFormatError(`not a readable ONNX model (${e.message})`);
       throw e;
     }
-    checkModel(model);
-    return model;
   });
 }
 
@@ -125,9 +125,14 @@ function decodeOrFail<T>(type: TypeName, bytes: Uint8Array, what: string): T {
 }
 
 function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, what: string): object {
-  if (type === 'TensorProto') return decodeTensor(r, e, ctx, what);
+  if (type === 'TensorProto' && e.end - e.data > EAGER_TENSOR_BYTES) return decodeStub(r, e, ctx, what);
   const el = decodeOrFail<object>(type, r.bytes(e.data, e.end), what);
   setOrigin(el, { kind: 'message', type, ctx, entry: e, canon: digest(encodeAs(type, el)) });
+  if (type === 'TensorProto') {
+    const t = el as TensorProto;
+    checkTensor(t, t.dataLocation === EXTERNAL ? undefined : t.rawData?.length, true);
+    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
+  }
   if (type === 'NodeProto') {
     trackSubgraphs(el as NodeProto, r, e, ctx);
     registerAttributeTensors((el as NodeProto).attribute, ctx);
@@ -136,14 +141,8 @@ function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, w
   return el;
 }
 
-function decodeTensor(r: Reader, e: Entry, ctx: ModelContext, what: string): TensorProto {
-  if (e.end - e.data <= EAGER_TENSOR_BYTES) {
-    const t = decodeOrFail<TensorProto>('TensorProto', r.bytes(e.data, e.end), what);
-    setOrigin(t, { kind: 'message', type: 'TensorProto', ctx, entry: e, canon: digest(encodeAs('TensorProto', t)) });
-    checkTensor(t, t.dataLocation === EXTERNAL ? undefined : t.rawData?.length, true);
-    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-    return t;
-  }
+/** A tensor too large to decode whole: its header is decoded, its data stays in the source. */
+function decodeStub(r: Reader, e: Entry, ctx: ModelContext, what: string): TensorProto {
   const fields = scanFields(r, e.data, e.end);
   for (const f of fields) checkWire('TensorProto', f);
   const header = fields.filter((f) => !PAYLOAD_FIELDS.has(f.field)).map((f) => r.bytes(f.start, f.end));
@@ -215,15 +214,9 @@ function trackSubgraphs(node: NodeProto, r: Reader, e: Entry, ctx: ModelContext)
 
 /** Tensors with external data inside node attributes (Constant values, subgraph initializers). */
 function registerAttributeTensors(attributes: AttributeProto[], ctx: ModelContext): void {
-  for (const a of attributes) {
-    for (const t of [a.t, ...(a.tensors ?? [])]) if (t && t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-    for (const g of [a.g, ...(a.graphs ?? [])]) if (g) registerGraphTensors(g, ctx);
-  }
-}
-
-function registerGraphTensors(g: GraphProto, ctx: ModelContext): void {
-  for (const t of g.initializer) if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-  for (const n of g.node) registerAttributeTensors(n.attribute, ctx);
+  forAttributes(attributes, (t) => {
+    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
+  });
 }
 
 /** Recognises files that are something else, so the message can say what they are. */
@@ -247,9 +240,4 @@ function otherFormat(r: Reader, size: number): string | null {
 function isSafetensors(head: Uint8Array, size: number): boolean {
   const n = Buffer.from(head.buffer, head.byteOffset, 8).readBigUInt64LE(0);
   return n > 0n && n < BigInt(size);
-}
-
-/** Decodes bytes held in memory (used for copies, tests and round trips). */
-export function decodeBytes(bytes: Uint8Array, label = 'bytes'): ModelProto {
-  return decodeModelFrom(new MemorySource(bytes, label), null);
 }

@@ -5,14 +5,13 @@
  * fields (functions, metadata on nodes and graphs, overloads, device configurations) without a build step.
  */
 type Field = { rule?: 'repeated'; type: string; id: number; options?: { packed: false } };
-type Fields = Record<string, Field>;
 
 const NUMERIC = new Set(['int64', 'int32', 'uint64', 'float', 'double']);
 const f = (type: string, id: number): Field => ({ type, id });
 /** onnx.proto is proto2: repeated numbers are written unpacked, as onnx itself writes them (both are read). */
 const r = (type: string, id: number): Field => ({ rule: 'repeated', type, id, ...(NUMERIC.has(type) ? { options: { packed: false } } : {}) });
 
-const messages: Record<string, { fields: Fields; oneofs?: Record<string, { oneof: string[] }>; nested?: object }> = {
+const messages: Record<string, { fields: Record<string, Field>; oneofs?: Record<string, { oneof: string[] }>; nested?: object }> = {
   AttributeProto: {
     fields: {
       name: f('string', 1), refAttrName: f('string', 21), docString: f('string', 13), type: f('int32', 20),

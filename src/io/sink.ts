@@ -12,7 +12,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Out } from './emit';
 import { Progress } from './progress';
-import { FileSource, MemorySource, Source } from './source';
+import { FileSource, Source } from './source';
 
 export interface WriteJob {
   kind: 'write';
@@ -52,67 +52,45 @@ export function removeTemporaryFiles(): number {
 }
 
 export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
-  const tx = new Transaction(jobs, progress);
-  try {
-    const steps = tx.steps();
-    while (!steps.next().done);
-    return tx.complete();
-  } catch (e) {
-    tx.abort();
-    throw e;
-  } finally {
-    tx.end();
-  }
+  const steps = transaction(jobs, progress);
+  let step = steps.next();
+  while (!step.done) step = steps.next();
+  return step.value;
 }
 
 /** As commit, letting the event loop run after every chunk (signal handlers, timers). */
 export async function commitAsync(jobs: Job[], progress: Progress | null): Promise<JobResult[]> {
-  const tx = new Transaction(jobs, progress);
-  try {
-    const steps = tx.steps();
-    while (!steps.next().done) await new Promise<void>((resolve) => setImmediate(resolve));
-    return tx.complete();
-  } catch (e) {
-    tx.abort();
-    throw e;
-  } finally {
-    tx.end();
+  const steps = transaction(jobs, progress);
+  let step = steps.next();
+  while (!step.done) {
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    step = steps.next();
   }
+  return step.value;
 }
 
-class Transaction {
-  private readonly temps: string[];
-  private readonly renamed: string[] = [];
-  private readonly results: JobResult[] = [];
-
-  constructor(private readonly jobs: Job[], private readonly progress: Progress | null) {
-    this.temps = jobs.map((j) => tempPath(j.target));
-    for (const t of this.temps) live.add(t);
-    const total = jobs.reduce((n, j) => n + (j.kind === 'write' ? j.out.size : j.kind === 'copy' ? fs.statSync(j.source).size : 0), 0);
-    progress?.start(`writing ${path.basename(jobs[jobs.length - 1].target)}`, total);
-  }
-
-  *steps(): Generator<void> {
-    for (const [i, job] of this.jobs.entries()) this.results.push(yield* run(job, this.temps[i], this.progress));
-  }
-
-  /** Renames every temporary into place, in one synchronous stretch: no signal handler runs in between. */
-  complete(): JobResult[] {
-    this.jobs.forEach((job, i) => {
-      fs.renameSync(this.temps[i], job.target);
-      live.delete(this.temps[i]);
-      this.renamed.push(job.target);
+function* transaction(jobs: Job[], progress: Progress | null): Generator<void, JobResult[]> {
+  const temps = jobs.map((j) => tempPath(j.target));
+  for (const t of temps) live.add(t);
+  const total = jobs.reduce((n, j) => n + (j.kind === 'write' ? j.out.size : j.kind === 'copy' ? fs.statSync(j.source).size : 0), 0);
+  progress?.start(`writing ${path.basename(jobs[jobs.length - 1].target)}`, total);
+  const renamed: string[] = [];
+  try {
+    const results: JobResult[] = [];
+    for (const [i, job] of jobs.entries()) results.push(yield* run(job, temps[i], progress));
+    // Every temporary is renamed into place in one synchronous stretch: no signal handler runs in between.
+    jobs.forEach((job, i) => {
+      fs.renameSync(temps[i], job.target);
+      live.delete(temps[i]);
+      renamed.push(job.target);
     });
-    return this.results;
-  }
-
-  abort(): void {
-    for (const f of [...this.temps, ...this.renamed]) fs.rmSync(f, { force: true });
-  }
-
-  end(): void {
-    for (const t of this.temps) live.delete(t);
-    this.progress?.end();
+    return results;
+  } catch (e) {
+    for (const f of [...temps, ...renamed]) fs.rmSync(f, { force: true });
+    throw e;
+  } finally {
+    for (const t of temps) live.delete(t);
+    progress?.end();
   }
 }
 
@@ -147,13 +125,7 @@ function* writePieces(out: Out, file: string, progress: Progress | null): Genera
   try {
     let pos = 0;
     for (const p of out.pieces) {
-      if (p instanceof Uint8Array) {
-        writeAt(fd, p, pos);
-        progress?.advance(p.length);
-      } else if (p.src instanceof MemorySource) {
-        writeAt(fd, p.src.buffer.subarray(p.start, p.end), pos);
-        progress?.advance(p.end - p.start);
-      } else if (p.src instanceof FileSource) {
+      if (!(p instanceof Uint8Array) && p.src instanceof FileSource) {
         let sfd = open.get(p.src);
         if (sfd === undefined) {
           sfd = p.src.open();
@@ -161,7 +133,10 @@ function* writePieces(out: Out, file: string, progress: Progress | null): Genera
         }
         yield* copyRange(sfd, p.start, p.end, fd, pos, progress);
       } else {
-        writeAt(fd, p.src.read(p.start, p.end), pos);
+        // Bytes in memory: a piece of its own, or a span of a buffer.
+        const bytes = p instanceof Uint8Array ? p : p.src.read(p.start, p.end);
+        writeAt(fd, bytes, pos);
+        progress?.advance(bytes.length);
       }
       pos += p instanceof Uint8Array ? p.length : p.end - p.start;
     }

@@ -5,9 +5,7 @@ import { InputError } from '../errors';
 
 export function writeTextFile(file: string, text: string, protect: string[] = []): void {
   const target = path.resolve(file);
-  for (const p of protect) {
-    if (path.resolve(p) === target) throw new InputError(`${file}: refusing to overwrite an input model`);
-  }
+  if (protect.some((p) => path.resolve(p) === target)) throw new InputError(`${file}: refusing to overwrite an input model`);
   const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.tmp`);
   try {
     fs.writeFileSync(tmp, text, { flag: 'wx' });
@@ -22,9 +20,7 @@ export function writeTextFile(file: string, text: string, protect: string[] = []
 /** Fails early, before a long run, when `file` could not be written later. */
 export function checkWritable(file: string, protect: string[] = []): void {
   const target = path.resolve(file);
-  for (const p of protect) {
-    if (path.resolve(p) === target) throw new InputError(`${file}: refusing to overwrite an input model`);
-  }
+  if (protect.some((p) => path.resolve(p) === target)) throw new InputError(`${file}: refusing to overwrite an input model`);
   const dir = path.dirname(target);
   try {
     fs.accessSync(dir, fs.constants.W_OK);
