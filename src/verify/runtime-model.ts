@@ -25,7 +25,7 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
  * call's function body included), and removes the inserted nodes nothing reads any more. The 1 takes the type
  * of the factor it replaces.
  */
-export function forceUnitFactor(model: ModelProto): ModelProto {
+function forceUnitFactor(model: ModelProto): ModelProto {
   const record = readRecord(model);
   const scopes = modelScopes(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
