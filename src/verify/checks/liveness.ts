@@ -2,7 +2,6 @@
  * Liveness: beyond where the factor is 1, the patched model's outputs differ from the original's by more than
  * the float noise of the factor-1 model, and no output is NaN or Inf where the original's is finite, in any run.
  */
-import { opt } from '../../errors';
 import { CheckId, RunSpec } from '../plan';
 import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
@@ -22,10 +21,9 @@ export class LivenessCheck implements CheckUnit {
     this.data = { longRuns: [], saturated: new Set(), finiteRuns: 0, nonFinite: [], errors: [], beyond };
   }
 
-  private readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';
+  readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';
 
   sessions(run: RunSpec): SessionKey[] {
-    if (!this.ctx.setup.checks.has('liveness')) return [];
     if (run.kind === 'short') return this.ctx.setup.checks.has('probe') ? ['original', 'probe'] : [];
     return ['original', 'patched'];
   }
@@ -61,7 +59,6 @@ export class LivenessCheck implements CheckUnit {
 
   judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult {
     const { setup } = this.ctx;
-    if (!setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     if (setup.integerOutputs) {
       return skippedCheck('liveness', this.criterion, 'every output is an integer (token ids, say): a factor that works may change none of them, so equal outputs prove nothing', 'not applicable');
     }

@@ -14,7 +14,6 @@ import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { VerifySite } from '../sites';
 import { priorView, siteViews, Unchanged } from '../views';
-import { opt } from '../../errors';
 import { check, e2, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
 
@@ -146,13 +145,13 @@ export class ProbeCheck implements CheckUnit {
     this.prober = new Prober(ctx, 'probe');
   }
 
-  private get criterion(): string {
+  get criterion(): string {
     const prior = this.ctx.setup.sites.some((s) => s.theta) ? '; after each positional prior\'s Add = before it + c·B, B from θ as the model holds it, every head, row and key' : '';
     return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}`;
   }
 
   sessions(run: RunSpec): SessionKey[] {
-    return this.ctx.setup.checks.has('probe') && run.kind === 'short' ? ['probe'] : [];
+    return run.kind === 'short' ? ['probe'] : [];
   }
 
   observe(run: RunSpec, key: SessionKey, outcome: Outcome): void {
@@ -160,7 +159,6 @@ export class ProbeCheck implements CheckUnit {
   }
 
   judge(): CheckResult {
-    if (!this.ctx.setup.checks.has('probe')) return skippedCheck('probe', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     const { results, unprobed } = this.prober.results();
     const failed = results.filter((s) => !s.passed);
     let result: CheckResult;

@@ -3,7 +3,6 @@
  * rows of every site it can read) must fall less than the original's. Sites whose probabilities no output shows
  * are listed.
  */
-import { opt } from '../../errors';
 import { CheckId, RunSpec } from '../plan';
 import { CheckResult } from '../report';
 import { Outputs, OutputTensor } from '../run';
@@ -19,10 +18,10 @@ export class SharpnessCheck implements CheckUnit {
 
   constructor(private readonly ctx: UnitContext) {}
 
-  private readonly criterion = `from the shortest to the longest length the patched model keeps at least ${Math.round((Math.exp(MIN_KEPT) - 1) * 100)} % more of its mean largest attention probability than the original`;
+  readonly criterion = `from the shortest to the longest length the patched model keeps at least ${Math.round((Math.exp(MIN_KEPT) - 1) * 100)} % more of its mean largest attention probability than the original`;
 
   sessions(run: RunSpec): SessionKey[] {
-    return this.ctx.setup.checks.has('sharpness') && run.kind === 'sweep' ? ['original', 'patched'] : [];
+    return run.kind === 'sweep' ? ['original', 'patched'] : [];
   }
 
   observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void {
@@ -36,7 +35,6 @@ export class SharpnessCheck implements CheckUnit {
 
   judge(): CheckResult {
     const { setup, factory } = this.ctx;
-    if (!setup.checks.has('sharpness')) return skippedCheck('sharpness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     if (setup.preset.kind === 'none') {
       return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior alone, which promises no sharper attention at long lengths (the probe checks the prior itself)', 'not applicable');
     }
