@@ -21,12 +21,8 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const before = out[w.before], after = out[w.after];
   const heads = site.s.length > 1 ? site.s.length : 1;
   if (site.fused && !readsLogits(site)) {
-    const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
-      const name = m?.get(input);
-      return name && out[name] ? [...out[name].data] : undefined;
-    };
     return fusedView({
-      run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: { shape: read(w.shapes), value: read(w.values) },
+      run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: termValues(w, out),
       expanded: Boolean(site.record.expanded),
       bias: w.bias ? { before: out[w.bias.before], after: out[w.bias.after] } : undefined,
     });
@@ -76,10 +72,7 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
-  const alternatives: ProbeView['alternatives'] = [
-    { name: 'n doubled (2n)', n: (g, i) => 2 * declared(g, i) },
-    { name: 'n off by one (n + 1)', n: (g, i) => declared(g, i) + 1 },
-  ];
+  const alternatives = miscounts(declared);
   if (!x.lastRow) {
     alternatives.push(x.mode === 'causal'
       ? { name: 'n = Tk (keys mode) although the record says causal', n: () => tk }
@@ -92,6 +85,11 @@ export function logitsView(x: LogitsInput): ProbeView | string {
     batch: (g) => Math.floor(g / heads), head: (g) => g % heads,
     where: (g, i) => (perHead ? `head ${g % heads} row ${row(i)} (${x.run}, batch item ${Math.floor(g / heads)})` : `row ${row(i)} (${x.run}, block ${g})`),
   };
+}
+
+/** The n a patch that counts keys wrongly would use: twice n, or one more. */
+function miscounts(n: (g: number, i: number) => number): ProbeView['alternatives'] {
+  return [{ name: 'n doubled (2n)', n: (g, i) => 2 * n(g, i) }, { name: 'n off by one (n + 1)', n: (g, i) => n(g, i) + 1 }];
 }
 
 function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
@@ -110,6 +108,15 @@ function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
 export interface TermValues {
   shape(input: number): number[] | undefined;
   value(input: number): number[] | undefined;
+}
+
+/** The shapes and values the probe copy brought out for a fused site's n plan. */
+function termValues(w: ProbeOutputs, out: Outputs): TermValues {
+  const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
+    const name = m?.get(input);
+    return name && out[name] ? [...out[name].data] : undefined;
+  };
+  return { shape: read(w.shapes), value: read(w.values) };
 }
 
 export interface FusedInput {
@@ -212,10 +219,7 @@ function restOf(split: Split, before: ArrayLike<number>, after: ArrayLike<number
 }
 
 function fusedAlternatives(plan: NPlan, n: Rows, S: number, N: number): ProbeView['alternatives'] {
-  const list: ProbeView['alternatives'] = [
-    { name: 'n doubled (2n)', n: (g, i) => 2 * n(Math.floor(g / N), i) },
-    { name: 'n off by one (n + 1)', n: (g, i) => n(Math.floor(g / N), i) + 1 },
-  ];
+  const list = miscounts((g, i) => n(Math.floor(g / N), i));
   if (S > 1) list.push({ name: 'n = S (the query length, not the key count)', n: () => S });
   if (plan.kind === 'causal' || plan.kind === 'causal-offset') {
     list.push({ name: 'n = the last row\'s n for every row (keys) although causal', n: (g) => n(Math.floor(g / N), S - 1) });
@@ -246,7 +250,7 @@ function weightColumns(x: FusedInput, N: number, n: Rows, qWidth?: number): Fuse
     out.views.push({
       run: x.run, blocks: N, rows: 1, cols: rows * Hd, before: b2, after: a2, colsAreKeys: false,
       batch: () => 0, head: (g) => g, row: () => 0, n: () => n(0, 0),
-      alternatives: [{ name: 'n doubled (2n)', n: () => 2 * n(0, 0) }, { name: 'n off by one (n + 1)', n: () => n(0, 0) + 1 }],
+      alternatives: miscounts(() => n(0, 0)),
       where: (g) => `head ${g} query columns of the ${what} (${x.run})`,
     });
     out.unchanged.push(...restOf(split, before.data, after.data, `the key and value columns of the ${what}`));
@@ -381,11 +385,7 @@ function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, 
   const d = after.dims;
   if (d.length !== 4) return `the bias with the prior is [${d.join(', ')}], not [B|1, H, S, T] (${run})`;
   const [Bb, Hb, S, T] = d;
-  const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
-    const name = m?.get(input);
-    return name && out[name] ? [...out[name].data] : undefined;
-  };
-  const terms = { shape: read(w.shapes), value: read(w.values) };
+  const terms = termValues(w, out);
   const plan = planFor(f, site.record.n as NMode);
   const n = planRows(plan, terms, S);
   if (typeof n === 'string') return n;
