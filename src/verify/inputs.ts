@@ -33,8 +33,6 @@ export function rng(seed: number): () => number {
   };
 }
 
-
-
 export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
   const feeds: Feeds = {};
   const random = rng(options.seed ?? 1);
