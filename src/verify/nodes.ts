@@ -25,14 +25,14 @@ export function constant(graph: Graph, base: string, dataType: number, dims: num
 }
 
 /**
- * The last `count` rows (axis −2) of `x`, named after `name`, as nodes to add: Slice with inputs from opset 10,
- * attributes before. Returns the nodes and the sliced tensor (null: the rank an old opset needs is unknown).
+ * The last `count` rows (axis −2) of `x`, as nodes to add: Slice with inputs from opset 10, attributes before.
+ * Returns the nodes and the sliced tensor (null: the rank an old opset needs is unknown).
  */
-export function lastRows(graph: Graph, x: string, opset: number, rank: number | undefined, count: number, name: string): { nodes: NodeProto[]; out: string } | null {
-  const out = graph.uniqueName(`${PREFIX}${name}`);
+export function lastRows(graph: Graph, x: string, opset: number, rank: number | undefined, count: number): { nodes: NodeProto[]; out: string } | null {
+  const out = graph.uniqueName(`${PREFIX}${x}/last_rows`);
   if (opset >= 10 && (opset >= 11 || rank !== undefined)) {
     const axis = opset >= 11 ? -2 : rank! - 2;
-    const k = (base: string, v: number[]): NodeProto => constant(graph, `${name}/${base}`, DataType.INT64, [1], v);
+    const k = (base: string, v: number[]): NodeProto => constant(graph, `${x}/${base}`, DataType.INT64, [1], v);
     const [starts, ends, axes] = [k('starts', [-count]), k('ends', [2 ** 62]), k('axes', [axis])];
     return { nodes: [starts, ends, axes, node('Slice', [x, starts.output[0], ends.output[0], axes.output[0]], out)], out };
   }

@@ -104,7 +104,7 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
 }
 
 function slice(x: Exposer, scope: Scope, tensor: string): string {
-  const r = lastRows(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor), 1, `${tensor}/last_row`);
+  const r = lastRows(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor), 1);
   if (!r) throw new Problem(`the last row of '${tensor}' cannot be sliced (opset ${scope.opset}, rank unknown)`);
   for (const n of r.nodes) x.add(scope, n);
   return r.out;

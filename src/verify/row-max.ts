@@ -78,7 +78,7 @@ function softmaxRowMax(x: Exposer, scope: Scope, label: string | undefined, site
 /** ReduceMax over keys of the last ROW_SAMPLE rows of `probs` (all rows where the opset and rank allow no Slice). */
 function reduceRows(x: Exposer, scope: Scope, probs: string, layer: number): string {
   const g = scope.graph;
-  const sliced = lastRows(g, probs, scope.opset, scope.shapes.rank(probs), ROW_SAMPLE, `L${layer}/last_rows`);
+  const sliced = lastRows(g, probs, scope.opset, scope.shapes.rank(probs), ROW_SAMPLE);
   for (const n of sliced?.nodes ?? []) x.add(scope, n);
   const rows = sliced?.out ?? probs;
   const out = g.uniqueName(`${PREFIX}L${layer}/row_max_raw`);
