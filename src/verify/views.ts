@@ -82,7 +82,7 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   const perHead = r >= 4 || x.heads > 1;
   return {
     run: x.run, blocks, rows, cols, before: before.data, after: after.data, colsAreKeys: x.keys === undefined, row, n: declared, alternatives,
-    batch: (g) => Math.floor(g / heads), head: (g) => g % heads,
+    head: (g) => g % heads,
     where: (g, i) => (perHead ? `head ${g % heads} row ${row(i)} (${x.run}, batch item ${Math.floor(g / heads)})` : `row ${row(i)} (${x.run}, block ${g})`),
   };
 }
@@ -186,12 +186,8 @@ interface Split {
 function rowsOf(B: number, S: number, width: number, qWidth: number, N: number, at: Split['at'], restAt?: Split['at']): Split {
   const heads = Math.max(1, N);
   const rest: number[] = [];
-  if (restAt) {
-    const restWidth = width - qWidth;
-    for (let b = 0; b < B; b++) for (let i = 0; i < S; i++) for (let c = 0; c < restWidth; c++) rest.push(restAt(b, i, c));
-  } else if (qWidth < width) {
-    for (let b = 0; b < B; b++) for (let i = 0; i < S; i++) for (let c = qWidth; c < width; c++) rest.push(at(b, i, c));
-  }
+  const other = restAt ?? ((b, i, c): number => at(b, i, qWidth + c));
+  for (let b = 0; b < B; b++) for (let i = 0; i < S; i++) for (let c = 0; c < width - qWidth; c++) rest.push(other(b, i, c));
   return { B, S, N: heads, Hd: qWidth / heads, at, rest: rest.length ? rest : null };
 }
 
@@ -206,7 +202,7 @@ function assemble(run: string, split: Split, before: ArrayLike<number>, after: A
   }
   const view: ProbeView = {
     run, blocks: B * N, rows: S, cols: Hd, before: b2, after: a2, colsAreKeys: false,
-    batch: (g) => Math.floor(g / N), head: (g) => g % N, row: (i) => i,
+    head: (g) => g % N, row: (i) => i,
     n: (g, i) => n(Math.floor(g / N), i), alternatives: fusedAlternatives(plan, n, S, N),
     where: (g, i) => `head ${g % N} row ${i} (${run}, batch item ${Math.floor(g / N)})`,
   };
@@ -249,7 +245,7 @@ function weightColumns(x: FusedInput, N: number, n: Rows, qWidth?: number): Fuse
     }
     out.views.push({
       run: x.run, blocks: N, rows: 1, cols: rows * Hd, before: b2, after: a2, colsAreKeys: false,
-      batch: () => 0, head: (g) => g, row: () => 0, n: () => n(0, 0),
+      head: (g) => g, row: () => 0, n: () => n(0, 0),
       alternatives: miscounts(() => n(0, 0)),
       where: (g) => `head ${g} query columns of the ${what} (${x.run})`,
     });
@@ -276,18 +272,13 @@ function withBias(t: OutputTensor, bias?: OutputTensor): ArrayLike<number> {
  * detect/fused.ts): the same formulas the patch builds in the graph, evaluated here on the actual values.
  */
 export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
-  const total = (terms: Term[]): number | string => termTotal(terms, v);
   switch (plan.kind) {
-    case 'keys': {
-      const tk = total(plan.tk);
-      return typeof tk === 'string' ? tk : () => tk;
-    }
-    case 'causal': {
-      const tk = total(plan.tk);
-      return typeof tk === 'string' ? tk : (_b, i) => tk - S + i + 1;
+    case 'keys': case 'causal': {
+      const tk = termTotal(plan.tk, v);
+      return typeof tk === 'string' ? tk : plan.kind === 'keys' ? () => tk : (_b, i) => tk - S + i + 1;
     }
     case 'causal-offset': {
-      const p = total(plan.offset);
+      const p = termTotal(plan.offset, v);
       return typeof p === 'string' ? p : (_b, i) => p + i + 1;
     }
     case 'lengths': {
@@ -302,7 +293,7 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
       };
     }
     case 'mask-index': {
-      const tk = total(plan.tk);
+      const tk = termTotal(plan.tk, v);
       if (typeof tk === 'string') return tk;
       const keep = plan.mask === undefined ? () => true : maskIndexKeep(v.value(plan.mask), plan.maskRank ?? 2, v.shape(0)?.[0] ?? 1, S, tk);
       if (typeof keep === 'string') return keep;
@@ -395,7 +386,7 @@ function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, 
   if (typeof base === 'string') return `${base} (${run})`;
   return {
     run, blocks: Bb * Hb, rows: S, cols: T, before: base, after: after.data, colsAreKeys: true, alternatives: [],
-    batch: (g) => Math.floor(g / Hb), head: (g) => g % Hb, row: (i) => i,
+    head: (g) => g % Hb, row: (i) => i,
     n: (g, i) => n(Math.floor(g / Hb), i), pos: (g, i) => pos(Math.floor(g / Hb), i),
     where: (g, i) => `head ${g % Hb} row ${i} of the bias (${run}, batch item ${Math.floor(g / Hb)})`,
   };
