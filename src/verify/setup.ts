@@ -43,7 +43,6 @@ export interface Setup {
   fixed: Map<string, number>;
   /** L: the sweep's centre and, with a known train length, where the ssmax retrofit promises factor 1. */
   L: number;
-  trainLenKnown: boolean;
   trainLenSource: string;
   identity: Identity | null;
   /** Runs beyond this total length are where the factor must show (liveness). */
@@ -94,7 +93,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
-    record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source,
+    record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenSource: source,
     identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),

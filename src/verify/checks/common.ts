@@ -117,8 +117,7 @@ export function livenessCheck(criterion: string, d: LivenessData): CheckResult {
   return check('liveness', 'PASSED', `outputs differ from the original's at ${alive.map((r) => r.length.seq + r.length.past).join(', ')} (> ${d.beyond}; ${o.name} max abs ${e2(o.maxAbsFinite)} at ${longest.length.seq + longest.length.past}); ${finite}`, criterion, d.longRuns);
 }
 
-export function sharpnessCheck(criterion: string, curve: SharpnessCurve | undefined, why: string | null): CheckResult {
-  if (!curve) return skippedCheck('sharpness', criterion, why ?? 'no lengths');
+export function sharpnessCheck(criterion: string, curve: SharpnessCurve): CheckResult {
   const first = curve.points[0], last = curve.points[curve.points.length - 1];
   const p = (x: number): string => x.toPrecision(3);
   const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;

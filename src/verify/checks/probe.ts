@@ -38,7 +38,7 @@ function tolerances(type: number | undefined): { rtol: number; rowEps: number } 
 
 /** A probe over one set of runs, reading one probe copy's outputs. */
 export class Prober {
-  readonly probes: SiteProbe[];
+  private readonly probes: SiteProbe[];
   /** Per site with a positional prior: the probe of the prior's Add, after = before + c·B. */
   private readonly priorProbes: (SiteProbe | undefined)[];
   private readonly problems = new Map<number, string>();
@@ -52,7 +52,7 @@ export class Prober {
     this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
   }
 
-  /** Feeds one run's outputs to every site; returns each site's views, for callers that look further. */
+  /** Feeds one run's outputs to every site. */
   observe(run: RunSpec, outcome: Outcome): void {
     if ('error' in outcome) {
       this.ctx.setup.sites.forEach((_, i) => this.problems.set(i, `the patched model fails on ${run.id}: ${outcome.error}`));
@@ -101,7 +101,6 @@ export class Prober {
     const unprobed: string[] = [];
     this.probes.forEach((p, i) => {
       const problem = this.problems.get(i);
-      if (problem) p.fail(problem.replace(/^[^:]*: /, ''));
       const why = this.unprobed.get(i);
       const lifted = why ? this.ctx.lifted?.get(i) : undefined;
       if (lifted && typeof lifted !== 'string' && !problem) { results.push(lifted); return; }
@@ -110,7 +109,7 @@ export class Prober {
       const notRun = `${this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run'}`;
       for (const probe of [site.s.length ? p : undefined, this.priorProbes[i]]) {
         if (!probe) continue;
-        if (problem && probe !== p) probe.fail(problem.replace(/^[^:]*: /, ''));
+        if (problem) probe.fail(problem.replace(/^[^:]*: /, ''));
         const r = probe.result();
         if (r.runs === 0 && !problem) unprobed.push(`${probe.label}: ${notRun}`);
         else results.push(r);

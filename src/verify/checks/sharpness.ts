@@ -5,7 +5,7 @@
  */
 import { CheckId, RunSpec } from '../plan';
 import { CheckResult } from '../report';
-import { Outputs, OutputTensor } from '../run';
+import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { layerMeans, MIN_KEPT, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
 import { sharpnessCheck, skippedCheck } from './common';
@@ -28,8 +28,7 @@ export class SharpnessCheck implements CheckUnit {
     const rows = this.ctx.factory.rowMax;
     if (key !== 'patched' || 'error' in outcome || !original || !rows.original || !rows.patched) return;
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
-    const pick = (out: Outputs, names: Map<number, string>): Map<number, OutputTensor> => new Map(seen.map((i) => [i, out[names.get(i)!]]));
-    const means = (out: Outputs, names: Map<number, string>): number[] => layerMeans(pick(out, names), run.seq);
+    const means = (out: Outputs, names: Map<number, string>): number[] => layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
     this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
   }
 
@@ -58,6 +57,6 @@ export class SharpnessCheck implements CheckUnit {
     if (curve.points[curve.points.length - 1].length <= setup.liveFrom) {
       return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
     }
-    return sharpnessCheck(this.criterion, curve, null);
+    return sharpnessCheck(this.criterion, curve);
   }
 }
