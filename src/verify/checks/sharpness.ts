@@ -7,8 +7,8 @@ import { CheckId, RunSpec } from '../plan';
 import { CheckResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
-import { layerMeans, MIN_KEPT, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
-import { sharpnessCheck, skippedCheck } from './common';
+import { isUniform, layerMeans, MIN_KEPT, NO_FADE, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
+import { check, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
 
 export class SharpnessCheck implements CheckUnit {
@@ -54,9 +54,20 @@ export class SharpnessCheck implements CheckUnit {
     const curve = sharpnessCurve(setup.L, this.points);
     // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
     this.curve = curve;
-    if (curve.points[curve.points.length - 1].length <= setup.liveFrom) {
+    const first = curve.points[0], last = curve.points[curve.points.length - 1];
+    if (last.length <= setup.liveFrom) {
       return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
     }
-    return sharpnessCheck(this.criterion, curve);
+    const p = (x: number): string => x.toPrecision(3);
+    const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
+    const text = `mean max attention probability ${first.length} → ${last.length}: original ${p(first.original)} → ${p(last.original)} (${keeps(curve.originalFall)}), patched ${p(first.patched)} → ${p(last.patched)} (${keeps(curve.patchedFall)})`;
+    if (curve.points.every((x) => isUniform(x.original, x.length))) {
+      return skippedCheck('sharpness', this.criterion, `${text}: the original's attention is uniform at every length (largest probability about 1/n: logits near 0), so no factor can sharpen it`, 'not applicable');
+    }
+    if (-curve.originalFall >= Math.log(NO_FADE)) {
+      return skippedCheck('sharpness', this.criterion, `${text}: the original does not fade over these lengths, so there is nothing for SSMax to keep`, 'not applicable');
+    }
+    if (curve.kept >= MIN_KEPT) return check('sharpness', 'PASSED', `${text}: ${p(Math.exp(curve.kept))}× the original's retention`, this.criterion);
+    return check('sharpness', 'FAILED', `${text}: the patched model fades like the original`, this.criterion);
   }
 }
