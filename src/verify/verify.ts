@@ -62,8 +62,7 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   const setup = prepare(original, patched, options);
   const progress = options.progress ?? ((): void => undefined);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
-  const labels = setup.sites.map((s) => s.label);
-  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, verifyPatch, labels) : undefined;
+  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, verifyPatch, setup.sites.map((s) => s.label)) : undefined;
   const ctx: UnitContext = { setup, factory, lifted };
   const sharpness = new SharpnessCheck(ctx);
   // Retrofit first: it adds its runs to the plan before the others look at the runs.
