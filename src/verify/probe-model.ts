@@ -99,7 +99,7 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   const wantMasked = countsMasks(site.record.n) && softmax;
   return {
     type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
-    ...(wantMasked ? { masked: out(rows === 'last' ? slice(x, scope, softmax.input[0]) : softmax.input[0], 'masked') } : {}),
+    ...(wantMasked ? { masked: out(lastOf(softmax.input[0]), 'masked') } : {}),
   };
 }
 

@@ -73,8 +73,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   const checks = new Set(options.checks ?? CHECK_IDS);
   const given = readGivenInputs(specs, options.inputFiles ?? {});
   const fixed = new Map(Object.entries(options.dims ?? {}));
-  const origin = new Map([...fixed.keys()].map((k) => [k, opt('dims', k)]));
-  bindGivenDims(specs, given, fixed, origin);
+  bindGivenDims(specs, given, fixed, new Map([...fixed.keys()].map((k) => [k, opt('dims', k)])));
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
   const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));

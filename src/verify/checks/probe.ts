@@ -106,7 +106,7 @@ export class Prober {
       if (lifted && typeof lifted !== 'string' && !problem) { results.push(lifted); return; }
       if (why && !problem) { unprobed.push(typeof lifted === 'string' ? `${p.label}: ${lifted}` : why); return; }
       const site = this.ctx.setup.sites[i];
-      const notRun = `${this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run'}`;
+      const notRun = this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run';
       for (const probe of [site.s.length ? p : undefined, this.priorProbes[i]]) {
         if (!probe) continue;
         if (problem) probe.fail(problem.replace(/^[^:]*: /, ''));
