@@ -20,7 +20,8 @@ import { CheckUnit, Outcome } from './checks/unit';
 
 export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
   const runs = setup.plan.runs;
-  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] => units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key));
+  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] =>
+    units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key));
   const reports = new Map<string, RunReport>();
   const store = new OriginalOutputs();
   const dropped = new Set<string>();

@@ -28,7 +28,8 @@ export function constant(graph: Graph, base: string, dataType: number, dims: num
  * The last `count` rows (axis −2) of `x`, as nodes to add: Slice with inputs from opset 10, attributes before.
  * Returns the nodes and the sliced tensor (null: the rank an old opset needs is unknown).
  */
-export function lastRows(graph: Graph, x: string, opset: number, rank: number | undefined, count: number): { nodes: NodeProto[]; out: string } | null {
+export function lastRows(graph: Graph, x: string, opset: number, rank: number | undefined,
+  count: number): { nodes: NodeProto[]; out: string } | null {
   const out = graph.uniqueName(`${PREFIX}${x}/last_rows`);
   if (opset >= 10 && (opset >= 11 || rank !== undefined)) {
     const axis = opset >= 11 ? -2 : rank! - 2;

@@ -62,7 +62,8 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   const setup = prepare(original, patched, options);
   const progress = options.progress ?? ((): void => undefined);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
-  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, verifyPatch, setup.sites.map((s) => s.label)) : undefined;
+  const labels = setup.sites.map((s) => s.label);
+  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, verifyPatch, labels) : undefined;
   const ctx: UnitContext = { setup, factory, lifted };
   const sharpness = new SharpnessCheck(ctx);
   // Retrofit first: it adds its runs to the plan before the others look at the runs.
@@ -77,7 +78,8 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
   const done = new Map<CheckId, CheckResult>();
   for (const id of CHECK_IDS) {
     const unit = units.find((u) => u.id === id)!;
-    done.set(id, setup.checks.has(id) ? unit.judge(done) : skippedCheck(id, unit.criterion, `not selected (${opt('checks')})`, 'not selected'));
+    done.set(id, setup.checks.has(id) ? unit.judge(done)
+      : skippedCheck(id, unit.criterion, `not selected (${opt('checks')})`, 'not selected'));
   }
   const checks = CHECK_IDS.map((id) => done.get(id)!);
   const report: VerifyReport = {

@@ -28,7 +28,8 @@ export class SharpnessCheck implements CheckUnit {
     const rows = this.ctx.factory.rowMax;
     if (key !== 'patched' || 'error' in outcome || !original || !rows.original || !rows.patched) return;
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
-    const means = (out: Outputs, names: Map<number, string>): number[] => layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
+    const means = (out: Outputs, names: Map<number, string>): number[] =>
+      layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
     this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
   }
 
