@@ -14,13 +14,14 @@ import { synthesize } from './inputs';
 import { RunSpec } from './plan';
 import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
-import { LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
+import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { Setup } from './setup';
 import { CheckUnit, Outcome } from './checks/unit';
 
 export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
   const runs = setup.plan.runs;
-  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] => units.filter((u) => u.sessions(run).includes(key));
+  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] =>
+    units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key));
   const reports = new Map<string, RunReport>();
   const store = new OriginalOutputs();
   const dropped = new Set<string>();
@@ -62,12 +63,8 @@ interface StepState { reports: Map<string, RunReport>; store: OriginalOutputs; d
 async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
   const outcome = await runOnce(setup, runner, run, st.reports);
   const bytes = 'outputs' in outcome ? Object.values(outcome.outputs).reduce((n, t) => n + t.data.byteLength, 0) : 0;
-  if (key === 'original') {
-    original(setup, run, outcome, st.store, st.dropped);
-    return bytes;
-  }
-  const expected = st.store.get(run.id);
-  for (const u of st.readers) u.observe(run, key, outcome, expected);
+  if (key === 'original') original(setup, run, outcome, st.store, st.dropped);
+  else for (const u of st.readers) u.observe(run, key, outcome, st.store.get(run.id));
   return bytes;
 }
 
@@ -79,8 +76,8 @@ async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<
   try {
     return { outputs: await runner.run(feeds) };
   } catch (e) {
-    report.errors = { ...report.errors, [runner.label]: oneLine(e) };
-    return { error: oneLine(e) };
+    report.errors = { ...report.errors, [runner.label]: firstLine(e) };
+    return { error: firstLine(e) };
   } finally {
     report.ms[runner.label] = Math.round(performance.now() - start);
   }
@@ -124,10 +121,6 @@ function seedOf(id: string): number {
   let h = 2166136261;
   for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 16777619);
   return h >>> 0;
-}
-
-function oneLine(e: unknown): string {
-  return String((e as Error)?.message ?? e).split('\n')[0];
 }
 
 /** Tensors larger than this are kept in a temporary file until the variants' runs read them. */

@@ -33,8 +33,6 @@ export function rng(seed: number): () => number {
   };
 }
 
-
-
 export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
   const feeds: Feeds = {};
   const random = rng(options.seed ?? 1);
@@ -130,7 +128,6 @@ export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number
 }
 
 function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, padded: boolean, random: () => number): HostTensor {
-  const type = hostTypeOf(spec.elemType, spec.name);
   const count = elementCount(dims);
   const values = new Float64Array(count);
   const last = dims.length ? dims[dims.length - 1] : 1;
@@ -174,7 +171,7 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       if (spec.elemType === DataType.BOOL) values.fill(shape.seq % 2 === 0 ? 1 : 0);
       else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
-  return makeHost(type, dims, values);
+  return makeHost(hostTypeOf(spec.elemType, spec.name), dims, values);
 }
 
 /** The input is the mask_index of a com.microsoft Attention (its input 3), directly or through Casts. */

@@ -25,17 +25,18 @@ export function constant(graph: Graph, base: string, dataType: number, dims: num
 }
 
 /**
- * The last row (axis −2) of `x`, as nodes to add: Slice with inputs from opset 10, attributes before. Returns
- * the nodes and the sliced tensor.
+ * The last `count` rows (axis −2) of `x`, as nodes to add: Slice with inputs from opset 10, attributes before.
+ * Returns the nodes and the sliced tensor (null: the rank an old opset needs is unknown).
  */
-export function lastRow(graph: Graph, x: string, opset: number, rank: number | undefined): { nodes: NodeProto[]; out: string } | null {
-  const out = graph.uniqueName(`${PREFIX}${x}/last_row`);
+export function lastRows(graph: Graph, x: string, opset: number, rank: number | undefined,
+  count: number): { nodes: NodeProto[]; out: string } | null {
+  const out = graph.uniqueName(`${PREFIX}${x}/last_rows`);
   if (opset >= 10 && (opset >= 11 || rank !== undefined)) {
     const axis = opset >= 11 ? -2 : rank! - 2;
-    const k = (base: string, v: number[]): NodeProto => constant(graph, base, DataType.INT64, [1], v);
-    const [starts, ends, axes] = [k('starts', [-1]), k('ends', [2 ** 62]), k('axes', [axis])];
+    const k = (base: string, v: number[]): NodeProto => constant(graph, `${x}/${base}`, DataType.INT64, [1], v);
+    const [starts, ends, axes] = [k('starts', [-count]), k('ends', [2 ** 62]), k('axes', [axis])];
     return { nodes: [starts, ends, axes, node('Slice', [x, starts.output[0], ends.output[0], axes.output[0]], out)], out };
   }
   if (rank === undefined) return null;
-  return { nodes: [node('Slice', [x], out, { starts: [-1], ends: [2 ** 62], axes: [rank - 2] })], out };
+  return { nodes: [node('Slice', [x], out, { starts: [-count], ends: [2 ** 62], axes: [rank - 2] })], out };
 }

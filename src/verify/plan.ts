@@ -132,19 +132,13 @@ function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]):
   return sweep;
 }
 
-export interface RetrofitInput {
-  seqFree: boolean;
-  pastFree: boolean;
-  pinned: Partial<RunShape>;
-  batch: number;
-}
-
 /**
  * The runs where rows can have a factor of 1 (n in [from, upTo]), added to the plan when missing: the whole
  * sequence at length upTo (capped), and one new token after upTo − 1 cached ones. Which of their rows do have
  * that n is seen at run time, per site. Returns the run ids, or why no run can get there.
  */
-export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number }, o: RetrofitInput & { minPast?: number }): string[] | string {
+export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number },
+  o: Pick<PlanInput, 'seqFree' | 'pastFree' | 'pinned' | 'batch' | 'minPast'>): string[] | string {
   const ids: string[] = [];
   const want = (seq: number, past: number): void => {
     const id = `batch=${o.batch} seq=${seq}${past ? ` past=${past}` : ''}`;

@@ -17,7 +17,7 @@ import { nodeKey } from '../rewrite/journal';
 import { countsMasks, NMode } from '../policy/n-mode';
 import { planFor } from '../rewrite/fused';
 import { Exposer, Unexposable } from './expose';
-import { lastRow, node, PREFIX } from './nodes';
+import { lastRows, node, PREFIX } from './nodes';
 import { readsLogits, VerifySite } from './sites';
 
 export interface ProbeOutputs {
@@ -99,12 +99,12 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   const wantMasked = countsMasks(site.record.n) && softmax;
   return {
     type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
-    ...(wantMasked ? { masked: out(rows === 'last' ? slice(x, scope, softmax.input[0]) : softmax.input[0], 'masked') } : {}),
+    ...(wantMasked ? { masked: out(lastOf(softmax.input[0]), 'masked') } : {}),
   };
 }
 
 function slice(x: Exposer, scope: Scope, tensor: string): string {
-  const r = lastRow(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor));
+  const r = lastRows(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor), 1);
   if (!r) throw new Problem(`the last row of '${tensor}' cannot be sliced (opset ${scope.opset}, rank unknown)`);
   for (const n of r.nodes) x.add(scope, n);
   return r.out;

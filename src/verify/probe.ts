@@ -44,8 +44,7 @@ export interface ProbeView {
   cols: number;
   before: ArrayLike<number>;
   after: ArrayLike<number>;
-  /** The batch item and head of block g (head 0 when heads are not in view). */
-  batch(g: number): number;
+  /** The head of block g (0 when heads are not in view). */
   head(g: number): number;
   /** The row's index in the whole tensor (a slice of the last rows starts past 0). */
   row(i: number): number;

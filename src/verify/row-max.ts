@@ -11,7 +11,7 @@ import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
 import { Exposer, Unexposable } from './expose';
-import { attribute, constant, node, PREFIX } from './nodes';
+import { attribute, constant, lastRows, node, PREFIX } from './nodes';
 import { VerifySite } from './sites';
 
 /** Rows per attention site whose largest probability is read: the last ROW_SAMPLE rows. */
@@ -78,15 +78,9 @@ function softmaxRowMax(x: Exposer, scope: Scope, label: string | undefined, site
 /** ReduceMax over keys of the last ROW_SAMPLE rows of `probs` (all rows where the opset and rank allow no Slice). */
 function reduceRows(x: Exposer, scope: Scope, probs: string, layer: number): string {
   const g = scope.graph;
-  const rank = scope.shapes.rank(probs);
-  let rows = probs;
-  if (scope.opset >= 10 && (scope.opset >= 11 || rank !== undefined)) {
-    const k = (base: string, v: number[]): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [1], v));
-    const axis = scope.opset >= 11 ? -2 : rank! - 2;
-    rows = add(x, scope, node('Slice', [probs, k('rows_start', [-ROW_SAMPLE]), k('rows_end', [2 ** 62]), k('rows_axis', [axis])], g.uniqueName(`${PREFIX}L${layer}/last_rows`)));
-  } else if (rank !== undefined) {
-    rows = add(x, scope, node('Slice', [probs], g.uniqueName(`${PREFIX}L${layer}/last_rows`), { starts: [-ROW_SAMPLE], ends: [2 ** 62], axes: [rank - 2] }));
-  }
+  const sliced = lastRows(g, probs, scope.opset, scope.shapes.rank(probs), ROW_SAMPLE);
+  for (const n of sliced?.nodes ?? []) x.add(scope, n);
+  const rows = sliced?.out ?? probs;
   const out = g.uniqueName(`${PREFIX}L${layer}/row_max_raw`);
   return scope.opset >= 18
     ? add(x, scope, node('ReduceMax', [rows, add(x, scope, constant(g, `L${layer}/last_axis`, DataType.INT64, [1], [-1]))], out, { keepdims: 0 }))
@@ -197,11 +191,12 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   // Ops every opset ≥ 11 graph accepts (com.microsoft Attention is found in opset-11 decoders): a scalar Gather
   // instead of Squeeze, a comparison of positions instead of Trilu.
   const scalar = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [], [v]));
+  const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
   if (op.input[4]) k = n('Concat', [n('Gather', [op.input[4], scalar('past_k', 0)], 'past_k_4d', { axis: 0 }), k], 'k_all', { axis: 2 });
   const kT = n('Transpose', [k], 'k_t', { perm: [0, 1, 3, 2] });
   const hd = n('Cast', [n('Slice', [n('Shape', [q], 'q_shape'), k64('hd_at', [3]), k64('hd_end', [4])], 'head_size')], 'head_size_f', { to: DataType.FLOAT });
   const scale = attrFloat(op, 'scale');
-  const factor = scale ? add(x, scope, constant(g, `L${layer}/scale`, DataType.FLOAT, [], [scale])) : n('Reciprocal', [n('Sqrt', [hd], 'sqrt_hd')], 'scale');
+  const factor = scale ? f('scale', scale) : n('Reciprocal', [n('Sqrt', [hd], 'sqrt_hd')], 'scale');
   let logits = n('Mul', [n('MatMul', [q, kT], 'qk_raw'), factor], 'qk_scaled');
   if ((attrInt(op, 'unidirectional') ?? 0) === 1) {
     // Row i of S sees keys j ≤ Tk − S + i: −inf where j is beyond that.
@@ -210,14 +205,12 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
     const one = scalar('one', 1), zero = scalar('zero', 0);
     const position = n('Reshape', [n('Add', [n('Range', [zero, S, one], 'row_index'), n('Sub', [T, S], 'offset')], 'row_pos'), k64('column', [-1, 1])], 'row_pos_col');
     const future = n('Greater', [n('Range', [zero, T, one], 'key_pos'), position], 'future');
-    const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
     logits = n('Add', [logits, n('Where', [future, f('neg_inf', -Infinity), f('zero_f', 0)], 'causal')], 'qk_masked');
   }
   // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
   if (op.input[5]) logits = n('Add', [logits, op.input[5]], 'qk_biased');
   if (maskRank !== undefined) {
     // Hidden keys get mask_filter_value (−10000 unless set), as the kernel does.
-    const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
     const keep = maskRank === 1 ? keptByPositions(n, scalar, k64, op, kT) : n('Cast', [op.input[3]], 'mask_keep', { to: DataType.BOOL });
     const bias = n('Where', [keep, f('zero_keep', 0), f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
     // [B, T] → [B, 1, 1, T]; [B|1, S, T] → [B|1, 1, S, T].

@@ -25,7 +25,7 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
  * call's function body included), and removes the inserted nodes nothing reads any more. The 1 takes the type
  * of the factor it replaces.
  */
-export function forceUnitFactor(model: ModelProto): ModelProto {
+function forceUnitFactor(model: ModelProto): ModelProto {
   const record = readRecord(model);
   const scopes = modelScopes(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
@@ -73,12 +73,12 @@ function replaceFactor(scope: Scope, apply: NodeProto): void {
     one = [f, node('CastLike', [f.output[0], apply.input[0]], graph.uniqueName(`${PREFIX}${apply.name}/unit_factor`))];
   }
   for (const n of one) graph.insertNode(n);
-  const value = one[one.length - 1].output[0];
-  for (const reader of [...graph.consumersOf(factor)]) {
-    reader.input.forEach((name, i) => {
-      if (name === factor) graph.setInput(reader, i, value);
-    });
-  }
+  redirect(graph, factor, one[one.length - 1].output[0]);
+}
+
+/** Every reader of `from` reads `to` instead. */
+function redirect(graph: Graph, from: string, to: string): void {
+  for (const n of [...graph.consumersOf(from)]) n.input.forEach((x, i) => { if (x === from) graph.setInput(n, i, to); });
 }
 
 /**
@@ -138,7 +138,7 @@ export function carryBf16AsFloat(model: ModelProto): string[] {
     const t = input.type?.tensorType;
     if (!t || t.elemType !== DataType.BFLOAT16 || graph.initializers.has(input.name)) continue;
     const inner = graph.uniqueName(`${PREFIX}${input.name}/bf16`);
-    for (const n of [...graph.consumersOf(input.name)]) n.input.forEach((x, i) => { if (x === input.name) graph.setInput(n, i, inner); });
+    redirect(graph, input.name, inner);
     for (const o of graph.proto.output) if (o.name === input.name) o.name = inner;
     t.elemType = DataType.FLOAT;
     graph.insertNode(node('Cast', [input.name], inner, { to: DataType.BFLOAT16 }));

@@ -21,7 +21,7 @@ import { addProbeOutputs, ProbeWiring } from './probe-model';
 import { SessionReport } from './report';
 import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Runner } from './run';
-import { carryBf16AsFloat, forceUnitFactor, hasBf16Io } from './runtime-model';
+import { carryBf16AsFloat, hasBf16Io, withUnitFactor } from './runtime-model';
 import { VerifySite } from './sites';
 
 export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
@@ -61,12 +61,11 @@ export class SessionFactory {
     // tensor read that way, and the probe only reads values, so they run with basic optimisations.
     const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : 'all';
     try {
-      const runner = await Runner.create(this.fromFile ? this.write(key, model) : encodeModel(model), SESSION_LABELS[key], optimization);
-      return runner;
+      return await Runner.create(this.fromFile ? this.write(key, model) : encodeModel(model), SESSION_LABELS[key], optimization);
     } catch (e) {
       if (e instanceof InputError) throw e;
-      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${oneLine(e)}`);
-      throw new LoadFailure(`onnxruntime cannot load the ${SESSION_LABELS[key]} model: ${oneLine(e)}`);
+      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${firstLine(e)}`);
+      throw new LoadFailure(`onnxruntime cannot load the ${SESSION_LABELS[key]} model: ${firstLine(e)}`);
     }
   }
 
@@ -85,7 +84,7 @@ export class SessionFactory {
     switch (key) {
       case 'original': return this.withRowMax('original', cloneModel(this.original));
       case 'patched': return this.withRowMax('patched', cloneModel(this.patched));
-      case 'unit': return forceUnitFactor(cloneModel(this.patched));
+      case 'unit': return withUnitFactor(this.patched);
       case 'probe': case 'probeLast': {
         const m = cloneModel(this.patched);
         this.probes[key] = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last');
@@ -119,6 +118,7 @@ function filesSize(m: ModelProto): number {
   }, 0);
 }
 
-function oneLine(e: unknown): string {
+/** The first line of an error's message (onnxruntime's may run to many). */
+export function firstLine(e: unknown): string {
   return String((e as Error)?.message ?? e).split('\n')[0];
 }

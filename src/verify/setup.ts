@@ -43,7 +43,6 @@ export interface Setup {
   fixed: Map<string, number>;
   /** L: the sweep's centre and, with a known train length, where the ssmax retrofit promises factor 1. */
   L: number;
-  trainLenKnown: boolean;
   trainLenSource: string;
   identity: Identity | null;
   /** Runs beyond this total length are where the factor must show (liveness). */
@@ -74,8 +73,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   const checks = new Set(options.checks ?? CHECK_IDS);
   const given = readGivenInputs(specs, options.inputFiles ?? {});
   const fixed = new Map(Object.entries(options.dims ?? {}));
-  const origin = new Map([...fixed.keys()].map((k) => [k, opt('dims', k)]));
-  bindGivenDims(specs, given, fixed, origin);
+  bindGivenDims(specs, given, fixed, new Map([...fixed.keys()].map((k) => [k, opt('dims', k)])));
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
   const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));
@@ -94,7 +92,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
-    record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenKnown: known, trainLenSource: source,
+    record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenSource: source,
     identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),

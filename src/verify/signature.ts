@@ -86,10 +86,8 @@ function ruleUnknownDims(specs: InputSpec[]): void {
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
   for (const spec of specs.filter((x) => !x.unshaped)) {
     spec.dims.forEach((d, axis) => {
-      if ('value' in d) return;
-      if ('param' in d && resolveParam(d.param, probe, new Map())) return;
-      if (!('param' in d) && (unnamedDim(spec, axis, probe) || spec.graphDims?.[axis] !== undefined)) return;
-      if ('param' in d && spec.graphDims?.[axis] !== undefined) return;
+      if ('value' in d || spec.graphDims?.[axis] !== undefined) return;
+      if ('param' in d ? resolveParam(d.param, probe, new Map()) : unnamedDim(spec, axis, probe)) return;
       const rule = ('param' in d ? byName.get(d.param) : undefined) ?? sizeByPosition(spec, axis);
       d.rule = rule;
       if ('param' in d && !byName.has(d.param)) byName.set(d.param, rule);
@@ -166,15 +164,11 @@ export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixe
   const d = input.dims[axis];
   if ('value' in d) return { size: d.value, source: 'fixed' };
   if (input.unshaped) return { size: shape.seq, source: 'seq' };
+  const r = 'param' in d ? resolveParam(d.param, shape, fixed) : unnamedDim(input, axis, shape);
+  if (r) return r;
   const fromGraph = input.graphDims?.[axis];
-  if ('param' in d) {
-    const r = resolveParam(d.param, shape, fixed);
-    if (r) return r;
-    if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
-    return ruled(d.rule ?? sizeByPosition(input, axis), shape);
-  }
-  const r = unnamedDim(input, axis, shape) ?? (fromGraph !== undefined ? { size: fromGraph, source: 'fixed' as const } : null);
-  return r ?? ruled(d.rule ?? sizeByPosition(input, axis), shape);
+  if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
+  return ruled(d.rule ?? sizeByPosition(input, axis), shape);
 }
 
 function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {
@@ -222,7 +216,6 @@ function unnamedDim(input: InputSpec, axis: number, shape: RunShape): { size: nu
   return null;
 }
 
-
 /** Run sizes pinned by named dims: `--dim seq=128` or an input file fixing 'sequence' pins the sequence length. */
 export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShape> {
   const pinned: Partial<RunShape> = {};
@@ -237,8 +230,8 @@ export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShap
 /** Checks user-given tensors against the declared shapes and records the sizes of the named dims they fix. */
 export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: number[] }>, fixed: Map<string, number>, origin: Map<string, string>): void {
   for (const [name, tensor] of Object.entries(given)) {
-    const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    // Every given input is one of the model's (readGivenInputs read it for one).
+    const spec = specs.find((s) => s.name === name)!;
     // An input without a declared shape takes whatever was given.
     if (spec.unshaped) continue;
     const shape = `[${tensor.dims.join(', ')}]`;

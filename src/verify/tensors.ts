@@ -68,8 +68,7 @@ export function makeHost(type: HostType, dims: number[], values: ArrayLike<numbe
 
 /** The values of a host tensor as numbers (float16 decoded, 64-bit integers as the nearest double). */
 export function hostValues(type: string, data: ArrayLike<number | bigint>): Float32Array | Float64Array {
-  if (data instanceof Float32Array) return data;
-  if (data instanceof Float64Array) return data;
+  if (data instanceof Float32Array || data instanceof Float64Array) return data;
   if (type === 'float16' && data instanceof Uint16Array) return Float32Array.from(data, float16ToNumber);
   if (data instanceof BigInt64Array || data instanceof BigUint64Array) return Float64Array.from(data, (v) => Number(v));
   return Float64Array.from(data as ArrayLike<number>);

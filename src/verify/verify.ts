@@ -9,7 +9,7 @@
  * The sites come from the patch record and its journal. With `strict`, anything left unverified (a skipped
  * check, a site that could not be seen, attention the patch refused) fails the verification.
  */
-import { render } from '../errors';
+import { opt, render } from '../errors';
 import { ModelProto } from '../io/onnx';
 import { CheckId, CHECK_IDS } from './plan';
 import { CheckResult, InputReport, RunReport, VerifyReport } from './report';
@@ -19,6 +19,7 @@ import { ruledDims } from './signature';
 import { elemTypeName } from './tensors';
 import { execute } from './execute';
 import { liftedProbes } from './lift';
+import { skippedCheck } from './checks/common';
 import { LivenessCheck } from './checks/liveness';
 import { ProbeCheck } from './checks/probe';
 import { RetrofitCheck } from './checks/retrofit';
@@ -75,7 +76,11 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
     factory.cleanup();
   }
   const done = new Map<CheckId, CheckResult>();
-  for (const id of CHECK_IDS) done.set(id, units.find((u) => u.id === id)!.judge(done));
+  for (const id of CHECK_IDS) {
+    const unit = units.find((u) => u.id === id)!;
+    done.set(id, setup.checks.has(id) ? unit.judge(done)
+      : skippedCheck(id, unit.criterion, `not selected (${opt('checks')})`, 'not selected'));
+  }
   const checks = CHECK_IDS.map((id) => done.get(id)!);
   const report: VerifyReport = {
     passed: false, strictMode: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refusedAttention: setup.refused,

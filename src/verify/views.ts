@@ -21,12 +21,8 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const before = out[w.before], after = out[w.after];
   const heads = site.s.length > 1 ? site.s.length : 1;
   if (site.fused && !readsLogits(site)) {
-    const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
-      const name = m?.get(input);
-      return name && out[name] ? [...out[name].data] : undefined;
-    };
     return fusedView({
-      run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: { shape: read(w.shapes), value: read(w.values) },
+      run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: termValues(w, out),
       expanded: Boolean(site.record.expanded),
       bias: w.bias ? { before: out[w.bias.before], after: out[w.bias.after] } : undefined,
     });
@@ -76,10 +72,7 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
-  const alternatives: ProbeView['alternatives'] = [
-    { name: 'n doubled (2n)', n: (g, i) => 2 * declared(g, i) },
-    { name: 'n off by one (n + 1)', n: (g, i) => declared(g, i) + 1 },
-  ];
+  const alternatives = miscounts(declared);
   if (!x.lastRow) {
     alternatives.push(x.mode === 'causal'
       ? { name: 'n = Tk (keys mode) although the record says causal', n: () => tk }
@@ -89,9 +82,14 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   const perHead = r >= 4 || x.heads > 1;
   return {
     run: x.run, blocks, rows, cols, before: before.data, after: after.data, colsAreKeys: x.keys === undefined, row, n: declared, alternatives,
-    batch: (g) => Math.floor(g / heads), head: (g) => g % heads,
+    head: (g) => g % heads,
     where: (g, i) => (perHead ? `head ${g % heads} row ${row(i)} (${x.run}, batch item ${Math.floor(g / heads)})` : `row ${row(i)} (${x.run}, block ${g})`),
   };
+}
+
+/** The n a patch that counts keys wrongly would use: twice n, or one more. */
+function miscounts(n: (g: number, i: number) => number): ProbeView['alternatives'] {
+  return [{ name: 'n doubled (2n)', n: (g, i) => 2 * n(g, i) }, { name: 'n off by one (n + 1)', n: (g, i) => n(g, i) + 1 }];
 }
 
 function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
@@ -110,6 +108,15 @@ function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
 export interface TermValues {
   shape(input: number): number[] | undefined;
   value(input: number): number[] | undefined;
+}
+
+/** The shapes and values the probe copy brought out for a fused site's n plan. */
+function termValues(w: ProbeOutputs, out: Outputs): TermValues {
+  const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
+    const name = m?.get(input);
+    return name && out[name] ? [...out[name].data] : undefined;
+  };
+  return { shape: read(w.shapes), value: read(w.values) };
 }
 
 export interface FusedInput {
@@ -179,12 +186,8 @@ interface Split {
 function rowsOf(B: number, S: number, width: number, qWidth: number, N: number, at: Split['at'], restAt?: Split['at']): Split {
   const heads = Math.max(1, N);
   const rest: number[] = [];
-  if (restAt) {
-    const restWidth = width - qWidth;
-    for (let b = 0; b < B; b++) for (let i = 0; i < S; i++) for (let c = 0; c < restWidth; c++) rest.push(restAt(b, i, c));
-  } else if (qWidth < width) {
-    for (let b = 0; b < B; b++) for (let i = 0; i < S; i++) for (let c = qWidth; c < width; c++) rest.push(at(b, i, c));
-  }
+  const other = restAt ?? ((b, i, c): number => at(b, i, qWidth + c));
+  for (let b = 0; b < B; b++) for (let i = 0; i < S; i++) for (let c = 0; c < width - qWidth; c++) rest.push(other(b, i, c));
   return { B, S, N: heads, Hd: qWidth / heads, at, rest: rest.length ? rest : null };
 }
 
@@ -199,7 +202,7 @@ function assemble(run: string, split: Split, before: ArrayLike<number>, after: A
   }
   const view: ProbeView = {
     run, blocks: B * N, rows: S, cols: Hd, before: b2, after: a2, colsAreKeys: false,
-    batch: (g) => Math.floor(g / N), head: (g) => g % N, row: (i) => i,
+    head: (g) => g % N, row: (i) => i,
     n: (g, i) => n(Math.floor(g / N), i), alternatives: fusedAlternatives(plan, n, S, N),
     where: (g, i) => `head ${g % N} row ${i} (${run}, batch item ${Math.floor(g / N)})`,
   };
@@ -212,10 +215,7 @@ function restOf(split: Split, before: ArrayLike<number>, after: ArrayLike<number
 }
 
 function fusedAlternatives(plan: NPlan, n: Rows, S: number, N: number): ProbeView['alternatives'] {
-  const list: ProbeView['alternatives'] = [
-    { name: 'n doubled (2n)', n: (g, i) => 2 * n(Math.floor(g / N), i) },
-    { name: 'n off by one (n + 1)', n: (g, i) => n(Math.floor(g / N), i) + 1 },
-  ];
+  const list = miscounts((g, i) => n(Math.floor(g / N), i));
   if (S > 1) list.push({ name: 'n = S (the query length, not the key count)', n: () => S });
   if (plan.kind === 'causal' || plan.kind === 'causal-offset') {
     list.push({ name: 'n = the last row\'s n for every row (keys) although causal', n: (g) => n(Math.floor(g / N), S - 1) });
@@ -245,8 +245,8 @@ function weightColumns(x: FusedInput, N: number, n: Rows, qWidth?: number): Fuse
     }
     out.views.push({
       run: x.run, blocks: N, rows: 1, cols: rows * Hd, before: b2, after: a2, colsAreKeys: false,
-      batch: () => 0, head: (g) => g, row: () => 0, n: () => n(0, 0),
-      alternatives: [{ name: 'n doubled (2n)', n: () => 2 * n(0, 0) }, { name: 'n off by one (n + 1)', n: () => n(0, 0) + 1 }],
+      head: (g) => g, row: () => 0, n: () => n(0, 0),
+      alternatives: miscounts(() => n(0, 0)),
       where: (g) => `head ${g} query columns of the ${what} (${x.run})`,
     });
     out.unchanged.push(...restOf(split, before.data, after.data, `the key and value columns of the ${what}`));
@@ -272,18 +272,13 @@ function withBias(t: OutputTensor, bias?: OutputTensor): ArrayLike<number> {
  * detect/fused.ts): the same formulas the patch builds in the graph, evaluated here on the actual values.
  */
 export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
-  const total = (terms: Term[]): number | string => termTotal(terms, v);
   switch (plan.kind) {
-    case 'keys': {
-      const tk = total(plan.tk);
-      return typeof tk === 'string' ? tk : () => tk;
-    }
-    case 'causal': {
-      const tk = total(plan.tk);
-      return typeof tk === 'string' ? tk : (_b, i) => tk - S + i + 1;
+    case 'keys': case 'causal': {
+      const tk = termTotal(plan.tk, v);
+      return typeof tk === 'string' ? tk : plan.kind === 'keys' ? () => tk : (_b, i) => tk - S + i + 1;
     }
     case 'causal-offset': {
-      const p = total(plan.offset);
+      const p = termTotal(plan.offset, v);
       return typeof p === 'string' ? p : (_b, i) => p + i + 1;
     }
     case 'lengths': {
@@ -298,7 +293,7 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
       };
     }
     case 'mask-index': {
-      const tk = total(plan.tk);
+      const tk = termTotal(plan.tk, v);
       if (typeof tk === 'string') return tk;
       const keep = plan.mask === undefined ? () => true : maskIndexKeep(v.value(plan.mask), plan.maskRank ?? 2, v.shape(0)?.[0] ?? 1, S, tk);
       if (typeof keep === 'string') return keep;
@@ -381,11 +376,7 @@ function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, 
   const d = after.dims;
   if (d.length !== 4) return `the bias with the prior is [${d.join(', ')}], not [B|1, H, S, T] (${run})`;
   const [Bb, Hb, S, T] = d;
-  const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
-    const name = m?.get(input);
-    return name && out[name] ? [...out[name].data] : undefined;
-  };
-  const terms = { shape: read(w.shapes), value: read(w.values) };
+  const terms = termValues(w, out);
   const plan = planFor(f, site.record.n as NMode);
   const n = planRows(plan, terms, S);
   if (typeof n === 'string') return n;
@@ -395,7 +386,7 @@ function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, 
   if (typeof base === 'string') return `${base} (${run})`;
   return {
     run, blocks: Bb * Hb, rows: S, cols: T, before: base, after: after.data, colsAreKeys: true, alternatives: [],
-    batch: (g) => Math.floor(g / Hb), head: (g) => g % Hb, row: (i) => i,
+    head: (g) => g % Hb, row: (i) => i,
     n: (g, i) => n(Math.floor(g / Hb), i), pos: (g, i) => pos(Math.floor(g / Hb), i),
     where: (g, i) => `head ${g % Hb} row ${i} of the bias (${run}, batch item ${Math.floor(g / Hb)})`,
   };

@@ -1,10 +1,9 @@
-/** Turns what the runs collected into one verdict per check, each with a one-line summary for the CI log. */
+/** Verdicts as the checks write them, each with a one-line summary for the CI log. */
 import { OutputStats, Tolerance } from '../compare';
 import { CheckId } from '../plan';
 import { CheckResult, RunResult, SkipKind, Status } from '../report';
 import { opt } from '../../errors';
 import { elementCount } from '../tensors';
-import { isUniform, MIN_KEPT, NO_FADE, SharpnessCurve } from '../sharpness';
 
 export const CHECK_NAMES: Record<CheckId, string> = {
   wiring: 'wiring parity', probe: 'semantic probe', retrofit: 'retrofit parity', liveness: 'liveness', sharpness: 'attention sharpness',
@@ -25,14 +24,9 @@ export function check(id: CheckId, status: Status, summary: string, criterion: s
 
 /** The output with the largest error over all runs, with the run it came from. */
 function worstOutput(runs: RunResult[]): { run: RunResult; o: OutputStats } | null {
+  const score = (o: OutputStats): number => o.mismatches * 1e9 + o.maxRel;
   let best: { run: RunResult; o: OutputStats } | null = null;
-  for (const run of runs) {
-    for (const o of run.outputs) {
-      const score = o.mismatches * 1e9 + o.maxRel;
-      const bestScore = best ? best.o.mismatches * 1e9 + best.o.maxRel : -1;
-      if (score > bestScore) best = { run, o };
-    }
-  }
+  for (const run of runs) for (const o of run.outputs) if (!best || score(o) > score(best.o)) best = { run, o };
   return best;
 }
 
@@ -75,17 +69,6 @@ function blindOutput(runs: RunResult[]): string | undefined {
   return undefined;
 }
 
-export interface LivenessData {
-  longRuns: RunResult[];
-  /** Long runs whose original attention is saturated (mean largest probability ≥ 0.99): no factor can show there. */
-  saturated: Set<string>;
-  finiteRuns: number;
-  nonFinite: string[];
-  errors: string[];
-  /** Where the factor must show: `L = 64`, `n ≥ floor_scale = 8192`. */
-  beyond: string;
-}
-
 /**
  * A long run is alive when some output differs from the original's by more than 10× the float noise the
  * factor-1 model shows on that output, and by more than 1e-6 of the output's scale: a factor that does
@@ -99,36 +82,4 @@ export function aliveRuns(longRuns: RunResult[], noiseRuns: RunResult[]): RunRes
     // Only a difference that is a number shows the factor: NaN or Inf against the original's own NaN or Inf does not.
     passed: r.outputs.some((o) => o.maxAbsFinite > 10 * (noise.get(o.name) ?? 0) && o.maxAbsFinite > 1e-6 * o.scale && o.maxAbsFinite > 0),
   }));
-}
-
-export function livenessCheck(criterion: string, d: LivenessData): CheckResult {
-  if (d.errors.length) return check('liveness', 'FAILED', d.errors[0], criterion, d.longRuns);
-  if (d.nonFinite.length) return check('liveness', 'FAILED', d.nonFinite[0], criterion, d.longRuns);
-  const finite = `all outputs finite in ${d.finiteRuns} run(s)`;
-  if (d.longRuns.length === 0) return skippedCheck('liveness', criterion, `no run longer than ${d.beyond} (${finite}); raise the longest length to check`);
-  const dead = d.longRuns.find((r) => !r.passed && !d.saturated.has(r.run));
-  if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond ${d.beyond}`, criterion, d.longRuns);
-  const alive = d.longRuns.filter((r) => r.passed);
-  if (alive.length === 0) {
-    return skippedCheck('liveness', criterion, `the original's attention is saturated or uniform at every length beyond ${d.beyond} (mean largest probability ≥ 0.99, or about 1/n): no factor can change the outputs (${finite})`, 'not applicable', d.longRuns);
-  }
-  const longest = alive[alive.length - 1];
-  const o = longest.outputs.reduce((a, b) => (b.maxAbsFinite > a.maxAbsFinite ? b : a));
-  return check('liveness', 'PASSED', `outputs differ from the original's at ${alive.map((r) => r.length.seq + r.length.past).join(', ')} (> ${d.beyond}; ${o.name} max abs ${e2(o.maxAbsFinite)} at ${longest.length.seq + longest.length.past}); ${finite}`, criterion, d.longRuns);
-}
-
-export function sharpnessCheck(criterion: string, curve: SharpnessCurve | undefined, why: string | null): CheckResult {
-  if (!curve) return skippedCheck('sharpness', criterion, why ?? 'no lengths');
-  const first = curve.points[0], last = curve.points[curve.points.length - 1];
-  const p = (x: number): string => x.toPrecision(3);
-  const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
-  const text = `mean max attention probability ${first.length} → ${last.length}: original ${p(first.original)} → ${p(last.original)} (${keeps(curve.originalFall)}), patched ${p(first.patched)} → ${p(last.patched)} (${keeps(curve.patchedFall)})`;
-  if (curve.points.every((x) => isUniform(x.original, x.length))) {
-    return skippedCheck('sharpness', criterion, `${text}: the original's attention is uniform at every length (largest probability about 1/n: logits near 0), so no factor can sharpen it`, 'not applicable');
-  }
-  if (-curve.originalFall >= Math.log(NO_FADE)) {
-    return skippedCheck('sharpness', criterion, `${text}: the original does not fade over these lengths, so there is nothing for SSMax to keep`, 'not applicable');
-  }
-  if (curve.kept >= MIN_KEPT) return check('sharpness', 'PASSED', `${text}: ${p(Math.exp(curve.kept))}× the original's retention`, criterion);
-  return check('sharpness', 'FAILED', `${text}: the patched model fades like the original`, criterion);
 }

@@ -2,30 +2,34 @@
  * Liveness: beyond where the factor is 1, the patched model's outputs differ from the original's by more than
  * the float noise of the factor-1 model, and no output is NaN or Inf where the original's is finite, in any run.
  */
-import { opt } from '../../errors';
 import { CheckId, RunSpec } from '../plan';
 import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { isUniform, layerMeans } from '../sharpness';
-import { aliveRuns, LivenessData, livenessCheck, skippedCheck } from './common';
+import { aliveRuns, check, e2, skippedCheck } from './common';
 import { CheckUnit, compareRun, Outcome, UnitContext } from './unit';
 
 export class LivenessCheck implements CheckUnit {
   readonly id: CheckId = 'liveness';
-  private readonly data: LivenessData;
+  private readonly longRuns: RunResult[] = [];
+  /** Long runs whose original attention is saturated (mean largest probability ≥ 0.99): no factor can show there. */
+  private readonly saturatedRuns = new Set<string>();
+  private finiteRuns = 0;
+  private readonly nonFinite: string[] = [];
+  private readonly errors: string[] = [];
+  /** Where the factor must show: `L = 64`, `n ≥ floor_scale = 8192`. */
+  private readonly beyond: string;
 
   constructor(private readonly ctx: UnitContext) {
     const { setup } = ctx;
     const p = setup.preset;
-    const beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? 'one token (the none preset: the prior alone)' : `L = ${setup.liveFrom}`;
-    this.data = { longRuns: [], saturated: new Set(), finiteRuns: 0, nonFinite: [], errors: [], beyond };
+    this.beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? 'one token (the none preset: the prior alone)' : `L = ${setup.liveFrom}`;
   }
 
-  private readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';
+  readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';
 
   sessions(run: RunSpec): SessionKey[] {
-    if (!this.ctx.setup.checks.has('liveness')) return [];
     if (run.kind === 'short') return this.ctx.setup.checks.has('probe') ? ['original', 'probe'] : [];
     return ['original', 'patched'];
   }
@@ -33,17 +37,17 @@ export class LivenessCheck implements CheckUnit {
   observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void {
     if ((key !== 'patched' && key !== 'probe') || !original) return;
     if ('error' in outcome) {
-      if (key === 'patched') this.data.errors.push(`${run.id}: the patched model fails where the original runs: ${outcome.error}`);
+      if (key === 'patched') this.errors.push(`${run.id}: the patched model fails where the original runs: ${outcome.error}`);
       return;
     }
     const r = compareRun(this.ctx.setup, run, outcome.outputs, original);
-    this.data.finiteRuns++;
+    this.finiteRuns++;
     for (const o of r.outputs.filter((x) => x.newNonFinite > 0)) {
-      this.data.nonFinite.push(`${run.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
+      this.nonFinite.push(`${run.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
     }
     if (key === 'patched' && run.seq + run.past > this.ctx.setup.liveFrom) {
-      this.data.longRuns.push(r);
-      if (this.saturated(run, original)) this.data.saturated.add(run.id);
+      this.longRuns.push(r);
+      if (this.saturated(run, original)) this.saturatedRuns.add(run.id);
     }
   }
 
@@ -61,7 +65,6 @@ export class LivenessCheck implements CheckUnit {
 
   judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult {
     const { setup } = this.ctx;
-    if (!setup.checks.has('liveness')) return skippedCheck('liveness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     if (setup.integerOutputs) {
       return skippedCheck('liveness', this.criterion, 'every output is an integer (token ids, say): a factor that works may change none of them, so equal outputs prove nothing', 'not applicable');
     }
@@ -70,6 +73,19 @@ export class LivenessCheck implements CheckUnit {
     }
     // The float noise of a patch that must equal the original: runs that did (a failed run is no noise).
     const noise: RunResult[] = [...(done.get('wiring')?.runs ?? []), ...(done.get('retrofit')?.runs ?? [])].filter((r) => r.passed);
-    return livenessCheck(this.criterion, { ...this.data, longRuns: aliveRuns(this.data.longRuns, noise) });
+    const longRuns = aliveRuns(this.longRuns, noise);
+    if (this.errors.length) return check('liveness', 'FAILED', this.errors[0], this.criterion, longRuns);
+    if (this.nonFinite.length) return check('liveness', 'FAILED', this.nonFinite[0], this.criterion, longRuns);
+    const finite = `all outputs finite in ${this.finiteRuns} run(s)`;
+    if (longRuns.length === 0) return skippedCheck('liveness', this.criterion, `no run longer than ${this.beyond} (${finite}); raise the longest length to check`);
+    const dead = longRuns.find((r) => !r.passed && !this.saturatedRuns.has(r.run));
+    if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond ${this.beyond}`, this.criterion, longRuns);
+    const alive = longRuns.filter((r) => r.passed);
+    if (alive.length === 0) {
+      return skippedCheck('liveness', this.criterion, `the original's attention is saturated or uniform at every length beyond ${this.beyond} (mean largest probability ≥ 0.99, or about 1/n): no factor can change the outputs (${finite})`, 'not applicable', longRuns);
+    }
+    const longest = alive[alive.length - 1];
+    const o = longest.outputs.reduce((a, b) => (b.maxAbsFinite > a.maxAbsFinite ? b : a));
+    return check('liveness', 'PASSED', `outputs differ from the original's at ${alive.map((r) => r.length.seq + r.length.past).join(', ')} (> ${this.beyond}; ${o.name} max abs ${e2(o.maxAbsFinite)} at ${longest.length.seq + longest.length.past}); ${finite}`, this.criterion, longRuns);
   }
 }

@@ -14,7 +14,6 @@ import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { VerifySite } from '../sites';
 import { priorView, siteViews, Unchanged } from '../views';
-import { opt } from '../../errors';
 import { check, e2, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
 
@@ -39,7 +38,7 @@ function tolerances(type: number | undefined): { rtol: number; rowEps: number } 
 
 /** A probe over one set of runs, reading one probe copy's outputs. */
 export class Prober {
-  readonly probes: SiteProbe[];
+  private readonly probes: SiteProbe[];
   /** Per site with a positional prior: the probe of the prior's Add, after = before + c·B. */
   private readonly priorProbes: (SiteProbe | undefined)[];
   private readonly problems = new Map<number, string>();
@@ -53,7 +52,7 @@ export class Prober {
     this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
   }
 
-  /** Feeds one run's outputs to every site; returns each site's views, for callers that look further. */
+  /** Feeds one run's outputs to every site. */
   observe(run: RunSpec, outcome: Outcome): void {
     if ('error' in outcome) {
       this.ctx.setup.sites.forEach((_, i) => this.problems.set(i, `the patched model fails on ${run.id}: ${outcome.error}`));
@@ -102,16 +101,15 @@ export class Prober {
     const unprobed: string[] = [];
     this.probes.forEach((p, i) => {
       const problem = this.problems.get(i);
-      if (problem) p.fail(problem.replace(/^[^:]*: /, ''));
       const why = this.unprobed.get(i);
       const lifted = why ? this.ctx.lifted?.get(i) : undefined;
       if (lifted && typeof lifted !== 'string' && !problem) { results.push(lifted); return; }
       if (why && !problem) { unprobed.push(typeof lifted === 'string' ? `${p.label}: ${lifted}` : why); return; }
       const site = this.ctx.setup.sites[i];
-      const notRun = `${this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run'}`;
+      const notRun = this.runIds.length ? 'the graph holding it never ran on the synthesised inputs (an If branch not taken)' : 'no run';
       for (const probe of [site.s.length ? p : undefined, this.priorProbes[i]]) {
         if (!probe) continue;
-        if (problem && probe !== p) probe.fail(problem.replace(/^[^:]*: /, ''));
+        if (problem) probe.fail(problem.replace(/^[^:]*: /, ''));
         const r = probe.result();
         if (r.runs === 0 && !problem) unprobed.push(`${probe.label}: ${notRun}`);
         else results.push(r);
@@ -146,13 +144,13 @@ export class ProbeCheck implements CheckUnit {
     this.prober = new Prober(ctx, 'probe');
   }
 
-  private get criterion(): string {
+  get criterion(): string {
     const prior = this.ctx.setup.sites.some((s) => s.theta) ? '; after each positional prior\'s Add = before it + c·B, B from θ as the model holds it, every head, row and key' : '';
     return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}`;
   }
 
   sessions(run: RunSpec): SessionKey[] {
-    return this.ctx.setup.checks.has('probe') && run.kind === 'short' ? ['probe'] : [];
+    return run.kind === 'short' ? ['probe'] : [];
   }
 
   observe(run: RunSpec, key: SessionKey, outcome: Outcome): void {
@@ -160,7 +158,6 @@ export class ProbeCheck implements CheckUnit {
   }
 
   judge(): CheckResult {
-    if (!this.ctx.setup.checks.has('probe')) return skippedCheck('probe', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     const { results, unprobed } = this.prober.results();
     const failed = results.filter((s) => !s.passed);
     let result: CheckResult;

@@ -8,7 +8,6 @@
  * A site whose n never gets there (its key count is fixed by the model's inputs: cross attention over an
  * encoder's frames, say) is listed as not applicable; the whole-model comparison then does not apply either.
  */
-import { opt } from '../../errors';
 import { factorValue } from '../../policy/factor';
 import { countsMasks, withMasksOfOnes } from '../../policy/n-mode';
 import { CheckId, retrofitRuns, RunSpec } from '../plan';
@@ -43,11 +42,13 @@ export class RetrofitCheck implements CheckUnit {
   constructor(private readonly ctx: UnitContext) {
     const setup = ctx.setup;
     this.seen = setup.sites.map(() => ({ rows: 0, spans: new Map() }));
+    // Not selected, it is not judged, and adds no runs.
+    if (!setup.checks.has('retrofit')) return;
     this.skip = this.plan(setup);
     if (!this.skip) this.checkScales(setup, setup.identity!);
   }
 
-  private get criterion(): string {
+  get criterion(): string {
     const id = this.ctx.setup.identity;
     const t = this.ctx.setup.tolerance;
     return id ? `at ${id.text} every site's factor is 1 (from the model's s, and as the probe sees it), and where every row is there every output equals the original's (atol ${t.atol}, rtol ${t.rtol})`
@@ -55,7 +56,6 @@ export class RetrofitCheck implements CheckUnit {
   }
 
   private plan(setup: Setup): { why: string; kind: SkipKind } | null {
-    if (!setup.checks.has('retrofit')) return { why: `not selected (${opt('checks')})`, kind: 'not selected' };
     if (!setup.identity) return { why: noIdentity(setup), kind: 'not applicable' };
     const runs = retrofitRuns(setup.plan, setup.identity, {
       seqFree: setup.seqFree, pastFree: setup.pastFree, pinned: { ...setup.pinned, seq: setup.pinned.seq ?? setup.fixedSeq }, batch: setup.pinned.batch ?? 1,

@@ -3,13 +3,12 @@
  * rows of every site it can read) must fall less than the original's. Sites whose probabilities no output shows
  * are listed.
  */
-import { opt } from '../../errors';
 import { CheckId, RunSpec } from '../plan';
 import { CheckResult } from '../report';
-import { Outputs, OutputTensor } from '../run';
+import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
-import { layerMeans, MIN_KEPT, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
-import { sharpnessCheck, skippedCheck } from './common';
+import { isUniform, layerMeans, MIN_KEPT, NO_FADE, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
+import { check, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
 
 export class SharpnessCheck implements CheckUnit {
@@ -19,24 +18,23 @@ export class SharpnessCheck implements CheckUnit {
 
   constructor(private readonly ctx: UnitContext) {}
 
-  private readonly criterion = `from the shortest to the longest length the patched model keeps at least ${Math.round((Math.exp(MIN_KEPT) - 1) * 100)} % more of its mean largest attention probability than the original`;
+  readonly criterion = `from the shortest to the longest length the patched model keeps at least ${Math.round((Math.exp(MIN_KEPT) - 1) * 100)} % more of its mean largest attention probability than the original`;
 
   sessions(run: RunSpec): SessionKey[] {
-    return this.ctx.setup.checks.has('sharpness') && run.kind === 'sweep' ? ['original', 'patched'] : [];
+    return run.kind === 'sweep' ? ['original', 'patched'] : [];
   }
 
   observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void {
     const rows = this.ctx.factory.rowMax;
     if (key !== 'patched' || 'error' in outcome || !original || !rows.original || !rows.patched) return;
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
-    const pick = (out: Outputs, names: Map<number, string>): Map<number, OutputTensor> => new Map(seen.map((i) => [i, out[names.get(i)!]]));
-    const means = (out: Outputs, names: Map<number, string>): number[] => layerMeans(pick(out, names), run.seq);
+    const means = (out: Outputs, names: Map<number, string>): number[] =>
+      layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
     this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
   }
 
   judge(): CheckResult {
     const { setup, factory } = this.ctx;
-    if (!setup.checks.has('sharpness')) return skippedCheck('sharpness', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     if (setup.preset.kind === 'none') {
       return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior alone, which promises no sharper attention at long lengths (the probe checks the prior itself)', 'not applicable');
     }
@@ -57,9 +55,20 @@ export class SharpnessCheck implements CheckUnit {
     const curve = sharpnessCurve(setup.L, this.points);
     // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
     this.curve = curve;
-    if (curve.points[curve.points.length - 1].length <= setup.liveFrom) {
+    const first = curve.points[0], last = curve.points[curve.points.length - 1];
+    if (last.length <= setup.liveFrom) {
       return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
     }
-    return sharpnessCheck(this.criterion, curve, null);
+    const p = (x: number): string => x.toPrecision(3);
+    const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
+    const text = `mean max attention probability ${first.length} → ${last.length}: original ${p(first.original)} → ${p(last.original)} (${keeps(curve.originalFall)}), patched ${p(first.patched)} → ${p(last.patched)} (${keeps(curve.patchedFall)})`;
+    if (curve.points.every((x) => isUniform(x.original, x.length))) {
+      return skippedCheck('sharpness', this.criterion, `${text}: the original's attention is uniform at every length (largest probability about 1/n: logits near 0), so no factor can sharpen it`, 'not applicable');
+    }
+    if (-curve.originalFall >= Math.log(NO_FADE)) {
+      return skippedCheck('sharpness', this.criterion, `${text}: the original does not fade over these lengths, so there is nothing for SSMax to keep`, 'not applicable');
+    }
+    if (curve.kept >= MIN_KEPT) return check('sharpness', 'PASSED', `${text}: ${p(Math.exp(curve.kept))}× the original's retention`, this.criterion);
+    return check('sharpness', 'FAILED', `${text}: the patched model fades like the original`, this.criterion);
   }
 }

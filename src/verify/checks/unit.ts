@@ -16,11 +16,13 @@ export type Outcome = { outputs: Outputs } | { error: string };
 
 export interface CheckUnit {
   readonly id: CheckId;
+  /** What the check requires, as the report states it. */
+  readonly criterion: string;
   /** The sessions this check reads on `run` ('original' when it compares with the original's outputs). */
   sessions(run: RunSpec): SessionKey[];
   /** One session's outcome on one run, with the original's outputs of that run when it ran. */
   observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void;
-  /** The verdict, from what it saw and the verdicts judged before it (in check order). */
+  /** The verdict of a selected check, from what it saw and the verdicts judged before it (in check order). */
   judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult;
 }
 

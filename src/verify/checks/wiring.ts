@@ -6,8 +6,7 @@ import { CheckId, RunSpec } from '../plan';
 import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
-import { opt } from '../../errors';
-import { parityCheck, skippedCheck } from './common';
+import { parityCheck } from './common';
 import { CheckUnit, compareRun, failedRun, Outcome, UnitContext } from './unit';
 
 export class WiringCheck implements CheckUnit {
@@ -16,13 +15,12 @@ export class WiringCheck implements CheckUnit {
 
   constructor(private readonly ctx: UnitContext) {}
 
-  private get criterion(): string {
+  get criterion(): string {
     const t = this.ctx.setup.tolerance;
     return `with the factor forced to 1, every output equals the original's (atol ${t.atol}, rtol ${t.rtol})`;
   }
 
   sessions(run: RunSpec): SessionKey[] {
-    if (!this.ctx.setup.checks.has('wiring')) return [];
     const atL = run.kind !== 'short' && run.past === 0 && run.seq === this.ctx.setup.L;
     return run.kind === 'short' || atL ? ['original', 'unit'] : [];
   }
@@ -34,7 +32,6 @@ export class WiringCheck implements CheckUnit {
   }
 
   judge(): CheckResult {
-    if (!this.ctx.setup.checks.has('wiring')) return skippedCheck('wiring', this.criterion, `not selected (${opt('checks')})`, 'not selected');
     return parityCheck('wiring', this.criterion, this.runs, this.ctx.setup.tolerance, 'the factor-1 model equals the original');
   }
 }
