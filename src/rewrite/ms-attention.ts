@@ -27,6 +27,7 @@ import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { factorBnsd, factorRowsHeads, InsertedFused, RowFactor, Rows, scaleRows } from './fused';
+import { memo } from './memo';
 import { fusedPrior, ThetaTensors } from './prior';
 import { Preset } from '../policy/factor';
 import { squeeze, sumLastAxis, unsqueeze } from './versioned';
@@ -217,12 +218,7 @@ function maskTensors(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPl
   const lengths = S && (P || !node.input[4]) ? `${show(S)}|${P ? show(P) : '0'}|${node.input[6] ?? ''}` : `site:${node.output[0]}`;
   const filter = attrFloat(node, 'mask_filter_value') ?? -10000;
   const key = [plan.mask !== undefined ? node.input[plan.mask] : '-', lengths, plan.causal, plan.unidirectional, filter, dtype].join('|');
-  let entry = shared.cache.get(key);
-  if (!entry) {
-    entry = buildMask(shared, site, plan, dtype, filter);
-    shared.cache.set(key, entry);
-  }
-  return entry;
+  return memo(shared.cache, key, () => buildMask(shared, site, plan, dtype, filter));
 }
 
 /** Lengths as int64 scalars: S, the past P, T = P + S. */

@@ -20,6 +20,7 @@ import { insertGroupScale, insertScale, ScaleContext } from './insert-scale';
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
+import { memo } from './memo';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
@@ -92,14 +93,12 @@ export class SitePatcher {
   }
 
   private context(scope: Scope): PatchContext {
-    let pc = this.contexts.get(scope.path);
-    if (!pc) {
+    const pc = memo(this.contexts, scope.path, () => {
       const shared = this.builder(scope, 'shared');
       const sources = new NSources(shared, scope.shapes, scope.opset);
-      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
+      return { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
         expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
-      this.contexts.set(scope.path, pc);
-    }
+    });
     // The opset may have been raised since (opset.ts).
     pc.ctx.opset = pc.expansion.opset = scope.opset;
     return pc;
@@ -192,7 +191,7 @@ export class SitePatcher {
   /** One function used by N layers gets N independent s (and θ) values: each call passes its own. */
   private call(b: Builder, call: CallSite, p: SiteParams): SiteResult {
     const fnScope = this.byPath.get(call.inner.scope)!;
-    const body = this.bodies.get(call.inner) ?? this.patchBody(fnScope, call, p);
+    const body = memo(this.bodies, call.inner, () => this.patchBody(fnScope, call, p));
     const given = this.constants(b, p);
     const pass = (input: string | undefined, value: string | undefined): void => {
       if (input === undefined || value === undefined) return;
@@ -224,9 +223,7 @@ export class SitePatcher {
     const inner = 'softmax' in call.inner
       ? this.softmax(fnScope, bb, call.inner, p, ranked)
       : this.fused(fnScope, bb, call.inner, p, ranked);
-    const body = { inputs, ...inner };
-    this.bodies.set(call.inner, body);
-    return body;
+    return { inputs, ...inner };
   }
 }
 
