@@ -13,7 +13,8 @@
  */
 import { FusedSite, NPlan, Term } from '../detect/fused';
 import { Shapes } from '../graph/shapes';
-import { DataType } from '../io/onnx';
+import { makeTensor } from '../graph/tensor';
+import { DataType, TensorProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { NMode } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
@@ -169,13 +170,10 @@ function nRows(b: Builder, site: FusedSite, plan: NPlan): Rows {
   switch (plan.kind) {
     case 'keys':
       return withLog(b, sum(b, site, plan.tk), [1, 1]);
-    case 'causal': {
-      const first = b.op('Add', [b.op('Sub', [sum(b, site, plan.tk), S], {}, 'past'), one], {}, 'n_first');
-      return withLog(b, rows(first), [1, -1]);
-    }
+    case 'causal':
     case 'causal-offset': {
-      const first = b.op('Add', [sum(b, site, plan.offset), one], {}, 'n_first');
-      return withLog(b, rows(first), [1, -1]);
+      const past = plan.kind === 'causal' ? b.op('Sub', [sum(b, site, plan.tk), S], {}, 'past') : sum(b, site, plan.offset);
+      return withLog(b, rows(b.op('Add', [past, one], {}, 'n_first')), [1, -1]);
     }
     case 'lengths':
       return nFromLengths(b, site, plan, S, one);
@@ -264,16 +262,21 @@ export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, he
   return { ...applied, output: b.op('Reshape', [applied.output, b.int64('merge_heads', [0, 0, -1])], {}, 'q_scaled') };
 }
 
-/** [B,S,N·H] query; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
+/** [B,S,N·H] query. */
 function scaleBsd(b: Builder, site: FusedSite, input: number, f: RowFactor, bias: number | undefined, opset: number): Applied {
-  let q = site.node.input[input];
+  const applied = scaleQuery(b, site, site.node.input[input], f, bias, opset);
+  b.rewire(site.node, input, applied.output);
+  return applied;
+}
+
+/** A [B,S,N·H] query times c; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
+function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: number | undefined, opset: number): Applied {
   let qType = site.queryType;
   if (bias !== undefined) ({ q, qType } = foldQueryBias(b, site, q, bias, qType));
   const c = factorRowsHeads(b, f, opset);
   const applied = scaleRows(b, q, c, f.perHead, site.heads.heads, qType, opset);
-  const out = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
-  b.rewire(site.node, input, out);
-  return { ...applied, output: out };
+  if (qType === site.queryType) return applied;
+  return { ...applied, output: b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') };
 }
 
 /** q + bias[:W] (in fp32 when q is fp16/bf16), and the node's bias replaced by [0…0, bias[W:]]. */
@@ -300,13 +303,8 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
   const axis = b.int64('axis2', [2]);
   const query = b.op('Slice', [packed, b.int64('zero1', [0]), qWidth, axis], {}, 'query');
   const rest = b.op('Slice', [packed, qWidth, b.int64('end', [INT64_MAX]), axis], {}, 'key_value');
-  let qIn = query;
-  let qType = site.queryType;
-  if (q.bias !== undefined) ({ q: qIn, qType } = foldQueryBias(b, site, query, q.bias, qType));
-  const c = factorRowsHeads(b, f, opset);
-  const applied = scaleRows(b, qIn, c, f.perHead, site.heads.heads, qType, opset);
-  const scaled = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
-  const out = b.op('Concat', [scaled, rest], { axis: 2 }, 'qkv_scaled');
+  const applied = scaleQuery(b, site, query, f, q.bias, opset);
+  const out = b.op('Concat', [applied.output, rest], { axis: 2 }, 'qkv_scaled');
   b.rewire(site.node, q.input, out);
   return { ...applied, output: out };
 }
@@ -358,9 +356,4 @@ function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query']
   return applied;
 }
 
-function oneTensor(): import('../io/onnx').TensorProto {
-  return {
-    name: '', dataType: DataType.FLOAT, dims: [1], rawData: new Uint8Array(new Float32Array([1]).buffer), floatData: [],
-    int32Data: [], int64Data: [], doubleData: [], uint64Data: [], stringData: [], externalData: [], dataLocation: 0,
-  };
-}
+const oneTensor = (): TensorProto => makeTensor('', DataType.FLOAT, [1], [1]);

@@ -187,7 +187,6 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
   };
 }
 
-/** The subset of `nodes` whose outputs no node outside the subset reads (and that are no graph outputs). */
 /** Every reader of the scaled value reads the original (logits or query) again. */
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
