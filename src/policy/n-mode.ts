@@ -31,11 +31,11 @@ export function parseNOption(v: string): NOption {
 export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, where = 'this site'): NChoice {
   if (option === 'padding' || option === 'causal-padding') checkPaddingMask(option, uses, where);
   if (option !== 'auto') return { mode: option, reason: `n mode ${option} as asked` };
-  const roles = new Set(uses.filter((u) => !(u.role === 'other' && u.rule === 'additive')).map((u) => u.role));
+  const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
+  const roles = new Set(counted.map((u) => u.role));
   if (roles.size === 0) {
     return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
   }
-  const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
   if (!countable(counted)) {
     const causal = roles.has('causal') || roles.has('combined');
     return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };

@@ -5,7 +5,7 @@
  * are refused.
  */
 import { InputError, opt } from '../errors';
-import { Preset, presetScale, resolvePreset } from './factor';
+import { Preset, resolvePreset } from './factor';
 import { LayerSpec, parseLayers } from './layers';
 import { NOption, parseNOption } from './n-mode';
 import { PriorOptions, PriorSpec, resolvePrior } from './prior';
@@ -90,7 +90,7 @@ function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
   }
   if (preset.kind === 'llama4') {
     if (options.s !== undefined || options.sFile !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')} or ${opt('sFile')}`);
-    return { kind: 'scalar', s: presetScale(preset)!, from: opt('attnScale') };
+    return { kind: 'scalar', s: preset.attnScale, from: opt('attnScale') };
   }
   return resolveScaleSpec(options);
 }
