@@ -25,7 +25,6 @@ import { fusedPrior, ThetaTensors } from './prior';
 import { unsqueeze } from './versioned';
 
 export interface InsertedFused {
-  sName: string;
   factor: string;
   apply: string;
   factorType: number;
@@ -109,7 +108,7 @@ export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: Laye
     case 'bsn3h': applied = scaleBsn3h(b, site, q.input, f, opset); break;
     case 'weights': applied = scaleWeights(b, site, q, f, opset); break;
   }
-  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
+  return { factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
 }
 
 /** The additive bias input of each fused operator: where a prior goes. */

@@ -34,7 +34,6 @@ export interface ScaleContext {
 export type Target = 'query' | 'logits';
 
 export interface InsertedScale {
-  sName: string;
   factor: string;
   apply: string;
   factorType: number;
@@ -72,7 +71,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.rewire(target.consumer.node, target.consumer.index, scaled);
-  return { sName, factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
+  return { factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
 }
 
 /**
@@ -89,7 +88,7 @@ export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionS
   const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
   b.rewire(site.consumer.node, site.consumer.index, output);
   // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
-  return { sName, factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
+  return { factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {

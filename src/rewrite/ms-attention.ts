@@ -83,7 +83,7 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   }
   const kv = cache(b, node, k, v, heads);
   attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
-  return { sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
+  return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
 }
 
 /** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */

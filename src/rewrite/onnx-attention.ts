@@ -78,7 +78,7 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
     b.node('Identity', [out([qk, capped, logits, probs][Math.min(Math.max(mode, 0), 3)])], [node.output[3]]);
   }
   return {
-    sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? precision, rows,
+    factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? precision, rows,
     mode: keysOnly ? 'keys' : modeOf(node, input(3) !== undefined),
   };
 }

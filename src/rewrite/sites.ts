@@ -38,7 +38,7 @@ export interface SiteParams { s?: LayerScale; theta?: LayerTheta }
 interface BodyInputs { s?: string; theta?: ThetaTensors }
 
 /** Per graph: the shared builder for n and the context every Softmax site of the graph shares. */
-interface PatchContext { scope: Scope; ctx: ScaleContext; expansion: ExpansionShared }
+interface PatchContext { ctx: ScaleContext; expansion: ExpansionShared }
 
 /** Patches sites one by one into the scopes of one model, and keeps the journal of every edit. */
 export class SitePatcher {
@@ -96,7 +96,7 @@ export class SitePatcher {
     const pc = memo(this.contexts, scope.path, () => {
       const shared = this.builder(scope, 'shared');
       const sources = new NSources(shared, scope.shapes, scope.opset);
-      return { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
+      return { ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
         expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
     });
     // The opset may have been raised since (opset.ts).
@@ -120,7 +120,12 @@ export class SitePatcher {
     const notes = inputs.theta && biases.length
       ? [`the model adds its own position bias (${biases.join(', ')}) after the content logits: the prior adds to it, and the factor scales content and prior only`] : [];
     return {
-      site: { ...describeSoftmax(site, n.mode, n.reason, p, inputs), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}) },
+      site: {
+        node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n: n.mode, nReason: n.reason,
+        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
+        logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
+        ...(inputs.theta ? { prior: inputs.theta } : {}), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}),
+      },
       record: {
         layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s: p.s, sInitializer: inputs.s,
         apply: inserted?.apply, factor: inserted?.factor, factorType: inserted?.factorType, target, logits: site.qkMatMul.output[0],
@@ -245,15 +250,6 @@ function gathersTable(graph: Graph, tensor: string): boolean {
 function factorRecord(p: SiteParams, inputs: BodyInputs, inserted: InsertedFused | undefined): Partial<SiteRecord> {
   if (p.s === undefined || !inserted?.apply) return {};
   return { s: p.s, sInitializer: inputs.s, apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType };
-}
-
-function describeSoftmax(site: AttentionSite, n: string, nReason: string, p: SiteParams, inputs: BodyInputs): Omit<PatchedSite, 'target' | 'nShared'> {
-  return {
-    node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
-    headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
-    logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
-    ...(inputs.theta ? { prior: inputs.theta } : {}),
-  };
 }
 
 export const siteNode = (a: AnySite): string => nodeLabel(a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call);
