@@ -39,7 +39,7 @@ export interface Rows { n: string; ln: string }
 export interface RowFactor { preset: Preset; s: string; perHead: boolean; rows: Rows }
 
 // Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
-const INT64_MAX = Number.MAX_SAFE_INTEGER;
+export const INT64_MAX = Number.MAX_SAFE_INTEGER;
 
 /** The n plan after the user's --n choice: keys turns causal plans into key counts and the reverse. */
 export function planFor(site: FusedSite, mode: NMode | 'mask'): NPlan {
@@ -102,12 +102,14 @@ export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: Laye
   const q = site.query;
   let applied: Applied;
   switch (q.layout) {
-    case 'bsd': applied = scaleBsd(b, site, q.input, f, q.bias, opset); break;
+    case 'bsd': applied = scaleQuery(b, site, site.node.input[q.input], f, q.bias, opset); break;
     case 'packed': applied = scalePacked(b, site, q, f, opset); break;
     case 'bnsd': applied = scaleBnsd(b, site, q.input, f, opset); break;
     case 'bsn3h': applied = scaleBsn3h(b, site, q.input, f, opset); break;
     case 'weights': applied = scaleWeights(b, site, q, f, opset); break;
   }
+  // scaleWeights rewires the weights itself, before it scales their bias.
+  if (q.layout !== 'weights') b.rewire(site.node, q.input, applied.output);
   return { factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
 }
 
@@ -261,13 +263,6 @@ export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, he
   return { ...applied, output: b.op('Reshape', [applied.output, b.int64('merge_heads', [0, 0, -1])], {}, 'q_scaled') };
 }
 
-/** [B,S,N·H] query. */
-function scaleBsd(b: Builder, site: FusedSite, input: number, f: RowFactor, bias: number | undefined, opset: number): Applied {
-  const applied = scaleQuery(b, site, site.node.input[input], f, bias, opset);
-  b.rewire(site.node, input, applied.output);
-  return applied;
-}
-
 /** A [B,S,N·H] query times c; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
 function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: number | undefined, opset: number): Applied {
   let qType = site.queryType;
@@ -303,17 +298,12 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
   const query = b.op('Slice', [packed, b.int64('zero1', [0]), qWidth, axis], {}, 'query');
   const rest = b.op('Slice', [packed, qWidth, b.int64('end', [INT64_MAX]), axis], {}, 'key_value');
   const applied = scaleQuery(b, site, query, f, q.bias, opset);
-  const out = b.op('Concat', [applied.output, rest], { axis: 2 }, 'qkv_scaled');
-  b.rewire(site.node, q.input, out);
-  return { ...applied, output: out };
+  return { ...applied, output: b.op('Concat', [applied.output, rest], { axis: 2 }, 'qkv_scaled') };
 }
 
 /** [B,N,S,H]: c as [Bn,N,Sn,1] (per head) or [Bn,1,Sn,1]. */
 function scaleBnsd(b: Builder, site: FusedSite, input: number, f: RowFactor, opset: number): Applied {
-  const c = factorBnsd(b, f, opset);
-  const applied = applyFactor(b, site.node.input[input], c, site.queryType, opset);
-  b.rewire(site.node, input, applied.output);
-  return applied;
+  return applyFactor(b, site.node.input[input], factorBnsd(b, f, opset), site.queryType, opset);
 }
 
 /** MultiHeadAttention packed [B,S,N,3,H]: factor [Bn,Sn,N|1,3,1] = [c, 1, 1] along the Q/K/V axis. */
@@ -322,9 +312,7 @@ function scaleBsn3h(b: Builder, site: FusedSite, input: number, f: RowFactor, op
   const c5 = unsqueeze(b, c4, [3], opset, 'factor_5d');
   const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
   const qkv = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
-  const applied = applyFactor(b, site.node.input[input], qkv, site.queryType, opset);
-  b.rewire(site.node, input, applied.output);
-  return applied;
+  return applyFactor(b, site.node.input[input], qkv, site.queryType, opset);
 }
 
 /**

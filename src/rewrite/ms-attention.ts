@@ -26,7 +26,7 @@ import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
-import { factorBnsd, factorRowsHeads, InsertedFused, RowFactor, Rows, scaleRows } from './fused';
+import { factorBnsd, factorRowsHeads, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
 import { memo } from './memo';
 import { fusedPrior, ThetaTensors } from './prior';
 import { Preset } from '../policy/factor';
@@ -52,8 +52,6 @@ interface MaskTensors {
 }
 
 const MS = 'com.microsoft';
-// Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
-const INT64_MAX = Number.MAX_SAFE_INTEGER;
 const LOWEST: Record<number, number> = { [DataType.FLOAT]: -3.4028234663852886e38, [DataType.FLOAT16]: -65504, [DataType.BFLOAT16]: -3.3895313892515355e38 };
 
 /** What the expansion costs at run time, for the report. */
