@@ -17,6 +17,7 @@ export type Preset =
 export type PresetName = Preset['kind'];
 
 export interface PresetOptions {
+  /** ssmax (default), qwen-logn, llama4, or none (a prior alone), with their parameters. */
   preset?: string;
   b?: number;
   trainLen?: number;

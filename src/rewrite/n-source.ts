@@ -126,8 +126,7 @@ export class NSources {
     const divides = b.op('Equal', [b.op('Mod', [tk, sizes], {}, 'tk_mod_size'), b.int64('zero', [0], true)], {}, 'size_divides');
     const one = b.int64('one', [1], true);
     const fits = b.op('Less', [sizes, b.op('Add', [tq, one], {}, 'tq_plus_1')], {}, 'size_fits');
-    // Windows cost about K·(Tq + Tk) gathers of H values, blocks Tq·Tk / K block copies: K near 2·√Tk balances them
-    // (measured at 512 keys: K = 32 lays B out about 15 % faster than 16).
+    // K near 2·√Tk balances the two costs (see Positions): at 512 keys, K = 32 lays B out about 15 % faster than 16.
     const balanced = b.op('Less', [b.op('Mul', [sizes, sizes], {}, 'size_squared'),
       b.op('Add', [b.op('Mul', [tk, b.int64('four', [4], true)], {}, 'tk_times_4'), one], {}, 'size_bound')], {}, 'size_balanced');
     const ok = b.op('And', [b.op('And', [divides, fits], {}, 'size_fits_tq'), balanced], {}, 'size_usable');
