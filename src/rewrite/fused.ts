@@ -45,14 +45,9 @@ export const INT64_MAX = Number.MAX_SAFE_INTEGER;
 export function planFor(site: FusedSite, mode: NMode | 'mask'): NPlan {
   const n = site.n;
   if (site.query.layout === 'weights') return weightsPlan(site.query.expandable, n, mode);
-  if (mode === 'keys') {
-    if (n.kind === 'causal' || n.kind === 'causal-offset') return { kind: 'keys', tk: n.tk };
-    if (n.kind === 'lengths') return { ...n, causal: false };
-    return n;
-  }
-  if (n.kind === 'keys') return { kind: 'causal', tk: n.tk };
-  if (n.kind === 'lengths') return { ...n, causal: true };
-  return n;
+  if (n.kind === 'lengths') return { ...n, causal: mode !== 'keys' };
+  if (mode === 'keys') return n.kind === 'causal' || n.kind === 'causal-offset' ? { kind: 'keys', tk: n.tk } : n;
+  return n.kind === 'keys' ? { kind: 'causal', tk: n.tk } : n;
 }
 
 /**

@@ -223,9 +223,8 @@ function maskTensors(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPl
 function lengthsOf(b: Builder, node: FusedSite['node']): { S: string; P: string; T: string } {
   const dim = (name: string, axis: number): string => b.op('Gather', [b.op('Shape', [name]), b.int64(`axis${axis}`, [axis], true)], {}, 'len');
   const S = dim(node.input[0], 1);
-  let P: string;
-  if (node.input[6]) P = b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len');
-  else P = node.input[4] ? dim(node.input[4], 3) : b.int64('zero', [0], true);
+  const P = node.input[6] ? b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len')
+    : node.input[4] ? dim(node.input[4], 3) : b.int64('zero', [0], true);
   return { S, P, T: b.op('Add', [P, S], {}, 'total_len') };
 }
 
