@@ -237,12 +237,10 @@ export function priorPositions(b: Builder, site: FusedSite, plan: NPlan): { S: s
 
 /** ONNX Attention's key buffer length (a static cache with nonpad_kv_seqlen): K's sequence axis, plus the past. */
 function keyBuffer(site: FusedSite): Term[] {
-  const kAxis = site.query.layout === 'bnsd' ? 2 : 1;
-  return [{ input: 1, axis: kAxis }, ...(site.node.input[4] ? [{ input: 4, axis: 2 }] : [])];
+  return [{ input: 1, axis: site.query.layout === 'bnsd' ? 2 : 1 }, ...(site.node.input[4] ? [{ input: 4, axis: 2 }] : [])];
 }
 
 // ---- c and the query -------------------------------------------------------------------------------------
-
 
 /** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
 export function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {

@@ -89,10 +89,9 @@ function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number)
   const node = site.node;
   const given = attrFloat(node, 'scale');
   if (given) return { given, value: given, dtype };
-  const heads = site.heads.heads!;
   const width = attrInts(node, 'qkv_hidden_sizes')?.[0] ?? (shared.shapes.dim(node.input[1], 1) ? constantOf(shared.shapes.dim(node.input[1], 1)!) : undefined);
   const qWidth = attrInts(node, 'qkv_hidden_sizes') ? width : width !== undefined ? width / 3 : undefined;
-  return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / heads) : undefined, dtype };
+  return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / site.heads.heads!) : undefined, dtype };
 }
 
 /**

@@ -157,9 +157,7 @@ export class NSources {
 
   private build(site: AttentionSite, mode: NMode, uses: MaskUse[]): Omit<NTensor, 'key'> {
     if (mode === 'mask' || (mode === 'causal-padding' && !this.keyOnly(uses))) return this.countVisible(site, uses);
-    if (mode === 'padding') {
-      return this.countVisible(site, uses.filter((u) => u.role === 'padding'));
-    }
+    if (mode === 'padding') return this.countVisible(site, uses.filter((u) => u.role === 'padding'));
     const b = this.b;
     const [q, k] = shapeSources(site);
     const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');

@@ -19,9 +19,7 @@ import { Positions } from './n-source';
 export type ThetaTensors = Record<ThetaName, string>;
 
 export function thetaConstants(b: Builder, theta: LayerTheta): ThetaTensors {
-  const out = {} as ThetaTensors;
-  for (const t of THETAS) out[t] = b.constant(`theta_${t}`, DataType.FLOAT, [theta[t].length], theta[t]);
-  return out;
+  return Object.fromEntries(THETAS.map((t) => [t, b.constant(`theta_${t}`, DataType.FLOAT, [theta[t].length], theta[t])])) as ThetaTensors;
 }
 
 /**

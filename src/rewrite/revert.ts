@@ -173,8 +173,7 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
     sites[i].removedNodes = f.nodes.length;
     sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => initializers.has(n));
   }
-  const hadRecord = removeRecord(out);
-  return { model: out, report: { sites, hadRecord, method: 'structure' } };
+  return { model: out, report: { sites, hadRecord: removeRecord(out), method: 'structure' } };
 }
 
 function describe(graph: Graph, f: Factor, index: number): RevertedSite {
