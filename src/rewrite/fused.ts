@@ -243,14 +243,15 @@ function keyBuffer(site: FusedSite): Term[] {
 // ---- c and the query -------------------------------------------------------------------------------------
 
 /** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
-export function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {
+function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {
   if (!f.perHead) return unsqueeze(b, presetFactor(b, f.preset, f.s, f.rows.n, f.rows.ln), [2], opset, 'factor_rows');
   const sHeads = b.op('Reshape', [f.s, b.int64('heads_col', [-1, 1])], {}, 's_heads');
   return presetFactor(b, f.preset, sHeads, unsqueeze(b, f.rows.n, [2, 3], opset, 'n_4d'), unsqueeze(b, f.rows.ln, [2, 3], opset, 'ln_n_4d'));
 }
 
-export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
-  if (!perHead) return applyFactor(b, q, c, qType, opset);
+export function scaleRows(b: Builder, q: string, f: RowFactor, heads: number | undefined, qType: number | undefined, opset: number): Applied {
+  const c = factorRowsHeads(b, f, opset);
+  if (!f.perHead) return applyFactor(b, q, c, qType, opset);
   const view = b.op('Reshape', [q, b.int64('heads_view', [0, 0, heads!, -1])], {}, 'q_heads');
   const applied = applyFactor(b, view, c, qType, opset);
   return { ...applied, output: b.op('Reshape', [applied.output, b.int64('merge_heads', [0, 0, -1])], {}, 'q_scaled') };
@@ -260,8 +261,7 @@ export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, he
 function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: number | undefined, opset: number): Applied {
   let qType = site.queryType;
   if (bias !== undefined) ({ q, qType } = foldQueryBias(b, site, q, bias, qType));
-  const c = factorRowsHeads(b, f, opset);
-  const applied = scaleRows(b, q, c, f.perHead, site.heads.heads, qType, opset);
+  const applied = scaleRows(b, q, f, site.heads.heads, qType, opset);
   if (qType === site.queryType) return applied;
   return { ...applied, output: b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') };
 }

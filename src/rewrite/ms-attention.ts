@@ -26,7 +26,7 @@ import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
-import { factorBnsd, factorRowsHeads, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
+import { factorBnsd, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
 import { memo } from './memo';
 import { fusedPrior, ThetaTensors } from './prior';
 import { Preset } from '../policy/factor';
@@ -72,7 +72,7 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   b.editor.remove(node);
   const [q, k, v] = projection(b, node.input[0], node.input[1], input(2), attrInts(node, 'qkv_hidden_sizes'));
   const f: RowFactor | undefined = p.sName ? { preset: p.preset, s: p.sName, perHead: Array.isArray(p.s), rows: masks.rows } : undefined;
-  const applied = f ? scaleRows(b, q, factorRowsHeads(b, f, opset), f.perHead, heads, dtype, opset) : undefined;
+  const applied = f ? scaleRows(b, q, f, heads, dtype, opset) : undefined;
   const userBias = input(5);
   let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
   if (p.theta) {
