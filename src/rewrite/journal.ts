@@ -90,7 +90,7 @@ export class Journal {
   private readonly scopes = new Map<string, Editor>();
   private opset?: ScopeEdits;
 
-  editor(scope: string, graph: Graph, owner = 'shared'): Editor {
+  editor(scope: string, graph: Graph, owner: string): Editor {
     return memo(this.scopes, `${owner}@${scope}`, () => new Editor(graph, emptyEdits(scope, owner)));
   }
 
