@@ -7,7 +7,6 @@
  *   none       c = 1: no factor (a positional prior alone)
  */
 import { InputError, opt } from '../errors';
-import { scaleFromTrainLen } from './scale';
 
 export type Preset =
   | { kind: 'ssmax'; b?: number }
@@ -18,6 +17,7 @@ export type Preset =
 export type PresetName = Preset['kind'];
 
 export interface PresetOptions {
+  /** ssmax (default), qwen-logn, llama4, or none (a prior alone), with their parameters. */
   preset?: string;
   b?: number;
   trainLen?: number;
@@ -44,13 +44,6 @@ export function resolvePreset(o: PresetOptions): Preset {
   }
   if (name === 'none') return { kind: 'none' };
   throw new InputError(`${opt('preset')} must be ssmax, qwen-logn, llama4 or none, got '${name}'`);
-}
-
-/** The s a preset stores in the model (its learnable or tunable scale). */
-export function presetScale(p: Preset): number | undefined {
-  if (p.kind === 'qwen-logn') return scaleFromTrainLen(p.trainLen);
-  if (p.kind === 'llama4') return p.attnScale;
-  return undefined;
 }
 
 /** Presets defined on absolute positions always use the per-row (causal) n. */

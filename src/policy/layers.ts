@@ -12,8 +12,7 @@ export function parseLayers(spec: string | undefined): LayerSpec {
     if (k < 1) throw new InputError(`${opt('layers', 'every:k')} needs k ≥ 1, got ${k}`);
     return { kind: 'every', k, text: spec };
   }
-  const picked = spec.split(',').map((t) => t.trim());
-  const layers = picked.map((t) => (/^\d+$/.test(t) ? Number(t) : NaN));
+  const layers = spec.split(',').map((t) => (/^\d+$/.test(t.trim()) ? Number(t) : NaN));
   if (layers.some((l) => !Number.isSafeInteger(l))) {
     throw new InputError(`${opt('layers')} must be a comma-separated list of layer indices or every:k, got '${spec}'`);
   }

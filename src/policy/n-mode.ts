@@ -31,12 +31,13 @@ export function parseNOption(v: string): NOption {
 export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, where = 'this site'): NChoice {
   if (option === 'padding' || option === 'causal-padding') checkPaddingMask(option, uses, where);
   if (option !== 'auto') return { mode: option, reason: `n mode ${option} as asked` };
-  const roles = new Set(uses.filter((u) => !(u.role === 'other' && u.rule === 'additive')).map((u) => u.role));
+  const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
+  const roles = new Set(counted.map((u) => u.role));
   if (roles.size === 0) {
     return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
   }
-  const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
-  if (!countable(counted)) {
+  // Masks are counted in a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits, both ranks together in the 4-D one (n-source.ts).
+  if (!counted.every((u) => u.viewRank === 3 || u.viewRank === 4)) {
     const causal = roles.has('causal') || roles.has('combined');
     return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
   }
@@ -51,14 +52,6 @@ function checkPaddingMask(option: NOption, uses: MaskUse[], where: string): void
   if (uses.some((u) => u.role === 'padding')) return;
   const found = uses.length ? `its masks are ${[...new Set(uses.map((u) => u.role))].join(', ')}` : 'it has no mask';
   throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`);
-}
-
-/**
- * Masks can be counted when each is applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits; masks
- * of both ranks are counted together in the 4-D view (n-source.ts).
- */
-function countable(uses: MaskUse[]): boolean {
-  return uses.length > 0 && uses.every((u) => u.viewRank === 3 || u.viewRank === 4);
 }
 
 /** The per-row n the presets defined on positions need, whatever the mask. */

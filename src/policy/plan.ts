@@ -5,13 +5,13 @@
  * are refused.
  */
 import { InputError, opt } from '../errors';
-import { Preset, presetScale, resolvePreset } from './factor';
+import { Preset, PresetOptions, resolvePreset } from './factor';
 import { LayerSpec, parseLayers } from './layers';
 import { NOption, parseNOption } from './n-mode';
 import { PriorOptions, PriorSpec, resolvePrior } from './prior';
 import { resolveScaleSpec, ScaleOptions, ScaleSpec } from './scale';
 
-export interface PatchOptions extends ScaleOptions, PriorOptions {
+export interface PatchOptions extends ScaleOptions, PriorOptions, PresetOptions {
   /** How n is computed at each site (default auto). */
   n?: NOption;
   /** Already parsed s (from a JSON file or an API caller); overrides s / trainLen / sFile. */
@@ -20,11 +20,6 @@ export interface PatchOptions extends ScaleOptions, PriorOptions {
   updateS?: boolean;
   /** Node names of refused sites to patch anyway (the deviation from exact SSMax is accepted knowingly). */
   force?: string[];
-  /** ssmax (default), qwen-logn, llama4, or none (a prior alone), with their parameters. */
-  preset?: string;
-  b?: number;
-  floorScale?: number;
-  attnScale?: number;
   /** Layers to patch: "3,7,11" or "every:4" (default all). */
   layers?: string;
   /** Accepted for compatibility and ignored: nodes out of topological order are always accepted and written sorted. */
@@ -90,7 +85,7 @@ function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
   }
   if (preset.kind === 'llama4') {
     if (options.s !== undefined || options.sFile !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')} or ${opt('sFile')}`);
-    return { kind: 'scalar', s: presetScale(preset)!, from: opt('attnScale') };
+    return { kind: 'scalar', s: preset.attnScale, from: opt('attnScale') };
   }
   return resolveScaleSpec(options);
 }

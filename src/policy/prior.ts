@@ -7,8 +7,8 @@
  * which softmax ignores), `alibi` is the Laplace prior with ALiBi's slopes (θβ = 1, θμ = 0, θα = ln m_h).
  * θ comes per layer and head like s: one number, a list per head, or a list per layer of lists per head.
  */
-import * as fs from 'node:fs';
 import { InputError, opt } from '../errors';
+import { readJsonFile } from './scale';
 
 export type PriorName = 'ggd' | 'alibi';
 export const THETAS = ['alpha', 'beta', 'mu'] as const;
@@ -41,22 +41,10 @@ export function resolvePrior(o: PriorOptions): PriorSpec | undefined {
   }
   if (o.prior !== 'ggd' && o.prior !== 'alibi') throw new InputError(`${opt('prior')} must be ggd or alibi, got '${o.prior}'`);
   if (o.priorTheta !== undefined) return { kind: o.prior, theta: parseThetaJson(o.priorTheta, 'θ'), from: 'given θ' };
-  if (o.priorFile !== undefined) return { kind: o.prior, theta: parseThetaJson(readJson(o.priorFile), opt('priorFile', o.priorFile)), from: o.priorFile };
+  if (o.priorFile !== undefined) {
+    return { kind: o.prior, theta: parseThetaJson(readJsonFile(o.priorFile, 'priorFile'), opt('priorFile', o.priorFile)), from: o.priorFile };
+  }
   return { kind: o.prior, theta: {}, from: 'defaults' };
-}
-
-function readJson(file: string): unknown {
-  let text: string;
-  try {
-    text = fs.readFileSync(file, 'utf8');
-  } catch {
-    throw new InputError(`${opt('priorFile', file)}: cannot read`);
-  }
-  try {
-    return JSON.parse(text);
-  } catch {
-    throw new InputError(`${opt('priorFile', file)}: not valid JSON`);
-  }
 }
 
 export function parseThetaJson(json: unknown, where: string): Partial<Record<ThetaName, ThetaSpec>> {

@@ -35,7 +35,7 @@ export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
     throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`);
   }
   if (options.s !== undefined) return { kind: 'scalar', s: checkS(options.s, opt('s')), from: 'given' };
-  if (options.sFile !== undefined) return readScaleFile(options.sFile);
+  if (options.sFile !== undefined) return parseScaleJson(readJsonFile(options.sFile, 'sFile'), opt('sFile', options.sFile));
   return { kind: 'scalar', s: scaleFromTrainLen(options.trainLen!), from: `1/ln ${options.trainLen}` };
 }
 
@@ -46,20 +46,19 @@ function checkS(v: unknown, where: string): number {
   return v;
 }
 
-export function readScaleFile(file: string): ScaleSpec {
+/** A JSON file named by an option (--s-file, --prior-file), with the option in the error when it cannot be read. */
+export function readJsonFile(file: string, option: 'sFile' | 'priorFile'): unknown {
   let text: string;
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch {
-    throw new InputError(`${opt('sFile', file)}: cannot read`);
+    throw new InputError(`${opt(option, file)}: cannot read`);
   }
-  let json: unknown;
   try {
-    json = JSON.parse(text);
+    return JSON.parse(text);
   } catch {
-    throw new InputError(`${opt('sFile', file)}: not valid JSON`);
+    throw new InputError(`${opt(option, file)}: not valid JSON`);
   }
-  return parseScaleJson(json, opt('sFile', file));
 }
 
 export function parseScaleJson(json: unknown, where: string): ScaleSpec {

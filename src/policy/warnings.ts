@@ -41,23 +41,18 @@ const PROBE_NOTE = " (verify's semantic probe counts the keys the masks leave vi
 
 /** Explicit --n modes whose rows disagree with the masks: causal n on bidirectional attention, and the reverse. */
 export function nModeWarnings(option: NOption, sites: SiteCausality[]): Warning[] {
-  if (option === 'causal' || option === 'causal-padding') {
-    const off = sites.filter((s) => !s.causal);
-    if (off.length === 0) return [];
-    return [{
-      code: 'n-causal-on-bidirectional', sites: off.map((s) => s.node),
-      message: `--n ${option} on ${count(off)} whose masks are not causal (e.g. ${off[0].node}: ${off[0].reason}): every row sees every (unpadded) key there, but row i gets ${ROW_N}; use --n auto${option === 'causal-padding' ? PROBE_NOTE : ''}`,
-    }];
-  }
-  if (option === 'keys' || option === 'padding') {
-    const off = sites.filter((s) => s.causal);
-    if (off.length === 0) return [];
-    return [{
-      code: 'n-keys-on-causal', sites: off.map((s) => s.node),
-      message: `--n ${option} on ${count(off)} with a causal mask (e.g. ${off[0].node}: ${off[0].reason}): row i sees i + 1 keys (more with a cache), but every row gets n = ${option === 'keys' ? 'Tk' : 'the unpadded keys'}; use --n auto${option === 'padding' ? PROBE_NOTE : ''}`,
-    }];
-  }
-  return [];
+  const causal = option === 'causal' || option === 'causal-padding';
+  if (!causal && option !== 'keys' && option !== 'padding') return [];
+  const off = sites.filter((s) => s.causal !== causal);
+  if (off.length === 0) return [];
+  const example = `e.g. ${off[0].node}: ${off[0].reason}`;
+  return [causal ? {
+    code: 'n-causal-on-bidirectional', sites: off.map((s) => s.node),
+    message: `--n ${option} on ${count(off)} whose masks are not causal (${example}): every row sees every (unpadded) key there, but row i gets ${ROW_N}; use --n auto${option === 'causal-padding' ? PROBE_NOTE : ''}`,
+  } : {
+    code: 'n-keys-on-causal', sites: off.map((s) => s.node),
+    message: `--n ${option} on ${count(off)} with a causal mask (${example}): row i sees i + 1 keys (more with a cache), but every row gets n = ${option === 'keys' ? 'Tk' : 'the unpadded keys'}; use --n auto${option === 'padding' ? PROBE_NOTE : ''}`,
+  }];
 }
 
 /**

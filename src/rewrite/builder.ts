@@ -5,7 +5,7 @@
 import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
 import { AttributeProto, AttributeType, DataType, GraphProto, NodeProto, TensorProto } from '../io/onnx';
-import { Editor } from './journal';
+import { Editor, emptyEdits } from './journal';
 
 /** Integers as numbers; a float attribute as `{ float: x }`; a graph (an If branch) as `{ graph: g }`. */
 export type AttrValue = number | number[] | string | TensorProto | { float: number } | { graph: GraphProto };
@@ -29,10 +29,7 @@ export class Builder {
   /** Adds one node and returns its (first) output name. */
   op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string): string {
     const output = this.graph.uniqueName(`${this.prefix}${outName ?? opType.toLowerCase()}`);
-    this.insert({
-      opType, domain: '', input: inputs, output: [output], name: this.graph.uniqueNodeName(`${this.prefix}${outName ?? opType}`),
-      attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
-    });
+    this.node(opType, inputs, [output], attrs, '', outName ?? opType);
     return output;
   }
 
@@ -43,17 +40,17 @@ export class Builder {
    */
   branch(name: string, build: (b: Builder) => string, elemType?: number): GraphProto {
     const proto: GraphProto = { node: [], name: this.graph.uniqueName(`${this.prefix}${name}`), initializer: [], input: [], output: [], valueInfo: [] };
-    const editor = new Editor(this.graph.child(proto), { scope: proto.name, owner: 'branch', nodes: [], initializers: [], inputs: [], rewired: [] });
+    const editor = new Editor(this.graph.child(proto), emptyEdits(proto.name, 'branch'));
     const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.options));
     proto.output = [elemType ? { name: output, type: { tensorType: { elemType } } } : { name: output }];
     return proto;
   }
 
-  /** Adds a node that writes the given output names (those of a node it replaces); `domain` for contrib ops. */
-  node(opType: string, inputs: string[], outputs: string[], attrs: Record<string, AttrValue> = {}, domain = ''): void {
+  /** Adds a node named `<prefix><name>` that writes the given output names (a replaced node's); `domain` for contrib ops. */
+  node(opType: string, inputs: string[], outputs: string[], attrs: Record<string, AttrValue> = {}, domain = '', name = opType): void {
     this.insert({
-      opType, domain, input: inputs, output: outputs, name: this.graph.uniqueNodeName(`${this.prefix}${opType}`),
-      attribute: Object.entries(attrs).map(([name, v]) => makeAttribute(name, v)),
+      opType, domain, input: inputs, output: outputs, name: this.graph.uniqueNodeName(`${this.prefix}${name}`),
+      attribute: Object.entries(attrs).map(([key, v]) => makeAttribute(key, v)),
     });
   }
 

@@ -26,13 +26,11 @@ export function applyFactor(b: Builder, x: string, factor: string, xType: number
     return { output: b.op('Cast', [m.output], { to: xType }, `${name}_out`), factorType: DataType.FLOAT, apply: m.apply };
   }
   if (xType === DataType.DOUBLE) {
-    const m = mul(x, b.op('Cast', [factor], { to: DataType.DOUBLE }, 'factor_cast'));
-    return { ...m, factorType: DataType.DOUBLE };
+    return { ...mul(x, b.op('Cast', [factor], { to: DataType.DOUBLE }, 'factor_cast')), factorType: DataType.DOUBLE };
   }
   if (xType === undefined && opset >= 15) {
     // The graph does not declare the type: match it at run time.
-    const m = mul(x, b.op('CastLike', [factor, x], {}, 'factor_cast'));
-    return { ...m, factorType: DataType.FLOAT };
+    return { ...mul(x, b.op('CastLike', [factor, x], {}, 'factor_cast')), factorType: DataType.FLOAT };
   }
   return { ...mul(x, factor), factorType: DataType.FLOAT };
 }

@@ -30,13 +30,8 @@ const MAX_FACTOR_NODES = 64;
 const carriers = new Set(['Add', 'Sub', 'Where', 'Cast', 'Div', 'Mul', 'Reshape', 'Identity', 'Squeeze', 'Unsqueeze', 'Max', 'Min', 'Tanh']);
 
 export function findFactors(graph: Graph): Factor[] {
-  const out: Factor[] = [];
-  for (const node of graph.nodes) {
-    if (node.opType !== 'Mul' || (node.domain && node.domain !== 'ai.onnx')) continue;
-    const f = asFactor(graph, node);
-    if (f) out.push(f);
-  }
-  return out;
+  const muls = graph.nodes.filter((n) => n.opType === 'Mul' && (!n.domain || n.domain === 'ai.onnx'));
+  return muls.map((mul) => asFactor(graph, mul)).filter((f): f is Factor => f !== null);
 }
 
 function asFactor(graph: Graph, mul: NodeProto): Factor | null {

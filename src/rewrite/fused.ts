@@ -13,7 +13,8 @@
  */
 import { FusedSite, NPlan, Term } from '../detect/fused';
 import { Shapes } from '../graph/shapes';
-import { DataType } from '../io/onnx';
+import { makeTensor } from '../graph/tensor';
+import { DataType, TensorProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { NMode } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
@@ -24,7 +25,6 @@ import { fusedPrior, ThetaTensors } from './prior';
 import { unsqueeze } from './versioned';
 
 export interface InsertedFused {
-  sName: string;
   factor: string;
   apply: string;
   factorType: number;
@@ -39,20 +39,15 @@ export interface Rows { n: string; ln: string }
 export interface RowFactor { preset: Preset; s: string; perHead: boolean; rows: Rows }
 
 // Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
-const INT64_MAX = Number.MAX_SAFE_INTEGER;
+export const INT64_MAX = Number.MAX_SAFE_INTEGER;
 
 /** The n plan after the user's --n choice: keys turns causal plans into key counts and the reverse. */
 export function planFor(site: FusedSite, mode: NMode | 'mask'): NPlan {
   const n = site.n;
   if (site.query.layout === 'weights') return weightsPlan(site.query.expandable, n, mode);
-  if (mode === 'keys') {
-    if (n.kind === 'causal' || n.kind === 'causal-offset') return { kind: 'keys', tk: n.tk };
-    if (n.kind === 'lengths') return { ...n, causal: false };
-    return n;
-  }
-  if (n.kind === 'keys') return { kind: 'causal', tk: n.tk };
-  if (n.kind === 'lengths') return { ...n, causal: true };
-  return n;
+  if (n.kind === 'lengths') return { ...n, causal: mode !== 'keys' };
+  if (mode === 'keys') return n.kind === 'causal' || n.kind === 'causal-offset' ? { kind: 'keys', tk: n.tk } : n;
+  return n.kind === 'keys' ? { kind: 'causal', tk: n.tk } : n;
 }
 
 /**
@@ -102,13 +97,15 @@ export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: Laye
   const q = site.query;
   let applied: Applied;
   switch (q.layout) {
-    case 'bsd': applied = scaleBsd(b, site, q.input, f, q.bias, opset); break;
+    case 'bsd': applied = scaleQuery(b, site, site.node.input[q.input], f, q.bias, opset); break;
     case 'packed': applied = scalePacked(b, site, q, f, opset); break;
     case 'bnsd': applied = scaleBnsd(b, site, q.input, f, opset); break;
     case 'bsn3h': applied = scaleBsn3h(b, site, q.input, f, opset); break;
     case 'weights': applied = scaleWeights(b, site, q, f, opset); break;
   }
-  return { sName, factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
+  // scaleWeights rewires the weights itself, before it scales their bias.
+  if (q.layout !== 'weights') b.rewire(site.node, q.input, applied.output);
+  return { factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
 }
 
 /** The additive bias input of each fused operator: where a prior goes. */
@@ -169,13 +166,10 @@ function nRows(b: Builder, site: FusedSite, plan: NPlan): Rows {
   switch (plan.kind) {
     case 'keys':
       return withLog(b, sum(b, site, plan.tk), [1, 1]);
-    case 'causal': {
-      const first = b.op('Add', [b.op('Sub', [sum(b, site, plan.tk), S], {}, 'past'), one], {}, 'n_first');
-      return withLog(b, rows(first), [1, -1]);
-    }
+    case 'causal':
     case 'causal-offset': {
-      const first = b.op('Add', [sum(b, site, plan.offset), one], {}, 'n_first');
-      return withLog(b, rows(first), [1, -1]);
+      const past = plan.kind === 'causal' ? b.op('Sub', [sum(b, site, plan.tk), S], {}, 'past') : sum(b, site, plan.offset);
+      return withLog(b, rows(b.op('Add', [past, one], {}, 'n_first')), [1, -1]);
     }
     case 'lengths':
       return nFromLengths(b, site, plan, S, one);
@@ -243,37 +237,33 @@ export function priorPositions(b: Builder, site: FusedSite, plan: NPlan): { S: s
 
 /** ONNX Attention's key buffer length (a static cache with nonpad_kv_seqlen): K's sequence axis, plus the past. */
 function keyBuffer(site: FusedSite): Term[] {
-  const kAxis = site.query.layout === 'bnsd' ? 2 : 1;
-  return [{ input: 1, axis: kAxis }, ...(site.node.input[4] ? [{ input: 4, axis: 2 }] : [])];
+  return [{ input: 1, axis: site.query.layout === 'bnsd' ? 2 : 1 }, ...(site.node.input[4] ? [{ input: 4, axis: 2 }] : [])];
 }
 
 // ---- c and the query -------------------------------------------------------------------------------------
 
-
 /** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
-export function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {
+function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {
   if (!f.perHead) return unsqueeze(b, presetFactor(b, f.preset, f.s, f.rows.n, f.rows.ln), [2], opset, 'factor_rows');
   const sHeads = b.op('Reshape', [f.s, b.int64('heads_col', [-1, 1])], {}, 's_heads');
   return presetFactor(b, f.preset, sHeads, unsqueeze(b, f.rows.n, [2, 3], opset, 'n_4d'), unsqueeze(b, f.rows.ln, [2, 3], opset, 'ln_n_4d'));
 }
 
-export function scaleRows(b: Builder, q: string, c: string, perHead: boolean, heads: number | undefined, qType: number | undefined, opset: number): Applied {
-  if (!perHead) return applyFactor(b, q, c, qType, opset);
+export function scaleRows(b: Builder, q: string, f: RowFactor, heads: number | undefined, qType: number | undefined, opset: number): Applied {
+  const c = factorRowsHeads(b, f, opset);
+  if (!f.perHead) return applyFactor(b, q, c, qType, opset);
   const view = b.op('Reshape', [q, b.int64('heads_view', [0, 0, heads!, -1])], {}, 'q_heads');
   const applied = applyFactor(b, view, c, qType, opset);
   return { ...applied, output: b.op('Reshape', [applied.output, b.int64('merge_heads', [0, 0, -1])], {}, 'q_scaled') };
 }
 
-/** [B,S,N·H] query; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
-function scaleBsd(b: Builder, site: FusedSite, input: number, f: RowFactor, bias: number | undefined, opset: number): Applied {
-  let q = site.node.input[input];
+/** A [B,S,N·H] query times c; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
+function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: number | undefined, opset: number): Applied {
   let qType = site.queryType;
   if (bias !== undefined) ({ q, qType } = foldQueryBias(b, site, q, bias, qType));
-  const c = factorRowsHeads(b, f, opset);
-  const applied = scaleRows(b, q, c, f.perHead, site.heads.heads, qType, opset);
-  const out = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
-  b.rewire(site.node, input, out);
-  return { ...applied, output: out };
+  const applied = scaleRows(b, q, f, site.heads.heads, qType, opset);
+  if (qType === site.queryType) return applied;
+  return { ...applied, output: b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') };
 }
 
 /** q + bias[:W] (in fp32 when q is fp16/bf16), and the node's bias replaced by [0…0, bias[W:]]. */
@@ -300,23 +290,13 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
   const axis = b.int64('axis2', [2]);
   const query = b.op('Slice', [packed, b.int64('zero1', [0]), qWidth, axis], {}, 'query');
   const rest = b.op('Slice', [packed, qWidth, b.int64('end', [INT64_MAX]), axis], {}, 'key_value');
-  let qIn = query;
-  let qType = site.queryType;
-  if (q.bias !== undefined) ({ q: qIn, qType } = foldQueryBias(b, site, query, q.bias, qType));
-  const c = factorRowsHeads(b, f, opset);
-  const applied = scaleRows(b, qIn, c, f.perHead, site.heads.heads, qType, opset);
-  const scaled = qType !== site.queryType ? b.op('Cast', [applied.output], { to: site.queryType! }, 'q_cast') : applied.output;
-  const out = b.op('Concat', [scaled, rest], { axis: 2 }, 'qkv_scaled');
-  b.rewire(site.node, q.input, out);
-  return { ...applied, output: out };
+  const applied = scaleQuery(b, site, query, f, q.bias, opset);
+  return { ...applied, output: b.op('Concat', [applied.output, rest], { axis: 2 }, 'qkv_scaled') };
 }
 
 /** [B,N,S,H]: c as [Bn,N,Sn,1] (per head) or [Bn,1,Sn,1]. */
 function scaleBnsd(b: Builder, site: FusedSite, input: number, f: RowFactor, opset: number): Applied {
-  const c = factorBnsd(b, f, opset);
-  const applied = applyFactor(b, site.node.input[input], c, site.queryType, opset);
-  b.rewire(site.node, input, applied.output);
-  return applied;
+  return applyFactor(b, site.node.input[input], factorBnsd(b, f, opset), site.queryType, opset);
 }
 
 /** MultiHeadAttention packed [B,S,N,3,H]: factor [Bn,Sn,N|1,3,1] = [c, 1, 1] along the Q/K/V axis. */
@@ -325,9 +305,7 @@ function scaleBsn3h(b: Builder, site: FusedSite, input: number, f: RowFactor, op
   const c5 = unsqueeze(b, c4, [3], opset, 'factor_5d');
   const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
   const qkv = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
-  const applied = applyFactor(b, site.node.input[input], qkv, site.queryType, opset);
-  b.rewire(site.node, input, applied.output);
-  return applied;
+  return applyFactor(b, site.node.input[input], qkv, site.queryType, opset);
 }
 
 /**
@@ -358,9 +336,4 @@ function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query']
   return applied;
 }
 
-function oneTensor(): import('../io/onnx').TensorProto {
-  return {
-    name: '', dataType: DataType.FLOAT, dims: [1], rawData: new Uint8Array(new Float32Array([1]).buffer), floatData: [],
-    int32Data: [], int64Data: [], doubleData: [], uint64Data: [], stringData: [], externalData: [], dataLocation: 0,
-  };
-}
+const oneTensor = (): TensorProto => makeTensor('', DataType.FLOAT, [1], [1]);

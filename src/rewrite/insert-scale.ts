@@ -21,7 +21,7 @@ import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
 import { presetFactor } from './factor';
-import { NSources, NTensor } from './n-source';
+import { NSources } from './n-source';
 
 export interface ScaleContext {
   graph: Graph;
@@ -34,7 +34,6 @@ export interface ScaleContext {
 export type Target = 'query' | 'logits';
 
 export interface InsertedScale {
-  sName: string;
   factor: string;
   apply: string;
   factorType: number;
@@ -52,8 +51,8 @@ interface TargetTensor {
   type?: number;
 }
 
-/** `sInput`: an existing tensor holding s (a function input inside a function body) instead of a new constant. */
-export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, n: NChoice, uses: MaskUse[], sInput?: string): InsertedScale {
+/** `sName`: the tensor holding s (its initializer, or inside a function body the input it comes in through). */
+export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, n: NChoice, uses: MaskUse[], sName: string): InsertedScale {
   const target = chooseTarget(ctx, site, uses);
   const perHead = Array.isArray(s);
   if (perHead && target.rank !== 3 && target.rank !== 4) {
@@ -61,7 +60,6 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   }
   if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) throw new Error(`layer ${site.layer}: per-row n at opset ${ctx.opset}`);
   const source = ctx.sources.get(site, n.mode, uses);
-  const sName = sInput ?? b.constant('s', DataType.FLOAT, perHead ? [s.length, 1, 1] : [], perHead ? s : [s]);
   const heads = perHead ? s.length : site.heads.heads;
   const counted4d = source.view === 'batch-rows' && source.rank === 4;
   if (source.view === 'batch-rows' && source.rank === 3 && target.rank !== 3) {
@@ -69,20 +67,19 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   }
   // Per-head s on [B·H, ·, ·] tensors is tiled over the batch, unless n is counted in the 4-D view (merged below).
   const sTensor = perHead && target.rank === 3 && !counted4d ? tileOverBatch(b, sName, target.tensor, s.length) : sName;
-  let factor = factorOf(ctx, b, source, sTensor);
+  let factor = presetFactor(b, ctx.preset, sTensor, source.n, ctx.sources.ln(source));
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.rewire(target.consumer.node, target.consumer.index, scaled);
-  return { sName, factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
+  return { factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
 }
 
 /**
  * An opset < 13 Softmax on logits of unknown rank normalises the axes from `groupAxis` on as one group: one factor
  * s·ln(group size) for the whole tensor, multiplied into the logits where the factor would go (before any mask).
  */
-export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, sInput?: string): InsertedScale {
+export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, sName: string): InsertedScale {
   if (Array.isArray(s)) throw new InputError(`layer ${site.layer}: per-head s needs the head count, and these logits have no known rank; give one s for the layer`);
-  const sName = sInput ?? b.constant('s', DataType.FLOAT, [], [s]);
   const shape = b.op('Shape', [site.logits], {}, 'logits_shape');
   const rows = b.op('ReduceProd', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('group_axis', [site.groupAxis!])], {}, 'row_dims')], { keepdims: 0 }, 'rows');
   const n = b.op('Div', [b.op('Size', [site.logits], {}, 'size'), rows], {}, 'n_group');
@@ -91,7 +88,7 @@ export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionS
   const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
   b.rewire(site.consumer.node, site.consumer.index, output);
   // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
-  return { sName, factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
+  return { factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }
 
 function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {
@@ -107,24 +104,22 @@ function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): 
   return { where: 'logits', tensor: site.logits, consumer: site.consumer, rank: site.logitsRank, type: site.logitsType };
 }
 
-/** c from n (and ln n) for the preset, with s the layer's initializer. */
-function factorOf(ctx: ScaleContext, b: Builder, source: NTensor, s: string): string {
-  return presetFactor(b, ctx.preset, s, source.n, ctx.sources.ln(source));
-}
-
 /** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */
 export function tileOverBatch(b: Builder, s: string, target: string, heads: number): string {
-  const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
-  const batch = b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch');
-  const reps = b.op('Concat', [b.op('Reshape', [batch, b.int64('one_dim', [1])], {}, 'batch_1'), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');
+  const reps = b.op('Concat', [batchOf(b, target, heads), b.int64('ones', [1, 1])], { axis: 0 }, 'reps');
   return b.op('Tile', [s, reps], {}, 's_tiled');
+}
+
+/** B as a [1] tensor, from the first axis B·H of `target`. */
+function batchOf(b: Builder, target: string, heads: number): string {
+  const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
+  return b.op('Reshape', [b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch'), b.int64('one_dim', [1])], {}, 'batch_1');
 }
 
 /** A factor counted in the 4-D mask view [B|1, H|1, R, 1] → [B·H, R, 1] for a 3-D target. */
 function mergeHeads(b: Builder, site: AttentionSite, factor: string, target: string, heads: number | undefined): string {
   if (!heads) throw new InputError(`layer ${site.layer}: counting n from masks for [B·H, Tq, Tk] logits needs the head count, not found in the graph`);
-  const bh = b.op('Gather', [b.op('Shape', [target], {}, 'target_shape'), b.int64('batch_axis', [0], true)], {}, 'bh');
-  const batch = b.op('Reshape', [b.op('Div', [bh, b.int64('heads', [heads], true)], {}, 'batch'), b.int64('one_dim', [1])], {}, 'batch_1');
+  const batch = batchOf(b, target, heads);
   const full = b.op('Expand', [factor, b.op('Concat', [batch, b.int64('heads_1_1', [heads, 1, 1])], { axis: 0 }, 'bh11')], {}, 'factor_bh');
   const rows = b.op('Slice', [b.op('Shape', [full], {}, 'factor_shape'), b.int64('from2', [2]), b.int64('to4', [4])], {}, 'rows_1');
   return b.op('Reshape', [full, b.op('Concat', [b.int64('minus_one', [-1]), rows], { axis: 0 }, 'merged_shape')], {}, 'factor_merged');

@@ -8,6 +8,7 @@
 import { Graph } from '../graph/graph';
 import { parseModel, serializeModel } from '../io/model-file';
 import { ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../io/onnx';
+import { memo } from './memo';
 
 export interface Rewire {
   /** First output of the node whose input was changed. */
@@ -41,6 +42,11 @@ export interface ScopeEdits {
    * patch had to move one of them (a factor reading a mask computed after the query, say).
    */
   order?: string[];
+}
+
+/** The entry of an owner's edits in one scope, before any edit. */
+export function emptyEdits(scope: string, owner: string): ScopeEdits {
+  return { scope, owner, nodes: [], initializers: [], inputs: [], rewired: [] };
 }
 
 /** How the journal names an existing node: its first output (tensor names are unique), or its name. */
@@ -84,19 +90,13 @@ export class Journal {
   private readonly scopes = new Map<string, Editor>();
   private opset?: ScopeEdits;
 
-  editor(scope: string, graph: Graph, owner = 'shared'): Editor {
-    const key = `${owner}@${scope}`;
-    let e = this.scopes.get(key);
-    if (!e) {
-      e = new Editor(graph, { scope, owner, nodes: [], initializers: [], inputs: [], rewired: [] });
-      this.scopes.set(key, e);
-    }
-    return e;
+  editor(scope: string, graph: Graph, owner: string): Editor {
+    return memo(this.scopes, `${owner}@${scope}`, () => new Editor(graph, emptyEdits(scope, owner)));
   }
 
   /** Notes that the model's default-domain opset import was raised, so revert can lower it again. */
   raiseOpset(from: number, to: number): void {
-    this.opset = { scope: 'model', owner: 'opset', nodes: [], initializers: [], inputs: [], rewired: [], opset: { from, to } };
+    this.opset = { ...emptyEdits('model', 'opset'), opset: { from, to } };
   }
 
   /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */

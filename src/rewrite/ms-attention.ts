@@ -26,7 +26,8 @@ import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
-import { factorBnsd, factorRowsHeads, InsertedFused, RowFactor, Rows, scaleRows } from './fused';
+import { factorBnsd, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
+import { memo } from './memo';
 import { fusedPrior, ThetaTensors } from './prior';
 import { Preset } from '../policy/factor';
 import { squeeze, sumLastAxis, unsqueeze } from './versioned';
@@ -51,8 +52,6 @@ interface MaskTensors {
 }
 
 const MS = 'com.microsoft';
-// Slice clamps ends to the dimension; 2^53 − 1 is the largest end a JS number writes exactly as int64.
-const INT64_MAX = Number.MAX_SAFE_INTEGER;
 const LOWEST: Record<number, number> = { [DataType.FLOAT]: -3.4028234663852886e38, [DataType.FLOAT16]: -65504, [DataType.BFLOAT16]: -3.3895313892515355e38 };
 
 /** What the expansion costs at run time, for the report. */
@@ -73,7 +72,7 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   b.editor.remove(node);
   const [q, k, v] = projection(b, node.input[0], node.input[1], input(2), attrInts(node, 'qkv_hidden_sizes'));
   const f: RowFactor | undefined = p.sName ? { preset: p.preset, s: p.sName, perHead: Array.isArray(p.s), rows: masks.rows } : undefined;
-  const applied = f ? scaleRows(b, q, factorRowsHeads(b, f, opset), f.perHead, heads, dtype, opset) : undefined;
+  const applied = f ? scaleRows(b, q, f, heads, dtype, opset) : undefined;
   const userBias = input(5);
   let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
   if (p.theta) {
@@ -82,7 +81,7 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   }
   const kv = cache(b, node, k, v, heads);
   attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
-  return { sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
+  return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
 }
 
 /** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */
@@ -90,10 +89,9 @@ function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number)
   const node = site.node;
   const given = attrFloat(node, 'scale');
   if (given) return { given, value: given, dtype };
-  const heads = site.heads.heads!;
   const width = attrInts(node, 'qkv_hidden_sizes')?.[0] ?? (shared.shapes.dim(node.input[1], 1) ? constantOf(shared.shapes.dim(node.input[1], 1)!) : undefined);
   const qWidth = attrInts(node, 'qkv_hidden_sizes') ? width : width !== undefined ? width / 3 : undefined;
-  return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / heads) : undefined, dtype };
+  return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / site.heads.heads!) : undefined, dtype };
 }
 
 /**
@@ -217,21 +215,15 @@ function maskTensors(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPl
   const lengths = S && (P || !node.input[4]) ? `${show(S)}|${P ? show(P) : '0'}|${node.input[6] ?? ''}` : `site:${node.output[0]}`;
   const filter = attrFloat(node, 'mask_filter_value') ?? -10000;
   const key = [plan.mask !== undefined ? node.input[plan.mask] : '-', lengths, plan.causal, plan.unidirectional, filter, dtype].join('|');
-  let entry = shared.cache.get(key);
-  if (!entry) {
-    entry = buildMask(shared, site, plan, dtype, filter);
-    shared.cache.set(key, entry);
-  }
-  return entry;
+  return memo(shared.cache, key, () => buildMask(shared, site, plan, dtype, filter));
 }
 
 /** Lengths as int64 scalars: S, the past P, T = P + S. */
 function lengthsOf(b: Builder, node: FusedSite['node']): { S: string; P: string; T: string } {
   const dim = (name: string, axis: number): string => b.op('Gather', [b.op('Shape', [name]), b.int64(`axis${axis}`, [axis], true)], {}, 'len');
   const S = dim(node.input[0], 1);
-  let P: string;
-  if (node.input[6]) P = b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len');
-  else P = node.input[4] ? dim(node.input[4], 3) : b.int64('zero', [0], true);
+  const P = node.input[6] ? b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len')
+    : node.input[4] ? dim(node.input[4], 3) : b.int64('zero', [0], true);
   return { S, P, T: b.op('Add', [P, S], {}, 'total_len') };
 }
 

@@ -14,6 +14,8 @@ import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { NMode } from '../policy/n-mode';
 import { Builder } from './builder';
+import { memo } from './memo';
+import { sumLastAxis } from './versioned';
 
 export type NView = 'scalar' | 'rows' | 'batch-rows';
 
@@ -72,12 +74,7 @@ export class NSources {
   /** n for a site in the given mode; `uses` are the masks on its logits (for mask-based modes). */
   get(site: AttentionSite, mode: NMode, uses: MaskUse[]): NTensor {
     const key = this.keyOf(site, mode, uses);
-    let entry = this.cache.get(key);
-    if (!entry) {
-      entry = { ...this.build(site, mode, uses), key };
-      this.cache.set(key, entry);
-    }
-    return entry;
+    return memo(this.cache, key, () => ({ ...this.build(site, mode, uses), key }));
   }
 
   /** ln(max(n, 1)): a row that sees no key at all gets factor 0, not −inf. */
@@ -92,13 +89,7 @@ export class NSources {
 
   /** The relative positions of a site, shared by every site whose Tq and Tk have the same symbolic size. */
   positions(site: AttentionSite): Positions {
-    const key = this.dimsKey(site);
-    let entry = this.positionCache.get(key);
-    if (!entry) {
-      entry = this.buildPositions(site);
-      this.positionCache.set(key, entry);
-    }
-    return entry;
+    return memo(this.positionCache, this.dimsKey(site), () => this.buildPositions(site));
   }
 
   private buildPositions(site: AttentionSite): Positions {
@@ -135,8 +126,7 @@ export class NSources {
     const divides = b.op('Equal', [b.op('Mod', [tk, sizes], {}, 'tk_mod_size'), b.int64('zero', [0], true)], {}, 'size_divides');
     const one = b.int64('one', [1], true);
     const fits = b.op('Less', [sizes, b.op('Add', [tq, one], {}, 'tq_plus_1')], {}, 'size_fits');
-    // Windows cost about K·(Tq + Tk) gathers of H values, blocks Tq·Tk / K block copies: K near 2·√Tk balances them
-    // (measured at 512 keys: K = 32 lays B out about 15 % faster than 16).
+    // K near 2·√Tk balances the two costs (see Positions): at 512 keys, K = 32 lays B out about 15 % faster than 16.
     const balanced = b.op('Less', [b.op('Mul', [sizes, sizes], {}, 'size_squared'),
       b.op('Add', [b.op('Mul', [tk, b.int64('four', [4], true)], {}, 'tk_times_4'), one], {}, 'size_bound')], {}, 'size_balanced');
     const ok = b.op('And', [b.op('And', [divides, fits], {}, 'size_fits_tq'), balanced], {}, 'size_usable');
@@ -149,14 +139,11 @@ export class NSources {
    * the tensors the patch inserts, so asking again for the prior's positions would not share them across layers.
    */
   private dimsKey(site: AttentionSite): string {
-    let key = this.siteKeys.get(site);
-    if (key === undefined) {
+    return memo(this.siteKeys, site, () => {
       const [q, k] = shapeSources(site);
       const tq = this.sym.dim(q, -2), tk = this.sym.dim(k, -1);
-      key = tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
-      this.siteKeys.set(site, key);
-    }
-    return key;
+      return tq && tk ? `${show(tq)}|${show(tk)}` : `site:${site.qkMatMul.output[0]}`;
+    });
   }
 
   private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
@@ -170,9 +157,7 @@ export class NSources {
 
   private build(site: AttentionSite, mode: NMode, uses: MaskUse[]): Omit<NTensor, 'key'> {
     if (mode === 'mask' || (mode === 'causal-padding' && !this.keyOnly(uses))) return this.countVisible(site, uses);
-    if (mode === 'padding') {
-      return this.countVisible(site, uses.filter((u) => u.role === 'padding'));
-    }
+    if (mode === 'padding') return this.countVisible(site, uses.filter((u) => u.role === 'padding'));
     const b = this.b;
     const [q, k] = shapeSources(site);
     const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
@@ -197,7 +182,8 @@ export class NSources {
     const rank = uses.every((u) => u.viewRank === 3) ? 3 : 4;
     const visibles = uses.map((u) => (u.viewRank === 3 && rank === 4 ? this.headsView(site, this.visible(u)) : this.visible(u)));
     const visible = visibles.reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
-    return { n: this.reduceSum(b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), 'n_mask'), view: 'batch-rows', rank };
+    const n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), this.opset, true, 'n_mask');
+    return { n, view: 'batch-rows', rank };
   }
 
   /**
@@ -214,13 +200,13 @@ export class NSources {
     return b.op('Reshape', [full, b.op('Concat', [b.int64('heads_split', [-1, heads]), rest], { axis: 0 }, 'heads_shape')], {}, 'visible_4d');
   }
 
-  /** Causal plus key padding: the unpadded keys up to each row's position, a cumulative count over keys. */
   /** Padding masks over keys only ([.., 1, Tk] in a 4-D view): a cumulative count then gives each row's n. */
   private keyOnly(uses: MaskUse[]): boolean {
     return uses.filter((u) => u.role === 'padding')
       .every((u) => u.viewRank === 4 && constantOf(this.sym.dim(u.tensor, -2) ?? new Map([['?', 1]])) === 1);
   }
 
+  /** Causal plus key padding: the unpadded keys up to each row's position, a cumulative count over keys. */
   private causalPadding(uses: MaskUse[], tq: string, tk: string): Omit<NTensor, 'key'> {
     const padding = uses.filter((u) => u.role === 'padding');
     const b = this.b;
@@ -240,13 +226,6 @@ export class NSources {
     return u.rule === 'additive'
       ? b.op('Greater', [m, b.constant('hidden_below', DataType.FLOAT, [], [HIDDEN_BELOW])], {}, 'keep')
       : b.op('Less', [m, b.constant('hidden_above', DataType.FLOAT, [], [-HIDDEN_BELOW])], {}, 'keep');
-  }
-
-  private reduceSum(x: string, name: string): string {
-    const b = this.b;
-    return this.opset >= 13
-      ? b.op('ReduceSum', [x, b.int64('key_axis', [-1])], { keepdims: 1 }, name)
-      : b.op('ReduceSum', [x], { axes: [-1], keepdims: 1 }, name);
   }
 }
 

@@ -78,7 +78,7 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
     b.node('Identity', [out([qk, capped, logits, probs][Math.min(Math.max(mode, 0), 3)])], [node.output[3]]);
   }
   return {
-    sName: p.sName ?? '', factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? precision, rows,
+    factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? precision, rows,
     mode: keysOnly ? 'keys' : modeOf(node, input(3) !== undefined),
   };
 }
@@ -154,7 +154,6 @@ function maskBias(b: Builder, mask: string, rank: number, T: string, t: number, 
   return b.op('Where', [inside, b.op('Cast', [padded], { to: t }, 'mask_t'), inf()], {}, 'mask_bias');
 }
 
-/** ln n as float, n the entries of the bias above −9000 on the row (ReduceSum keeps the row axis), or the key count. */
 /** max(n, 1) and its logarithm: the keys each row may see under the bias (entries above −9000), or Tk. */
 function nVisible(b: Builder, bias: string | undefined, keys: string): Rows {
   let n: string;

@@ -7,25 +7,21 @@ import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
-import { cloneModel as cloneTracked, GraphProto, ModelProto, toNumber } from '../io/onnx';
+import { cloneModel, GraphProto, ModelProto, toNumber } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchOptions, PatchPlan, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
-import { PatchedSite, PatchResult } from './report';
+import { PatchResult } from './report';
 import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
 import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
 
+export { cloneModel } from '../io/onnx';
 export type { PatchOptions } from '../policy/plan';
 export type { PatchedSite, PatchReport, PatchResult } from './report';
-
-/** A deep copy that keeps the provenance of every message, so it is still written losslessly. */
-export function cloneModel(model: ModelProto): ModelProto {
-  return cloneTracked(model);
-}
 
 /**
  * Checks the graph before anything walks it. What onnxruntime accepts is accepted and said in notes: nodes out of
@@ -100,8 +96,7 @@ function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, a
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
     ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
-  const patched: PatchedSite[] = results.map((r) => r.site);
-  return { sites: patched, skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources, notes };
+  return { sites: results.map((r) => r.site), skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources, notes };
 }
 
 /** The sites in the chosen layers; the others are reported as skipped. */

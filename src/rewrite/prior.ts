@@ -19,9 +19,7 @@ import { Positions } from './n-source';
 export type ThetaTensors = Record<ThetaName, string>;
 
 export function thetaConstants(b: Builder, theta: LayerTheta): ThetaTensors {
-  const out = {} as ThetaTensors;
-  for (const t of THETAS) out[t] = b.constant(`theta_${t}`, DataType.FLOAT, [theta[t].length], theta[t]);
-  return out;
+  return Object.fromEntries(THETAS.map((t) => [t, b.constant(`theta_${t}`, DataType.FLOAT, [theta[t].length], theta[t])])) as ThetaTensors;
 }
 
 /**
@@ -97,24 +95,21 @@ function layoutPrior(b: Builder, table: string, pos: Positions): string {
 
 /**
  * Adds c·B at the site; `factor` is c (absent for the none preset, c = 1). A factor that is one value per head for
- * every row scales the small table instead of the gathered [H, Tq, Tk] prior. Returns the Add node's output.
+ * every row scales the small table instead of the gathered [H, Tq, Tk] prior.
  */
 export function insertPrior(ctx: ScaleContext, b: Builder, site: AttentionSite, theta: ThetaTensors,
-  factor: { tensor: string; perHead: boolean } | undefined): string {
+  factor: { tensor: string; perHead: boolean } | undefined): void {
   const heads = site.heads.heads;
   if (!heads) throw new InputError(`layer ${site.layer}: a positional prior needs the head count (${site.heads.reason})`);
   if (site.logitsRank !== 3 && site.logitsRank !== 4) throw new InputError(`layer ${site.layer}: a positional prior needs logits of known rank 3 or 4`);
   const pos = ctx.sources.positions(site);
   const headScale = factor?.perHead ? b.op('Reshape', [factor.tensor, b.int64('head_vector', [-1])], {}, 'factor_heads') : undefined;
-  const table = priorTable(b, theta, pos.d, headScale);
-  let bias = layoutPrior(b, table, pos);
+  let bias = layoutPrior(b, priorTable(b, theta, pos.d, headScale), pos);
   const consumer = site.consumer;
   const current = consumer.node.input[consumer.index];
   if (site.logitsRank === 3) bias = tileOverBatch(b, bias, current, heads);
   if (factor && !factor.perHead) bias = b.op('Mul', [bias, factor.tensor], {}, 'prior_scaled');
   if (site.logitsType !== undefined && site.logitsType !== DataType.FLOAT) bias = b.op('Cast', [bias], { to: site.logitsType }, 'prior_cast');
   else if (site.logitsType === undefined && ctx.opset >= 15) bias = b.op('CastLike', [bias, current], {}, 'prior_cast');
-  const added = b.op('Add', [current, bias], {}, 'prior_add');
-  b.rewire(consumer.node, consumer.index, added);
-  return added;
+  b.rewire(consumer.node, consumer.index, b.op('Add', [current, bias], {}, 'prior_add'));
 }

@@ -173,8 +173,7 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
     sites[i].removedNodes = f.nodes.length;
     sites[i].removedInitializers = [...new Set(f.nodes.flatMap((n) => n.input))].filter((n) => initializers.has(n));
   }
-  const hadRecord = removeRecord(out);
-  return { model: out, report: { sites, hadRecord, method: 'structure' } };
+  return { model: out, report: { sites, hadRecord: removeRecord(out), method: 'structure' } };
 }
 
 function describe(graph: Graph, f: Factor, index: number): RevertedSite {
@@ -187,7 +186,6 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
   };
 }
 
-/** The subset of `nodes` whose outputs no node outside the subset reads (and that are no graph outputs). */
 /** Every reader of the scaled value reads the original (logits or query) again. */
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;

@@ -16,10 +16,11 @@ import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior'
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Builder } from './builder';
 import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFor } from './fused';
-import { insertGroupScale, insertScale, ScaleContext } from './insert-scale';
+import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
+import { memo } from './memo';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
@@ -36,8 +37,11 @@ export interface SiteParams { s?: LayerScale; theta?: LayerTheta }
 /** Inside a function body s and θ come in through function inputs, one set of constants per call. */
 interface BodyInputs { s?: string; theta?: ThetaTensors }
 
+/** What patching a fused site did: n, where the factor went, and what replaced the node when it was replaced. */
+interface FusedOutcome { n: string; nReason: string; logits: string; target: Target; inserted?: InsertedFused; expanded?: string }
+
 /** Per graph: the shared builder for n and the context every Softmax site of the graph shares. */
-interface PatchContext { scope: Scope; ctx: ScaleContext; expansion: ExpansionShared }
+interface PatchContext { ctx: ScaleContext; expansion: ExpansionShared }
 
 /** Patches sites one by one into the scopes of one model, and keeps the journal of every edit. */
 export class SitePatcher {
@@ -92,14 +96,12 @@ export class SitePatcher {
   }
 
   private context(scope: Scope): PatchContext {
-    let pc = this.contexts.get(scope.path);
-    if (!pc) {
+    const pc = memo(this.contexts, scope.path, () => {
       const shared = this.builder(scope, 'shared');
       const sources = new NSources(shared, scope.shapes, scope.opset);
-      pc = { scope, ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
+      return { ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
         expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
-      this.contexts.set(scope.path, pc);
-    }
+    });
     // The opset may have been raised since (opset.ts).
     pc.ctx.opset = pc.expansion.opset = scope.opset;
     return pc;
@@ -121,7 +123,12 @@ export class SitePatcher {
     const notes = inputs.theta && biases.length
       ? [`the model adds its own position bias (${biases.join(', ')}) after the content logits: the prior adds to it, and the factor scales content and prior only`] : [];
     return {
-      site: { ...describeSoftmax(site, n.mode, n.reason, p, inputs), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}) },
+      site: {
+        node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n: n.mode, nReason: n.reason,
+        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
+        logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
+        ...(inputs.theta ? { prior: inputs.theta } : {}), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}),
+      },
       record: {
         layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s: p.s, sInitializer: inputs.s,
         apply: inserted?.apply, factor: inserted?.factor, factorType: inserted?.factorType, target, logits: site.qkMatMul.output[0],
@@ -131,68 +138,62 @@ export class SitePatcher {
   }
 
   private fused(scope: Scope, b: Builder, site: FusedSite, p: SiteParams, inputs: BodyInputs): SiteResult {
-    const { preset } = this;
-    const where = `${nodeLabel(site.node)} (${site.op})`;
     // Presets defined on positions take the causal n, as at Softmax sites.
-    const option = presetNeedsPositions(preset) ? positionN(this.option).mode as NOption : this.option;
-    const params: ExpansionParams = { preset, s: p.s, sName: inputs.s, theta: inputs.theta };
-    if (site.expand) return this.expandedOnnx(scope, b, site, params);
+    const option = presetNeedsPositions(this.preset) ? positionN(this.option).mode as NOption : this.option;
+    const params: ExpansionParams = { preset: this.preset, s: p.s, sName: inputs.s, theta: inputs.theta };
+    const done = site.expand ? this.expandedOnnx(scope, b, site, params) : this.onOperator(scope, b, site, params, option);
+    const n = this.preset.kind === 'none' ? 'none' : done.n;
+    return {
+      site: {
+        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n,
+        nReason: this.preset.kind === 'none' ? 'no factor (preset none)' : done.nReason,
+        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
+        logitsRank: 4, logits: done.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.deviation } : {}),
+        target: done.target, nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(done.expanded ? { expanded: done.expanded } : {}),
+        ...(inputs.theta ? { prior: inputs.theta } : {}),
+      },
+      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n, ...factorRecord(p, inputs, done.inserted),
+        ...(done.expanded ? { expanded: { heads: site.heads.heads } } : {}), ...(inputs.theta ? { prior: inputs.theta } : {}) },
+    };
+  }
+
+  /** The factor on the operator's query (or weights); com.microsoft Attention expanded when n is counted from mask_index. */
+  private onOperator(scope: Scope, b: Builder, site: FusedSite, params: ExpansionParams, option: NOption): FusedOutcome {
+    const where = `${nodeLabel(site.node)} (${site.op})`;
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
     if (countsMasks(option) && plan.kind !== 'mask-index') {
       throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
     }
-    const mode = preset.kind === 'none' ? 'none' : modeOf(plan);
+    const mode = modeOf(plan);
     this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
     const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
     let inserted: InsertedFused | undefined;
     if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
     else {
-      if (preset.kind !== 'none') inserted = insertFused(b, site, preset, p.s!, plan, scope.opset, inputs.s!);
-      const factor = { preset, s: inputs.s, perHead: Array.isArray(p.s), rows: inserted?.rows };
-      if (inputs.theta) addFusedPrior(b, site, plan, factor, inputs.theta, scope.shapes, scope.opset);
+      if (this.preset.kind !== 'none') inserted = insertFused(b, site, this.preset, params.s!, plan, scope.opset, params.sName!);
+      const factor = { preset: this.preset, s: params.sName, perHead: Array.isArray(params.s), rows: inserted?.rows };
+      if (params.theta) addFusedPrior(b, site, plan, factor, params.theta, scope.shapes, scope.opset);
     }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
-    const nReason = preset.kind === 'none' ? 'no factor (preset none)'
-      : `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
-    const expanded = plan.kind === 'mask-index';
-    return {
-      site: {
-        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n: mode, nReason,
-        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason,
-        logitsRank: 4, logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.deviation } : {}),
-        target: 'query', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule, ...(expanded ? { expanded: EXPANSION_COST } : {}),
-        ...(inputs.theta ? { prior: inputs.theta } : {}),
-      },
-      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n: mode, ...factorRecord(p, inputs, inserted),
-        ...(expanded ? { expanded: { heads: site.heads.heads } } : {}), ...(inputs.theta ? { prior: inputs.theta } : {}) },
-    };
+    const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+    return { n: mode, nReason, logits, target: 'query', inserted, expanded: plan.kind === 'mask-index' ? EXPANSION_COST : undefined };
   }
 
   /** ONNX Attention whose factor cannot go on Q: expanded, the factor on the logits after the cap. */
-  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, params: ExpansionParams): SiteResult {
+  private expandedOnnx(scope: Scope, b: Builder, site: FusedSite, params: ExpansionParams): FusedOutcome {
     this.opset.ensure(scope, `${nodeLabel(site.node)} (${site.op})`);
     const keys = this.option === 'keys' && !presetNeedsPositions(this.preset);
     const inserted = expandOnnxAttention(b, scope.shapes, site, params, scope.opset, keys);
-    const nReason = params.preset.kind === 'none' ? 'no factor (preset none)' : keys ? 'n mode keys as asked; n = Tk'
+    const nReason = keys ? 'n mode keys as asked; n = Tk'
       : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: n = keys each row may see under the attention's mask, causal mask and nonpad lengths (bias entries above −9000)`;
-    const n = params.preset.kind === 'none' ? 'none' : inserted.mode;
-    return {
-      site: {
-        node: nodeLabel(site.node), layer: site.layer, scope: site.scope, kind: site.op, n, nReason,
-        heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: 4, logits: inserted.factor,
-        s: params.s ?? null, sInitializer: params.sName ?? '', target: 'logits', nShared: `site:${nodeLabel(site.node)}`, rule: site.rule,
-        expanded: `${ONNX_EXPANSION_COST} (${site.expand})`, ...(params.theta ? { prior: params.theta } : {}),
-      },
-      record: { layer: site.layer, scope: site.scope, softmax: nodeLabel(site.node), kind: site.op, n,
-        ...factorRecord({ s: params.s }, { s: params.sName }, inserted), expanded: { heads: site.heads.heads },
-        ...(params.theta ? { prior: params.theta } : {}) },
-    };
+    const expanded = `${ONNX_EXPANSION_COST} (${site.expand})`;
+    return { n: inserted.mode, nReason, logits: inserted.factor, target: 'logits', inserted, expanded };
   }
 
   /** One function used by N layers gets N independent s (and θ) values: each call passes its own. */
   private call(b: Builder, call: CallSite, p: SiteParams): SiteResult {
     const fnScope = this.byPath.get(call.inner.scope)!;
-    const body = this.bodies.get(call.inner) ?? this.patchBody(fnScope, call, p);
+    const body = memo(this.bodies, call.inner, () => this.patchBody(fnScope, call, p));
     const given = this.constants(b, p);
     const pass = (input: string | undefined, value: string | undefined): void => {
       if (input === undefined || value === undefined) return;
@@ -224,9 +225,7 @@ export class SitePatcher {
     const inner = 'softmax' in call.inner
       ? this.softmax(fnScope, bb, call.inner, p, ranked)
       : this.fused(fnScope, bb, call.inner, p, ranked);
-    const body = { inputs, ...inner };
-    this.bodies.set(call.inner, body);
-    return body;
+    return { inputs, ...inner };
   }
 }
 
@@ -248,15 +247,6 @@ function gathersTable(graph: Graph, tensor: string): boolean {
 function factorRecord(p: SiteParams, inputs: BodyInputs, inserted: InsertedFused | undefined): Partial<SiteRecord> {
   if (p.s === undefined || !inserted?.apply) return {};
   return { s: p.s, sInitializer: inputs.s, apply: inserted.apply, factor: inserted.factor, factorType: inserted.factorType };
-}
-
-function describeSoftmax(site: AttentionSite, n: string, nReason: string, p: SiteParams, inputs: BodyInputs): Omit<PatchedSite, 'target' | 'nShared'> {
-  return {
-    node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n, nReason, heads: site.heads.heads ?? null,
-    headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
-    logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
-    ...(inputs.theta ? { prior: inputs.theta } : {}),
-  };
 }
 
 export const siteNode = (a: AnySite): string => nodeLabel(a.kind === 'softmax' ? a.site.softmax : a.kind === 'fused' ? a.site.node : a.site.call);

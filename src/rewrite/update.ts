@@ -42,7 +42,7 @@ export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: 
       rec.s = s;
     }
     if (thetas && rec.prior && i !== undefined) for (const t of THETAS) replaceValues(graph, rec.prior[t], [thetas[i][t].length], thetas[i][t], rec.layer, `theta_${t}`);
-    return i !== undefined ? updatedSite(all[i], rec.s ?? null, rec.sInitializer ?? '', rec.n, rec.target) : expandedSite(rec, rec.s ?? null);
+    return i !== undefined ? updatedSite(all[i], rec.s ?? null, rec.sInitializer ?? '', rec.n, rec.target) : expandedSite(rec);
   });
   if (plan.spec) {
     record.scale = describeSpec(plan.spec);
@@ -61,11 +61,11 @@ function layerScales(spec: ScaleSpec, all: AnySite[], record: PatchRecord, skipp
   return new Map([...heads].map(([scope, list]) => [scope, scalesForLayers(spec, list)]));
 }
 
-function expandedSite(rec: SiteRecord, s: LayerScale | null): PatchedSite {
+function expandedSite(rec: SiteRecord): PatchedSite {
   return {
     node: rec.softmax, layer: rec.layer, scope: rec.scope ?? 'main', kind: rec.kind ?? 'fused', n: rec.n, nReason: 'kept from the earlier patch',
-    heads: rec.expanded?.heads ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '', s, sInitializer: rec.sInitializer ?? '',
-    target: rec.target ?? 'query', nShared: 'unchanged', expanded: 'expanded by the earlier patch',
+    heads: rec.expanded?.heads ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '', s: rec.s ?? null,
+    sInitializer: rec.sInitializer ?? '', target: rec.target ?? 'query', nShared: 'unchanged', expanded: 'expanded by the earlier patch',
   };
 }
 
