@@ -8,6 +8,7 @@
  * Scan) is computed from its inputs and from the names its subgraphs capture from this graph (readsOf).
  */
 import { NodeProto } from '../io/onnx';
+import { memo } from '../memo';
 import type { Graph } from './graph';
 import { opInfo } from './ops';
 import { readsOf } from './toposort';
@@ -31,9 +32,7 @@ export class Query {
   }
 
   private readsOf(node: NodeProto): string[] {
-    let r = this.reads.get(node);
-    if (!r) this.reads.set(node, (r = readsOf(node)));
-    return r;
+    return memo(this.reads, node, () => readsOf(node));
   }
 
   /**
@@ -42,28 +41,27 @@ export class Query {
    */
   first<T>(key: string, name: string, visit: Visit<T>): T | undefined {
     if (!name) return undefined;
-    const memo = (this.tables.get(key) ?? new Map()) as Map<string, T | null>;
-    this.tables.set(key, memo);
+    const answers = memo(this.tables, key, () => new Map()) as Map<string, T | null>;
     const stack = [name];
     const open = new Set<string>();
     while (stack.length) {
       const t = stack[stack.length - 1];
-      if (memo.has(t)) { stack.pop(); continue; }
+      if (answers.has(t)) { stack.pop(); continue; }
       const p = this.graph.producer.get(t);
       if (!open.has(t)) {
         const v = visit(t, p);
-        if (v !== undefined || !p || opInfo(p).shapeOnly) { memo.set(t, v ?? null); stack.pop(); continue; }
+        if (v !== undefined || !p || opInfo(p).shapeOnly) { answers.set(t, v ?? null); stack.pop(); continue; }
         open.add(t);
         // A name on the current path again would be a cycle: it adds nothing.
-        const pending = this.readsOf(p).filter((i) => !memo.has(i) && !open.has(i));
+        const pending = this.readsOf(p).filter((i) => !answers.has(i) && !open.has(i));
         if (pending.length) { stack.push(...pending.reverse()); continue; }
       }
-      const found = this.readsOf(p!).map((i) => memo.get(i)).find((r) => r !== undefined && r !== null);
-      memo.set(t, found ?? null);
+      const found = this.readsOf(p!).map((i) => answers.get(i)).find((r) => r !== undefined && r !== null);
+      answers.set(t, found ?? null);
       open.delete(t);
       stack.pop();
     }
-    return memo.get(name) ?? undefined;
+    return answers.get(name) ?? undefined;
   }
 
   /** True when the tensor depends only on constants and tensor shapes, never on an input's or activation's values. */

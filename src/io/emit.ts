@@ -5,6 +5,7 @@
  * the rewrite changed is re-encoded only in the fields that changed, the others are copied.
  */
 import { InputError } from '../errors';
+import { memo } from '../memo';
 import { EXTERNAL } from './constants';
 import { dataFile, externalRef, forAttributes, isExternal } from './external';
 import type { AttributeProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
@@ -280,12 +281,7 @@ function locate(t: TensorProto): { file: string; ref: ReturnType<typeof external
 let sources = new Map<string, FileSource>();
 
 function sourceFor(file: string): FileSource {
-  let s = sources.get(file);
-  if (!s) {
-    s = new FileSource(file);
-    sources.set(file, s);
-  }
-  return s;
+  return memo(sources, file, () => new FileSource(file));
 }
 
 // ---- external tensors inside node attributes (Constant values, subgraph initializers) ----

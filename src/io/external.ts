@@ -6,6 +6,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { memo } from '../memo';
 import { EXTERNAL, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, TensorProto } from './onnx';
 import { externalContext } from './origin';
@@ -86,11 +87,7 @@ export function checkExternalData(model: ModelProto, dir: string): void {
     if (!isExternal(t)) return;
     const ref = externalRef(t);
     const file = dataFile(dir, ref.location);
-    let size = sizes.get(file);
-    if (size === undefined) {
-      size = fileSize(file, ref.location, t.name);
-      sizes.set(file, size);
-    }
+    const size = memo(sizes, file, () => fileSize(file, ref.location, t.name));
     if (ref.offset + ref.length > size) {
       throw new ModelFormatError(`tensor '${t.name}': external data at offset ${ref.offset} + ${ref.length} bytes runs past the end of '${ref.location}' (${size} bytes)`);
     }

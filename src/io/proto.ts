@@ -1,5 +1,6 @@
 /** The protobufjs message types of onnx.proto, and encoding of whole messages or single fields. */
 import * as protobuf from 'protobufjs';
+import { memo } from '../memo';
 import { onnxSchema } from './schema';
 import { Reader } from './source';
 import { scanFields } from './wire';
@@ -13,12 +14,7 @@ export type TypeName =
 const types = new Map<string, protobuf.Type>();
 
 export function protoType(name: TypeName): protobuf.Type {
-  let t = types.get(name);
-  if (!t) {
-    t = root.lookupType(`onnx.${name}`);
-    types.set(name, t);
-  }
-  return t;
+  return memo(types, name, () => root.lookupType(`onnx.${name}`));
 }
 
 export function decodeAs<T>(name: TypeName, bytes: Uint8Array): T {

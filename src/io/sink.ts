@@ -10,6 +10,7 @@
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { memo } from '../memo';
 import { Out } from './emit';
 import { Progress } from './progress';
 import { FileSource, Source } from './source';
@@ -126,11 +127,8 @@ function* writePieces(out: Out, file: string, progress: Progress | null): Genera
     let pos = 0;
     for (const p of out.pieces) {
       if (!(p instanceof Uint8Array) && p.src instanceof FileSource) {
-        let sfd = open.get(p.src);
-        if (sfd === undefined) {
-          sfd = p.src.open();
-          open.set(p.src, sfd);
-        }
+        const src = p.src;
+        const sfd = memo(open, src, () => src.open());
         yield* copyRange(sfd, p.start, p.end, fd, pos, progress);
       } else {
         // Bytes in memory: a piece of its own, or a span of a buffer.

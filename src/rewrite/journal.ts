@@ -8,7 +8,7 @@
 import { Graph } from '../graph/graph';
 import { parseModel, serializeModel } from '../io/model-file';
 import { ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../io/onnx';
-import { memo } from './memo';
+import { memo } from '../memo';
 
 export interface Rewire {
   /** First output of the node whose input was changed. */

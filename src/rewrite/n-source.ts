@@ -14,7 +14,7 @@ import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { NMode } from '../policy/n-mode';
 import { Builder } from './builder';
-import { memo } from './memo';
+import { memo } from '../memo';
 import { sumLastAxis } from './versioned';
 
 export type NView = 'scalar' | 'rows' | 'batch-rows';

@@ -20,7 +20,7 @@ import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-sc
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
 import { Journal, ScopeEdits } from './journal';
-import { memo } from './memo';
+import { memo } from '../memo';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
