@@ -20,7 +20,7 @@ export const CACHE = path.join(os.homedir(), '.cache', 'ssmax-patch-bench');
 
 type Attr = number | number[];
 
-function node(opType: string, input: string[], output: string[], attrs: Record<string, Attr | TensorProto> = {}): NodeProto {
+export function node(opType: string, input: string[], output: string[], attrs: Record<string, Attr | TensorProto> = {}): NodeProto {
   return {
     opType, domain: '', input, output, name: output[0],
     attribute: Object.entries(attrs).map(([name, v]): AttributeProto => {

@@ -7,9 +7,9 @@ import * as fs from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { makeTensor } from '../src/graph/tensor';
 import { readModel, serializeModel } from '../src/io/model-file';
-import { DataType, encodeModel, ModelProto, NodeProto } from '../src/io/onnx';
+import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
-import { buildDecoder, DecoderConfig, decoderFile } from './decoder';
+import { buildDecoder, DecoderConfig, decoderFile, node } from './decoder';
 import { fusedGpt2File } from './fused-gpt2';
 
 export interface LatencyCase {
@@ -146,10 +146,6 @@ function floorModel(cfg: DecoderConfig, rowFactor: boolean): ModelProto {
   const model = buildDecoder(cfg);
   const g = model.graph;
   if (!g) throw new Error('the decoder has no graph');
-  const op = (opType: string, input: string[], output: string, axis?: number): NodeProto => ({
-    opType, domain: '', input, output: [output], name: output,
-    attribute: axis === undefined ? [] : [{ name: 'axis', type: 2, i: axis, floats: [], ints: [], strings: [], tensors: [], graphs: [] }],
-  });
   g.initializer.push(makeTensor('floor_one', DataType.INT64, [1], [1]), makeTensor('floor_rows', DataType.INT64, [1], [-2]),
     makeTensor('floor_keys', DataType.INT64, [1], [-1]));
   for (let l = 0; l < cfg.layers; l++) {
@@ -158,15 +154,15 @@ function floorModel(cfg: DecoderConfig, rowFactor: boolean): ModelProto {
     const scores = g.node[at].input[0];
     const values = Array.from({ length: cfg.heads }, (_, h) => 0.01 * (l * cfg.heads + h + 1));
     g.initializer.push(makeTensor(`${p}value`, DataType.FLOAT, [1, cfg.heads, 1, 1], values));
-    const added = [op('Shape', [scores], `${p}shape`), op('Expand', [`${p}value`, `${p}shape`], `${p}bias`)];
+    const added = [node('Shape', [scores], [`${p}shape`]), node('Expand', [`${p}value`, `${p}shape`], [`${p}bias`])];
     let bias = `${p}bias`;
     if (rowFactor) {
       g.initializer.push(makeTensor(`${p}row_value`, DataType.FLOAT, [1, 1], [1 + 0.01 * l]));
-      added.push(op('Slice', [`${p}shape`, 'floor_rows', 'floor_keys'], `${p}tq`), op('Concat', [`${p}tq`, 'floor_one'], `${p}row_shape`, 0));
-      added.push(op('Expand', [`${p}row_value`, `${p}row_shape`], `${p}row`), op('Mul', [bias, `${p}row`], `${p}scaled`));
+      added.push(node('Slice', [`${p}shape`, 'floor_rows', 'floor_keys'], [`${p}tq`]), node('Concat', [`${p}tq`, 'floor_one'], [`${p}row_shape`], { axis: 0 }));
+      added.push(node('Expand', [`${p}row_value`, `${p}row_shape`], [`${p}row`]), node('Mul', [bias, `${p}row`], [`${p}scaled`]));
       bias = `${p}scaled`;
     }
-    added.push(op('Add', [scores, bias], `${p}added`));
+    added.push(node('Add', [scores, bias], [`${p}added`]));
     g.node[at].input[0] = `${p}added`;
     g.node.splice(at, 0, ...added);
   }
