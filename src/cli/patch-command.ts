@@ -28,7 +28,6 @@ export interface PatchCliOptions extends VerifyCliOptions {
   sFile?: string;
   updateS?: boolean;
   dryRun?: boolean;
-  json?: boolean;
   verify?: boolean;
   forceSite?: string[];
   preset?: string;

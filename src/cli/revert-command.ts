@@ -12,7 +12,6 @@ import { Run } from './run';
 export interface RevertCliOptions {
   output?: string;
   force?: boolean;
-  json?: boolean;
   externalData?: string;
   sortNodes?: boolean;
   quiet?: boolean;

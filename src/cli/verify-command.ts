@@ -172,11 +172,6 @@ export function verdict(doc: ReportDocument, report: VerifyReport, consequence: 
   return doc.exitCode;
 }
 
-export interface VerifyCommandOptions extends VerifyCliOptions {
-  trainLen?: string;
-  json?: boolean;
-}
-
 export function verifyProgram(cmd: Command): Command {
   return addVerifyOptions(cmd
     .description('Check a model patched by ssmax-patch against its original on onnxruntime (exit 0 passed; 1 a check failed, or with --strict one was skipped or a site refused; 2 usage or input error)')
@@ -187,7 +182,7 @@ export function verifyProgram(cmd: Command): Command {
 }
 
 /** Runs `verify`; returns the exit code. */
-export async function verifyCommand(args: string[], o: VerifyCommandOptions, run: Run): Promise<number> {
+export async function verifyCommand(args: string[], o: VerifyCliOptions & { trainLen?: string }, run: Run): Promise<number> {
   const doc = run.doc as VerifyDocument;
   run.failureOnStderr = false;
   rejectExtraArguments(args, 2, 'verify takes two models: the original and the patched one');
