@@ -1,6 +1,7 @@
 /** `ssmax-patch patch MODEL` (also `ssmax-patch MODEL`): patch, warn, optionally verify, write, report. */
 import * as path from 'node:path';
 import { Command } from 'commander';
+import { explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
 import { ExternalDataMode, readModel, writeModelAsync, WriteOptions } from '../io/model-file';
@@ -11,8 +12,7 @@ import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchReport } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
 import type { VerifyOptions, VerifyReport } from '../verify/verify';
-import { explainCommand } from './explain';
-import { formatPatch, formatVerify, formatWrite } from './format';
+import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
@@ -107,7 +107,8 @@ function explain(args: string[], o: PatchCliOptions, run: Run): number {
   const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto') && !(k === 'preset' && o.preset === 'ssmax'));
   if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`);
   run.printed = true;
-  return explainCommand(args[0], o.explain!);
+  process.stdout.write(formatExplain(explainNode(readModel(args[0]), o.explain!)).join('\n') + '\n');
+  return 0;
 }
 
 const flag = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
