@@ -73,10 +73,6 @@ export function patchProgram(cmd: Command): Command {
 
 const sentence = (items: string[]): string => (items.length > 1 ? `${items.slice(0, -1).join(', ')} and ${items[items.length - 1]}` : items[0]);
 
-function defaultOutput(input: string): string {
-  return path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
-}
-
 export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<number> {
   const doc = run.doc as PatchDocument;
   if (o.explain !== undefined) return explain(args, o, run);
@@ -126,7 +122,7 @@ interface PatchPlan {
 function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
   rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
   const input = args[0];
-  const output = o.output ?? defaultOutput(input);
+  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
   Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
   const n = parseNOption(o.n);
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
