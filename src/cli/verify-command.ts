@@ -150,7 +150,7 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
     }
   }
   if (o.junit) {
-    writeTextFile(o.junit, junitXml({ name: a.suite, report: a.verification, refused: a.refused, strict: Boolean(o.strict) }), protect);
+    writeTextFile(o.junit, junitXml(a.suite, a.verification, a.refused, Boolean(o.strict)), protect);
     lines.push(`junit: ${o.junit}`);
   }
   return lines;
