@@ -39,7 +39,6 @@ export interface PatchCliOptions extends VerifyCliOptions {
   layers?: string;
   externalData?: string;
   quiet?: boolean;
-  sortNodes?: boolean;
   explain?: string;
 }
 
@@ -143,7 +142,7 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
       n: plan.n, s: optionalReal(o.s, '--s'), trainLen: plan.trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
       prior: o.prior, priorFile: o.priorFile,
       b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-      layers: o.layers, sortNodes: o.sortNodes,
+      layers: o.layers,
     });
   } catch (e) {
     doc.skipped = skippedOf(original);

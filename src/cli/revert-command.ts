@@ -13,7 +13,6 @@ export interface RevertCliOptions {
   output?: string;
   force?: boolean;
   externalData?: string;
-  sortNodes?: boolean;
   quiet?: boolean;
 }
 
@@ -36,7 +35,7 @@ export async function revertCommand(args: string[], o: RevertCliOptions, run: Ru
   doc.input = input;
   const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
   const write = writeOptions(o, input);
-  const { model, report } = revertModel(readModel(input), { sortNodes: o.sortNodes });
+  const { model, report } = revertModel(readModel(input));
   Object.assign(doc, report);
   const written = await writeModelAsync(output, model, write);
   Object.assign(doc, { output: written.output, externalData: written.externalData });
