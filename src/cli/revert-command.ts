@@ -6,7 +6,7 @@ import { revertModel } from '../rewrite/revert';
 import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
 import { writeOptions } from './patch-command';
-import { RevertDocument, settle } from './report';
+import { RevertDocument } from './report';
 import { Run } from './run';
 
 export interface RevertCliOptions {
@@ -39,7 +39,6 @@ export async function revertCommand(args: string[], o: RevertCliOptions, run: Ru
   Object.assign(doc, report);
   const written = await writeModelAsync(output, model, write);
   Object.assign(doc, { output: written.output, externalData: written.externalData });
-  settle(doc, 0);
   run.print(() => [...formatRevert(report), ...formatWrite(written)]);
   return 0;
 }

@@ -158,7 +158,7 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
 
 const percent = (lnRatio: number): string => `${Math.round(Math.exp(lnRatio) * 100)} %`;
 
-/** Exit code and stderr line of a finished verification, with --strict's verdict recorded in the document. */
+/** Exit code and stderr line of a finished verification (a document starts as ok), with --strict's verdict recorded in it. */
 export function verdict(doc: ReportDocument, report: VerifyReport, consequence: string): number {
   if (report.strictMode) doc.strict = { passed: report.unverified.length === 0, failures: report.unverified };
   if (report.checks.some((c) => c.status === 'FAILED')) {
@@ -166,8 +166,6 @@ export function verdict(doc: ReportDocument, report: VerifyReport, consequence: 
   } else if (doc.strict && !doc.strict.passed) {
     const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
     settle(doc, 1, `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
-  } else {
-    settle(doc, 0);
   }
   return doc.exitCode;
 }
