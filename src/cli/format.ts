@@ -1,4 +1,5 @@
 /** Human-readable report lines: one line per site, per skipped Softmax, per check. */
+import { Explanation } from '../detect/find-attention';
 import { WriteReport } from '../io/model-file';
 import { PatchReport } from '../rewrite/patch';
 import { RevertReport } from '../rewrite/revert';
@@ -74,3 +75,10 @@ export function formatWrite(written: WriteReport | null, dryRun = false): string
   lines.push(`wrote ${written.output}`);
   return lines;
 }
+
+/** --explain NODE: the detection rules tried on a candidate node, each matched or stopped at a node with a reason. */
+export const formatExplain = (list: Explanation[]): string[] => list.flatMap((e) => [
+  `${e.node}  ${e.op}${e.scope === 'main' ? '' : `  [${e.scope}]`}: ${e.verdict}`,
+  ...e.attempts.map((a) => (a.matched ? `  matched  ${a.rule}`
+    : `  stopped  ${a.rule} at '${a.stoppedAt}' after ${a.steps} check(s): ${a.reason}${a.rule === e.rule ? '  (closest)' : ''}`)),
+]);

@@ -16,25 +16,18 @@ interface Case {
   strictFails?: boolean;
 }
 
-export interface JunitInput {
-  /** The suite's name, e.g. "ssmax-patch verify model.onnx". */
-  name: string;
-  report: VerifyReport;
-  refused: SkippedSoftmax[];
-  strict: boolean;
-}
-
-export function junitXml(input: JunitInput): string {
-  const cases = [...input.report.checks.flatMap(checkCases), ...input.refused.map(refusedCase)]
-    .map(({ strictFails, ...c }) => (input.strict && c.outcome === 'skipped' && strictFails ? { ...c, outcome: 'failed' as const, message: `--strict: ${c.message}` } : c));
+/** `suite` names the test suite, e.g. "ssmax-patch verify model.onnx". */
+export function junitXml(suite: string, report: VerifyReport, refused: SkippedSoftmax[], strict: boolean): string {
+  const cases = [...report.checks.flatMap(checkCases), ...refused.map(refusedCase)]
+    .map(({ strictFails, ...c }) => (strict && c.outcome === 'skipped' && strictFails ? { ...c, outcome: 'failed' as const, message: `--strict: ${c.message}` } : c));
   const failures = cases.filter((c) => c.outcome === 'failed').length;
   const skipped = cases.filter((c) => c.outcome === 'skipped').length;
-  const time = (input.report.totalMs / 1000).toFixed(3);
+  const time = (report.totalMs / 1000).toFixed(3);
   const counts = `tests="${cases.length}" failures="${failures}" errors="0" skipped="${skipped}" time="${time}"`;
   return [
     '<?xml version="1.0" encoding="UTF-8"?>',
     `<testsuites name="ssmax-patch" ${counts}>`,
-    `  <testsuite name="${attr(input.name)}" ${counts}>`,
+    `  <testsuite name="${attr(suite)}" ${counts}>`,
     ...cases.map(caseXml),
     '  </testsuite>',
     '</testsuites>',

@@ -76,8 +76,7 @@ function fail(err: unknown, run: Run): number {
     message = err.message.replace(/^error: /, '');
   } else if (err instanceof SsmaxError) {
     code = err.exitCode;
-    // An error may also carry its message with options spelled as command-line flags.
-    message = 'cliMessage' in err && typeof err.cliMessage === 'string' ? err.cliMessage : err.message;
+    message = err.cliMessage;
   } else {
     code = 3;
     message = `internal error: ${(err as Error)?.message ?? err} (a bug: please report it with the model)`;

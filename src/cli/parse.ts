@@ -11,26 +11,20 @@ const REAL = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
 /** Collects the values of a repeatable option. */
 export const collect = (v: string, all: string[] = []): string[] => [...all, v];
 
-export function integerValue(v: string, flag: string, min: number): number {
+export function optionalInteger(v: string | undefined, flag: string, min: number): number | undefined {
+  if (v === undefined) return undefined;
   const x = Number(v);
   if (!INTEGER.test(v) || !Number.isSafeInteger(x) || x < min) throw new InputError(`${flag}: expected an integer ≥ ${min}, got '${v}'`);
   return x;
 }
 
-export function optionalInteger(v: string | undefined, flag: string, min: number): number | undefined {
-  return v === undefined ? undefined : integerValue(v, flag, min);
-}
-
 /** A finite decimal number (1.5, -2, 1e-4); `min` rejects smaller values. */
-export function realValue(v: string, flag: string, min = -Infinity): number {
+export function optionalReal(v: string | undefined, flag: string, min = -Infinity): number | undefined {
+  if (v === undefined) return undefined;
   const x = Number(v);
   if (!REAL.test(v) || !Number.isFinite(x)) throw new InputError(`${flag}: expected a number, got '${v}'`);
   if (x < min) throw new InputError(`${flag}: expected a number ≥ ${min}, got '${v}'`);
   return x;
-}
-
-export function optionalReal(v: string | undefined, flag: string, min = -Infinity): number | undefined {
-  return v === undefined ? undefined : realValue(v, flag, min);
 }
 
 /** A comma-separated list without empty items ("16,,64" and "16," are errors, not 16 and 64). */

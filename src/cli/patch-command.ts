@@ -1,6 +1,7 @@
 /** `ssmax-patch patch MODEL` (also `ssmax-patch MODEL`): patch, warn, optionally verify, write, report. */
 import * as path from 'node:path';
 import { Command } from 'commander';
+import { explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
 import { ExternalDataMode, readModel, writeModelAsync, WriteOptions } from '../io/model-file';
@@ -11,8 +12,7 @@ import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchReport } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
 import type { VerifyOptions, VerifyReport } from '../verify/verify';
-import { explainCommand } from './explain';
-import { formatPatch, formatVerify, formatWrite } from './format';
+import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
@@ -28,7 +28,6 @@ export interface PatchCliOptions extends VerifyCliOptions {
   sFile?: string;
   updateS?: boolean;
   dryRun?: boolean;
-  json?: boolean;
   verify?: boolean;
   forceSite?: string[];
   preset?: string;
@@ -40,7 +39,6 @@ export interface PatchCliOptions extends VerifyCliOptions {
   layers?: string;
   externalData?: string;
   quiet?: boolean;
-  sortNodes?: boolean;
   explain?: string;
 }
 
@@ -74,10 +72,6 @@ export function patchProgram(cmd: Command): Command {
 
 const sentence = (items: string[]): string => (items.length > 1 ? `${items.slice(0, -1).join(', ')} and ${items[items.length - 1]}` : items[0]);
 
-function defaultOutput(input: string): string {
-  return path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
-}
-
 export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<number> {
   const doc = run.doc as PatchDocument;
   if (o.explain !== undefined) return explain(args, o, run);
@@ -108,7 +102,8 @@ function explain(args: string[], o: PatchCliOptions, run: Run): number {
   const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto') && !(k === 'preset' && o.preset === 'ssmax'));
   if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`);
   run.printed = true;
-  return explainCommand(args[0], o.explain!);
+  process.stdout.write(formatExplain(explainNode(readModel(args[0]), o.explain!)).join('\n') + '\n');
+  return 0;
 }
 
 const flag = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
@@ -126,7 +121,7 @@ interface PatchPlan {
 function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
   rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
   const input = args[0];
-  const output = o.output ?? defaultOutput(input);
+  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
   Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
   const n = parseNOption(o.n);
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
@@ -147,7 +142,7 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
       n: plan.n, s: optionalReal(o.s, '--s'), trainLen: plan.trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
       prior: o.prior, priorFile: o.priorFile,
       b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-      layers: o.layers, sortNodes: o.sortNodes,
+      layers: o.layers,
     });
   } catch (e) {
     doc.skipped = skippedOf(original);

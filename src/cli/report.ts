@@ -10,7 +10,6 @@ import type { PatchedSite, PatchReport } from '../rewrite/patch';
 import type { RevertedSite } from '../rewrite/revert';
 import type { VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
-import type { StrictResult } from './strict';
 
 export const SCHEMA_VERSION = 1;
 
@@ -27,7 +26,8 @@ interface DocumentBase {
   /** The one-line message printed on stderr, when status is not ok. */
   error?: string;
   warnings: Warning[];
-  strict?: StrictResult;
+  /** --strict's verdict: passed only when nothing was left unverified, else one failure line per thing left. */
+  strict?: { passed: boolean; failures: string[] };
 }
 
 export interface PatchDocument extends DocumentBase, Partial<Omit<PatchReport, 'sites' | 'skipped'>> {

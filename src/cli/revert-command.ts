@@ -6,15 +6,13 @@ import { revertModel } from '../rewrite/revert';
 import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
 import { writeOptions } from './patch-command';
-import { RevertDocument, settle } from './report';
+import { RevertDocument } from './report';
 import { Run } from './run';
 
 export interface RevertCliOptions {
   output?: string;
   force?: boolean;
-  json?: boolean;
   externalData?: string;
-  sortNodes?: boolean;
   quiet?: boolean;
 }
 
@@ -37,11 +35,10 @@ export async function revertCommand(args: string[], o: RevertCliOptions, run: Ru
   doc.input = input;
   const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
   const write = writeOptions(o, input);
-  const { model, report } = revertModel(readModel(input), { sortNodes: o.sortNodes });
+  const { model, report } = revertModel(readModel(input));
   Object.assign(doc, report);
   const written = await writeModelAsync(output, model, write);
   Object.assign(doc, { output: written.output, externalData: written.externalData });
-  settle(doc, 0);
   run.print(() => [...formatRevert(report), ...formatWrite(written)]);
   return 0;
 }

@@ -40,20 +40,15 @@ export function siteCausality(d: Detection, sites: PatchedSite[]): SiteCausality
   });
 }
 
-export interface ForceExpansion {
-  names: string[];
-  /** Patterns (`all`) that found nothing to force. */
-  empty: string[];
-}
-
 const isPattern = (p: string): boolean => p === 'all' || /[*?]/.test(p);
 
 /**
  * `--force-site all` forces every refused attention node, a glob (`*` any characters, `?` one) the refused nodes
  * whose names match. A glob that matches nothing is an error (probably a typo); plain names pass through and are
- * checked by patchModel. Detection runs only when there is a pattern.
+ * checked by patchModel. Detection runs only when there is a pattern. `empty` lists the patterns (`all`) that found
+ * nothing to force.
  */
-export function expandForceSites(patterns: string[], model: ModelProto): ForceExpansion {
+export function expandForceSites(patterns: string[], model: ModelProto): { names: string[]; empty: string[] } {
   if (!patterns.some(isPattern)) return { names: patterns, empty: [] };
   const refusable = detectSites(model).skipped.filter((k) => k.forcible).map((k) => k.node);
   const names: string[] = [];

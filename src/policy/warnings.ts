@@ -6,15 +6,13 @@
 import { NOption } from './n-mode';
 import { LayerScale } from './scale';
 
-export type WarningCode =
-  | 'n-causal-on-bidirectional'
-  | 'n-keys-on-causal'
-  | 's-far-from-train-len'
-  | 'external-data-reference'
-  | 'force-site-none';
-
 export interface Warning {
-  code: WarningCode;
+  code:
+    | 'n-causal-on-bidirectional'
+    | 'n-keys-on-causal'
+    | 's-far-from-train-len'
+    | 'external-data-reference'
+    | 'force-site-none';
   /** One line, for stderr and CI logs. */
   message: string;
   /** The attention sites concerned (node names), when the warning is about sites. */
