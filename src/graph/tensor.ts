@@ -17,8 +17,6 @@ export const float16ToNumber = (h: number): number => {
   return sign * 2 ** (exp - 15) * (1 + frac / 1024);
 };
 
-const elementCount = (dims: number[]): number => dims.reduce((a, b) => a * b, 1);
-
 /** Per element type: the bytes of one element, and how to read the element at a byte offset (little-endian). */
 const RAW: Record<number, [number, (view: DataView, o: number) => number]> = {
   [DataType.FLOAT]: [4, (v, o) => v.getFloat32(o, true)],
@@ -49,7 +47,7 @@ function readRaw(raw: Uint8Array, dataType: number, count: number): number[] | n
  */
 export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor | null {
   const dims = (t.dims ?? []).map(toNumber);
-  const count = elementCount(dims);
+  const count = dims.reduce((a, b) => a * b, 1);
   if (count > maxElements) return null;
   let values: number[] | null = null;
   if (t.dataLocation === 1) {
