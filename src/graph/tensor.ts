@@ -51,8 +51,12 @@ export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor |
   if (count > maxElements) return null;
   let values: number[] | null = null;
   if (t.dataLocation === 1) {
-    const raw = externalBytes(t);
-    values = raw ? readRaw(raw, t.dataType, count) : null;
+    try {
+      const raw = readExternal(t);
+      values = raw ? readRaw(raw, t.dataType, count) : null;
+    } catch {
+      // Unreadable external data stays unread: the reader already reported broken files.
+    }
   } else if (t.rawData && t.rawData.length > 0) values = readRaw(t.rawData, t.dataType, count);
   else if (t.floatData?.length) values = [...t.floatData];
   else if (t.int64Data?.length) values = t.int64Data.map(toNumber);
@@ -63,15 +67,6 @@ export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor |
   } else if (count === 0) values = [];
   if (!values || values.length !== count) return null;
   return { dims, dataType: t.dataType, values };
-}
-
-/** External data of a small tensor; null when it cannot be read (the reader already reported broken files). */
-function externalBytes(t: TensorProto): Uint8Array | null {
-  try {
-    return readExternal(t);
-  } catch {
-    return null;
-  }
 }
 
 const f32 = new Float32Array(1);
