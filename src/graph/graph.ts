@@ -145,7 +145,6 @@ export class Graph {
     this.query.forget();
   }
 
-  /** Removes nodes from the graph and the index. */
   removeNodes(nodes: ReadonlySet<NodeProto>): void {
     this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
     for (const node of nodes) {
@@ -232,15 +231,13 @@ export class Graph {
 
   /** Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable. */
   constValue(name: string): ConstTensor | null {
-    if (this.constCache.has(name)) return this.constCache.get(name) ?? null;
-    let value: ConstTensor | null = null;
-    const def = this.repeated.get(name);
-    const node = def ? ('node' in def ? def.node : undefined) : this.producer.get(name);
-    if (node?.opType === 'Constant') value = constantNodeValue(node);
-    else if (def && 'tensor' in def) value = readTensor(def.tensor);
-    else if (this.initializers.has(name) && !this.inputs.has(name)) value = readTensor(this.initializers.get(name)!);
-    this.constCache.set(name, value);
-    return value;
+    return memo(this.constCache, name, () => {
+      const def = this.repeated.get(name);
+      const node = def ? ('node' in def ? def.node : undefined) : this.producer.get(name);
+      if (node?.opType === 'Constant') return constantNodeValue(node);
+      if (def && 'tensor' in def) return readTensor(def.tensor);
+      return this.initializers.has(name) && !this.inputs.has(name) ? readTensor(this.initializers.get(name)!) : null;
+    });
   }
 
   /** Element type of a tensor when the graph declares it (input, output, value_info, initializer). */

@@ -74,7 +74,6 @@ function placement(deps: number[][], dependents: number[][]): number[] {
   return priority;
 }
 
-/** A binary heap of node indices. */
 class Heap {
   private readonly items: number[] = [];
 
