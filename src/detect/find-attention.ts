@@ -16,7 +16,6 @@ import { MaskVerdict } from './mask';
 import { CandidateTrace, Found, runRules } from './rules';
 import { PATCH_PREFIX, Step } from './trace';
 
-export type { FusedSite } from './fused';
 export type { CandidateTrace, RuleAttempt } from './rules';
 export { PATCH_PREFIX } from './trace';
 

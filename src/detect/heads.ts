@@ -57,8 +57,6 @@ export function declaredDim(graph: Graph, name: string, axis: number): number | 
 
 interface AxisState { name: string; axis: number; merged: boolean }
 
-type Step = { heads: number; reason: string } | AxisState[] | null;
-
 /**
  * The head count a Reshape folds into axis `axis` of its output, read from the symbolic shapes (torch
  * nn.MultiheadAttention and fairseq compute that dim as Mul(batch, H) at run time): the output dim is H times an
@@ -94,7 +92,7 @@ function traceHeadAxis(graph: Graph, name: string, axis: number, merged: boolean
 }
 
 /** What one tensor says about the head axis: the head count, where to look next, or nothing. */
-function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shapes): Step {
+function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shapes): { heads: number; reason: string } | AxisState[] | null {
   const node = graph.producer.get(name);
   if (!node && !merged) {
     const h = declaredDim(graph, name, axis);

@@ -33,8 +33,7 @@ function roleOf(graph: Graph, tensor: string): MaskRole {
   const causal = causalEvidence(graph, tensor) !== null;
   // Values from a graph input (an attention mask), not only from shapes and constants.
   const fromInput = graph.query.dependsOnInput(tensor);
-  if (causal && fromInput) return 'combined';
-  if (causal) return 'causal';
+  if (causal) return fromInput ? 'combined' : 'causal';
   return fromInput ? 'padding' : 'other';
 }
 

@@ -9,9 +9,6 @@ export const PATCH_PREFIX = 'ssmax/';
 /** One step of the path from the QK MatMul to the Softmax: `node` reads the logits at input `index`. */
 export interface Step { node: NodeProto; index: number }
 
-/** `path`: the steps from the MatMul's consumer up to and including the Softmax. */
-export interface LogitsSource { matmul: NodeProto; path: Step[] }
-
 /** The letters of a two-operand Einsum equation (`bhqd,bhkd->bhqk`), without ellipses; null otherwise. */
 export function einsumTerms(node: NodeProto): { a: string; b: string; out: string } | null {
   const eq = node.attribute.find((x) => x.name === 'equation')?.s;
@@ -41,10 +38,11 @@ export interface WalkStop { at: NodeProto; reason: string }
 
 /**
  * Finds the MatMul (or Einsum) of two activations whose output reaches `tensor` through logit-carrying ops,
- * depth first in input order, each tensor once. Otherwise it says where it stopped: at the last product that
- * is not query·keyᵀ, else where the logits' path first ended (an op that carries no logits, or a graph input).
+ * depth first in input order, each tensor once, with the `path` from its consumer up to and including the
+ * Softmax. Otherwise it says where it stopped: at the last product that is not query·keyᵀ, else where the
+ * logits' path first ended (an op that carries no logits, or a graph input).
  */
-export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): LogitsSource | WalkStop {
+export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): { matmul: NodeProto; path: Step[] } | WalkStop {
   let stop: WalkStop | undefined;
   let end: NodeProto | undefined;
   const seen = new Set<string>();

@@ -6,6 +6,7 @@
  */
 import { rawByteLength } from '../io/constants';
 import { GraphProto, NodeProto, TensorProto, toNumber } from '../io/onnx';
+import { memo } from '../memo';
 import { ConstTensor, readTensor } from './tensor';
 
 /** One definition of a name: an initializer, or a Constant node. */
@@ -17,11 +18,8 @@ const SMALL_BYTES = 128;
 /** The definitions of every name defined more than once, in onnxruntime's order (initializers first). */
 export function repeatedConstants(g: GraphProto): Map<string, ConstantDef[]> {
   const defs = new Map<string, ConstantDef[]>();
-  const add = (name: string, d: ConstantDef): void => {
-    defs.set(name, [...(defs.get(name) ?? []), d]);
-  };
-  for (const t of g.initializer) add(t.name, { tensor: t });
-  for (const n of g.node) if (n.opType === 'Constant' && n.output[0]) add(n.output[0], { node: n });
+  for (const t of g.initializer) memo(defs, t.name, () => []).push({ tensor: t });
+  for (const n of g.node) if (n.opType === 'Constant' && n.output[0]) memo(defs, n.output[0], () => []).push({ node: n });
   for (const [name, list] of defs) if (list.length < 2) defs.delete(name);
   return defs;
 }

@@ -7,6 +7,7 @@
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
 import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { memo } from '../memo';
 import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
@@ -59,8 +60,7 @@ export class Graph {
   inputs: Set<string> = new Set<string>();
   outputs = new Set<string>();
   valueInfo: Map<string, ValueInfoProto>;
-  private readonly names: Set<string>;
-  private readonly nodeNames: Set<string>;
+  private readonly registry: NameRegistry;
   private readonly constantInputs: Set<string>;
   private constCache = new Map<string, ConstTensor | null>();
   /** Names defined several times: the definition onnxruntime uses (duplicates.ts). */
@@ -73,9 +73,7 @@ export class Graph {
     this.producer = new ScopedMap(this.parent?.producer);
     this.initializers = new ScopedMap(this.parent?.initializers);
     this.valueInfo = new ScopedMap(this.parent?.valueInfo);
-    const registry = options.registry ?? { tensors: new Set<string>(), nodes: new Set<string>() };
-    this.names = registry.tensors;
-    this.nodeNames = registry.nodes;
+    this.registry = options.registry ?? { tensors: new Set<string>(), nodes: new Set<string>() };
     this.constantInputs = options.constantInputs ?? new Set();
     this.reindex();
   }
@@ -96,16 +94,11 @@ export class Graph {
     for (const t of this.proto.initializer) this.initializers.set(t.name, t);
     for (const v of [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo]) this.valueInfo.set(v.name, v);
     for (const node of this.proto.node) {
-      if (node.name) this.nodeNames.add(node.name);
+      if (node.name) this.registry.nodes.add(node.name);
       for (const out of node.output) if (out) this.producer.set(out, node);
-      for (const name of node.input) {
-        if (!name) continue;
-        const list = this.consumers.get(name) ?? [];
-        list.push(node);
-        this.consumers.set(name, list);
-      }
+      for (const name of node.input) if (name) memo(this.consumers, name, () => []).push(node);
     }
-    for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.names.add(n);
+    for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.registry.tensors.add(n);
     this.repeated.clear();
     for (const [name, defs] of repeatedConstants(this.proto)) {
       const i = chosenDefinition(defs);
@@ -123,7 +116,7 @@ export class Graph {
 
   /** An index over a graph held in one of this graph's node attributes (names stay unique model-wide). */
   child(proto: GraphProto): Graph {
-    return new Graph(proto, { parent: this, registry: { tensors: this.names, nodes: this.nodeNames } });
+    return new Graph(proto, { parent: this, registry: this.registry });
   }
 
   consumersOf(name: string): NodeProto[] {
@@ -136,7 +129,7 @@ export class Graph {
   /** Appends a node; its outputs and reads join the index. */
   insertNode(node: NodeProto): void {
     this.proto.node.push(node);
-    if (node.name) this.nodeNames.add(node.name);
+    if (node.name) this.registry.nodes.add(node.name);
     for (const out of node.output) if (out) this.producer.set(out, node);
     for (const name of node.input) this.addConsumer(name, node);
     this.query.forget();
@@ -152,7 +145,6 @@ export class Graph {
     this.query.forget();
   }
 
-  /** Removes nodes from the graph and the index. */
   removeNodes(nodes: ReadonlySet<NodeProto>): void {
     this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
     for (const node of nodes) {
@@ -165,7 +157,7 @@ export class Graph {
   addInitializer(t: TensorProto): void {
     this.proto.initializer.push(t);
     this.initializers.set(t.name, t);
-    this.names.add(t.name);
+    this.registry.tensors.add(t.name);
     this.query.forget();
   }
 
@@ -191,7 +183,7 @@ export class Graph {
     this.proto.input.push(v);
     this.inputs.add(v.name);
     this.valueInfo.set(v.name, v);
-    this.names.add(v.name);
+    this.registry.tensors.add(v.name);
     this.query.forget();
   }
 
@@ -210,16 +202,16 @@ export class Graph {
   /** A name not yet used by any tensor or node of this graph. */
   uniqueName(base: string): string {
     let name = base;
-    for (let i = 1; this.names.has(name); i++) name = `${base}_${i}`;
-    this.names.add(name);
+    for (let i = 1; this.registry.tensors.has(name); i++) name = `${base}_${i}`;
+    this.registry.tensors.add(name);
     return name;
   }
 
   /** A node name not yet used in this graph (node names and tensor names are separate namespaces). */
   uniqueNodeName(base: string): string {
     let name = base;
-    for (let i = 1; this.nodeNames.has(name); i++) name = `${base}_${i}`;
-    this.nodeNames.add(name);
+    for (let i = 1; this.registry.nodes.has(name); i++) name = `${base}_${i}`;
+    this.registry.nodes.add(name);
     return name;
   }
 
@@ -239,15 +231,13 @@ export class Graph {
 
   /** Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable. */
   constValue(name: string): ConstTensor | null {
-    if (this.constCache.has(name)) return this.constCache.get(name) ?? null;
-    let value: ConstTensor | null = null;
-    const def = this.repeated.get(name);
-    const node = def ? ('node' in def ? def.node : undefined) : this.producer.get(name);
-    if (node?.opType === 'Constant') value = constantNodeValue(node);
-    else if (def && 'tensor' in def) value = readTensor(def.tensor);
-    else if (this.initializers.has(name) && !this.inputs.has(name)) value = readTensor(this.initializers.get(name)!);
-    this.constCache.set(name, value);
-    return value;
+    return memo(this.constCache, name, () => {
+      const def = this.repeated.get(name);
+      const node = def ? ('node' in def ? def.node : undefined) : this.producer.get(name);
+      if (node?.opType === 'Constant') return constantNodeValue(node);
+      if (def && 'tensor' in def) return readTensor(def.tensor);
+      return this.initializers.has(name) && !this.inputs.has(name) ? readTensor(this.initializers.get(name)!) : null;
+    });
   }
 
   /** Element type of a tensor when the graph declares it (input, output, value_info, initializer). */

@@ -42,7 +42,7 @@ export function calledFunction(model: ModelProto, node: NodeProto): FunctionProt
 export function modelScopes(model: ModelProto): Scope[] {
   const registry = collectNames(model);
   const opset = defaultOpsetOf(model.opsetImport);
-  const main = graphScope('main', 'main', model.graph!, opset, registry);
+  const main = graphScope('main', model.graph!, opset, registry);
   const scopes = [main, ...subScopes(main, registry)];
   for (const fn of model.functions) {
     const fnScope = functionScope(model, fn, scopes, registry);
@@ -51,12 +51,12 @@ export function modelScopes(model: ModelProto): Scope[] {
   return scopes;
 }
 
-function graphScope(path: string, kind: Scope['kind'], proto: GraphProto, opset: number, registry: NameRegistry,
+function graphScope(path: string, proto: GraphProto, opset: number, registry: NameRegistry,
   owner?: { node: NodeProto; scope: Scope }): Scope {
   const parent = owner?.scope;
   const graph = new Graph(proto, { parent: parent?.graph, registry });
   return {
-    path, kind, graph, opset, owner,
+    path, kind: owner ? 'subgraph' : 'main', graph, opset, owner,
     shapes: new Shapes(graph, parent?.shapes),
     commit: () => topoSort(proto),
   };
@@ -68,7 +68,7 @@ function subScopes(scope: Scope, registry: NameRegistry): Scope[] {
     for (const a of node.attribute) {
       for (const [i, g] of graphsOf(a).entries()) {
         const suffix = a.graphs?.length ? `${a.name}[${i}]` : a.name;
-        const sub = graphScope(`${scope.path}/${nodeLabel(node)}.${suffix}`, 'subgraph', g, scope.opset, registry, { node, scope });
+        const sub = graphScope(`${scope.path}/${nodeLabel(node)}.${suffix}`, g, scope.opset, registry, { node, scope });
         out.push(sub, ...subScopes(sub, registry));
       }
     }

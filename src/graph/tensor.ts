@@ -17,8 +17,6 @@ export const float16ToNumber = (h: number): number => {
   return sign * 2 ** (exp - 15) * (1 + frac / 1024);
 };
 
-const elementCount = (dims: number[]): number => dims.reduce((a, b) => a * b, 1);
-
 /** Per element type: the bytes of one element, and how to read the element at a byte offset (little-endian). */
 const RAW: Record<number, [number, (view: DataView, o: number) => number]> = {
   [DataType.FLOAT]: [4, (v, o) => v.getFloat32(o, true)],
@@ -49,12 +47,16 @@ function readRaw(raw: Uint8Array, dataType: number, count: number): number[] | n
  */
 export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor | null {
   const dims = (t.dims ?? []).map(toNumber);
-  const count = elementCount(dims);
+  const count = dims.reduce((a, b) => a * b, 1);
   if (count > maxElements) return null;
   let values: number[] | null = null;
   if (t.dataLocation === 1) {
-    const raw = externalBytes(t);
-    values = raw ? readRaw(raw, t.dataType, count) : null;
+    try {
+      const raw = readExternal(t);
+      values = raw ? readRaw(raw, t.dataType, count) : null;
+    } catch {
+      // Unreadable external data stays unread: the reader already reported broken files.
+    }
   } else if (t.rawData && t.rawData.length > 0) values = readRaw(t.rawData, t.dataType, count);
   else if (t.floatData?.length) values = [...t.floatData];
   else if (t.int64Data?.length) values = t.int64Data.map(toNumber);
@@ -65,15 +67,6 @@ export function readTensor(t: TensorProto, maxElements = 1 << 20): ConstTensor |
   } else if (count === 0) values = [];
   if (!values || values.length !== count) return null;
   return { dims, dataType: t.dataType, values };
-}
-
-/** External data of a small tensor; null when it cannot be read (the reader already reported broken files). */
-function externalBytes(t: TensorProto): Uint8Array | null {
-  try {
-    return readExternal(t);
-  } catch {
-    return null;
-  }
 }
 
 const f32 = new Float32Array(1);

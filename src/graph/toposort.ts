@@ -46,13 +46,8 @@ function edges(nodes: NodeProto[]): { deps: number[][]; dependents: number[][] }
   return { deps, dependents };
 }
 
-interface Ready {
-  push(i: number): void;
-  pop(): number | undefined;
-}
-
 /** Kahn's algorithm: a node is placed once everything it reads is; `ready` decides among the ready ones. */
-function kahn(deps: number[][], dependents: number[][], ready: Ready): number[] {
+function kahn(deps: number[][], dependents: number[][], ready: Heap | number[]): number[] {
   const remaining = deps.map((d) => d.length);
   remaining.forEach((c, i) => c === 0 && ready.push(i));
   const order: number[] = [];
@@ -79,8 +74,7 @@ function placement(deps: number[][], dependents: number[][]): number[] {
   return priority;
 }
 
-/** A binary heap of node indices. */
-class Heap implements Ready {
+class Heap {
   private readonly items: number[] = [];
 
   constructor(private readonly before: (a: number, b: number) => boolean) {}
