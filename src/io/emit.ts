@@ -14,10 +14,11 @@ import {
 } from './origin';
 import { decodeAs, encodeAs, encodeField, fieldIds, fieldName, TypeName } from './proto';
 import { digest, SPECS } from './read';
-import { FileSource, MemorySource, Source, Span } from './source';
+import { FileSource, MemorySource, Source } from './source';
 import { Entry, lenHeader, scanFields, varintField } from './wire';
 
-export type Piece = Uint8Array | Span;
+/** Bytes in memory, or a span of a source: what the writer copies from input to output without holding it. */
+export type Piece = Uint8Array | { src: Source; start: number; end: number };
 
 /** An output under construction: its pieces in order and its total size. */
 export class Out {
