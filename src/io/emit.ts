@@ -8,7 +8,7 @@ import { InputError } from '../errors';
 import { memo } from '../memo';
 import { EXTERNAL } from './constants';
 import { dataFile, externalRef, forAttributes, isExternal } from './external';
-import type { AttributeProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
+import type { ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
 import {
   cloneTracked, ContainerOrigin, externalContext, headerOf, MessageOrigin, originOf, PAYLOAD_FIELDS, payloadIntact, StubOrigin,
 } from './origin';
@@ -76,9 +76,7 @@ function emitPayload(type: TypeName, obj: object, out: Out, plan: EmitPlan): voi
     emitTransformedTensor(obj as TensorProto, out, plan);
     return;
   }
-  const value = type === 'NodeProto' && rewritesNodes(plan) && hasExternalTensor((obj as NodeProto).attribute)
-    ? rewriteNodeTensors(obj as NodeProto, plan)
-    : obj;
+  const value = rewritesNode(type, obj, plan) ? rewriteNodeTensors(obj as NodeProto, plan) : obj;
   const origin = originOf(value);
   if (!origin) out.bytes(encodeAs(type, value));
   else if (origin.kind === 'container') emitContainer(type, value, origin, out, plan);
@@ -97,7 +95,7 @@ function emitElement(field: number, type: TypeName, obj: object, out: Out, plan:
   const reusable = origin && origin.kind !== 'container' && origin.entry.field === field
     && (origin.kind === 'stub' ? stubUnchanged(obj, origin) : unchanged(type, obj, origin))
     && !(type === 'TensorProto' && tensorTransform(obj as TensorProto, plan))
-    && !(type === 'NodeProto' && rewritesNodes(plan) && hasExternalTensor((obj as NodeProto).attribute));
+    && !rewritesNode(type, obj, plan);
   if (reusable) out.span(origin.ctx.src, origin.entry.start, origin.entry.end);
   else emitEmbedded(field, type, obj, out, plan);
 }
@@ -293,13 +291,11 @@ function relocated(t: TensorProto, plan: EmitPlan): boolean {
   return plan.relocate.has(dataFile(ctx.dir, externalRef(t).location));
 }
 
-function rewritesNodes(plan: EmitPlan): boolean {
-  return Boolean(plan.inline || plan.relocate?.size);
-}
-
-function hasExternalTensor(attributes: AttributeProto[]): boolean {
+/** True for a node with external attribute tensors when the plan inlines or relocates external data. */
+function rewritesNode(type: TypeName, obj: object, plan: EmitPlan): boolean {
+  if (type !== 'NodeProto' || !(plan.inline || plan.relocate?.size)) return false;
   let found = false;
-  forAttributes(attributes, (t) => {
+  forAttributes((obj as NodeProto).attribute, (t) => {
     found ||= isExternal(t);
   });
   return found;
