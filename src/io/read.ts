@@ -130,7 +130,7 @@ function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, w
   setOrigin(el, { kind: 'message', ctx, entry: e, canon: digest(encodeAs(type, el)) });
   if (type === 'TensorProto') {
     const t = el as TensorProto;
-    checkTensor(t, t.dataLocation === EXTERNAL ? undefined : t.rawData?.length, true);
+    checkTensor(t, t.rawData?.length, true);
     if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
   }
   if (type === 'NodeProto') {
