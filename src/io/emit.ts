@@ -39,13 +39,11 @@ export class Out {
     this.size += end - start;
   }
 
-  piece(p: Piece): void {
-    if (p instanceof Uint8Array) this.bytes(p);
-    else this.span(p.src, p.start, p.end);
-  }
-
-  append(other: Out): void {
-    for (const p of other.pieces) this.piece(p);
+  append(pieces: Piece[]): void {
+    for (const p of pieces) {
+      if (p instanceof Uint8Array) this.bytes(p);
+      else this.span(p.src, p.start, p.end);
+    }
   }
 
   /** Pads with zeros to a multiple of `alignment`. */
@@ -105,7 +103,7 @@ function emitEmbedded(field: number, type: TypeName, obj: object, out: Out, plan
   const sub = new Out();
   emitPayload(type, obj, sub, plan);
   out.bytes(lenHeader(field, sub.size));
-  out.append(sub);
+  out.append(sub.pieces);
 }
 
 function unchanged(type: TypeName, obj: object, origin: MessageOrigin): boolean {
@@ -230,16 +228,15 @@ type Located = Entry & { src: Source };
 /** Emits fields in order, putting each replacement where its field first appeared (or at the end). */
 function emitReplacing(fields: Located[], replace: Map<number, Piece[]>, out: Out): void {
   const done = new Set<number>();
-  const put = (r: Piece[]): void => r.forEach((p) => out.piece(p));
   for (const f of fields) {
     const r = replace.get(f.field);
     if (!r) out.span(f.src, f.start, f.end);
     else if (!done.has(f.field)) {
-      put(r);
+      out.append(r);
       done.add(f.field);
     }
   }
-  for (const [id, r] of [...replace].sort((a, b) => a[0] - b[0])) if (!done.has(id)) put(r);
+  for (const [id, r] of [...replace].sort((a, b) => a[0] - b[0])) if (!done.has(id)) out.append(r);
 }
 
 /**
