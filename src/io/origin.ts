@@ -97,7 +97,7 @@ export function headerOf(t: object): Record<string, unknown> {
 export type Origin = ContainerOrigin | MessageOrigin | StubOrigin;
 
 const origins = new WeakMap<object, Origin>();
-/** Tensors with external data anywhere in a model (initializers, attribute tensors), and their model. */
+/** Tensors with external data inside node attributes, and their model (an attribute's own tensors have no origin to tell it). */
 const externals = new WeakMap<object, ModelContext>();
 
 export function originOf(message: object): Origin | undefined {

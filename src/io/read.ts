@@ -128,11 +128,7 @@ function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, w
   if (type === 'TensorProto' && e.end - e.data > EAGER_TENSOR_BYTES) return decodeStub(r, e, ctx, what);
   const el = decodeOrFail<object>(type, r.bytes(e.data, e.end), what);
   setOrigin(el, { kind: 'message', ctx, entry: e, canon: digest(encodeAs(type, el)) });
-  if (type === 'TensorProto') {
-    const t = el as TensorProto;
-    checkTensor(t, t.rawData?.length, true);
-    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-  }
+  if (type === 'TensorProto') checkTensor(el as TensorProto, (el as TensorProto).rawData?.length, true);
   if (type === 'NodeProto') {
     trackSubgraphs(el as NodeProto, r, e, ctx);
     registerAttributeTensors((el as NodeProto).attribute, ctx);
@@ -151,7 +147,6 @@ function decodeStub(r: Reader, e: Entry, ctx: ModelContext, what: string): Tenso
   const raw = fields.filter((f) => f.field === 9).pop();
   definePayload(t, origin);
   checkTensor(t, raw ? raw.end - raw.data : undefined, false);
-  if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
   setOrigin(t, origin);
   return t;
 }
