@@ -8,16 +8,17 @@ import { InputError } from '../errors';
 import { memo } from '../memo';
 import { EXTERNAL } from './constants';
 import { dataFile, externalRef, forAttributes, isExternal } from './external';
-import type { AttributeProto, ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
+import type { ModelProto, NodeProto, StringStringEntry, TensorProto } from './onnx';
 import {
   cloneTracked, ContainerOrigin, externalContext, headerOf, MessageOrigin, originOf, PAYLOAD_FIELDS, payloadIntact, StubOrigin,
 } from './origin';
 import { decodeAs, encodeAs, encodeField, fieldIds, fieldName, TypeName } from './proto';
 import { digest, SPECS } from './read';
-import { FileSource, MemorySource, Source, Span } from './source';
+import { FileSource, MemorySource, Source } from './source';
 import { Entry, lenHeader, scanFields, varintField } from './wire';
 
-export type Piece = Uint8Array | Span;
+/** Bytes in memory, or a span of a source: what the writer copies from input to output without holding it. */
+export type Piece = Uint8Array | { src: Source; start: number; end: number };
 
 /** An output under construction: its pieces in order and its total size. */
 export class Out {
@@ -38,13 +39,11 @@ export class Out {
     this.size += end - start;
   }
 
-  piece(p: Piece): void {
-    if (p instanceof Uint8Array) this.bytes(p);
-    else this.span(p.src, p.start, p.end);
-  }
-
-  append(other: Out): void {
-    for (const p of other.pieces) this.piece(p);
+  append(pieces: Piece[]): void {
+    for (const p of pieces) {
+      if (p instanceof Uint8Array) this.bytes(p);
+      else this.span(p.src, p.start, p.end);
+    }
   }
 
   /** Pads with zeros to a multiple of `alignment`. */
@@ -75,9 +74,7 @@ function emitPayload(type: TypeName, obj: object, out: Out, plan: EmitPlan): voi
     emitTransformedTensor(obj as TensorProto, out, plan);
     return;
   }
-  const value = type === 'NodeProto' && rewritesNodes(plan) && hasExternalTensor((obj as NodeProto).attribute)
-    ? rewriteNodeTensors(obj as NodeProto, plan)
-    : obj;
+  const value = rewritesNode(type, obj, plan) ? rewriteNodeTensors(obj as NodeProto, plan) : obj;
   const origin = originOf(value);
   if (!origin) out.bytes(encodeAs(type, value));
   else if (origin.kind === 'container') emitContainer(type, value, origin, out, plan);
@@ -96,7 +93,7 @@ function emitElement(field: number, type: TypeName, obj: object, out: Out, plan:
   const reusable = origin && origin.kind !== 'container' && origin.entry.field === field
     && (origin.kind === 'stub' ? stubUnchanged(obj, origin) : unchanged(type, obj, origin))
     && !(type === 'TensorProto' && tensorTransform(obj as TensorProto, plan))
-    && !(type === 'NodeProto' && rewritesNodes(plan) && hasExternalTensor((obj as NodeProto).attribute));
+    && !rewritesNode(type, obj, plan);
   if (reusable) out.span(origin.ctx.src, origin.entry.start, origin.entry.end);
   else emitEmbedded(field, type, obj, out, plan);
 }
@@ -106,7 +103,7 @@ function emitEmbedded(field: number, type: TypeName, obj: object, out: Out, plan
   const sub = new Out();
   emitPayload(type, obj, sub, plan);
   out.bytes(lenHeader(field, sub.size));
-  out.append(sub);
+  out.append(sub.pieces);
 }
 
 function unchanged(type: TypeName, obj: object, origin: MessageOrigin): boolean {
@@ -231,16 +228,15 @@ type Located = Entry & { src: Source };
 /** Emits fields in order, putting each replacement where its field first appeared (or at the end). */
 function emitReplacing(fields: Located[], replace: Map<number, Piece[]>, out: Out): void {
   const done = new Set<number>();
-  const put = (r: Piece[]): void => r.forEach((p) => out.piece(p));
   for (const f of fields) {
     const r = replace.get(f.field);
     if (!r) out.span(f.src, f.start, f.end);
     else if (!done.has(f.field)) {
-      put(r);
+      out.append(r);
       done.add(f.field);
     }
   }
-  for (const [id, r] of [...replace].sort((a, b) => a[0] - b[0])) if (!done.has(id)) put(r);
+  for (const [id, r] of [...replace].sort((a, b) => a[0] - b[0])) if (!done.has(id)) out.append(r);
 }
 
 /**
@@ -292,13 +288,11 @@ function relocated(t: TensorProto, plan: EmitPlan): boolean {
   return plan.relocate.has(dataFile(ctx.dir, externalRef(t).location));
 }
 
-function rewritesNodes(plan: EmitPlan): boolean {
-  return Boolean(plan.inline || plan.relocate?.size);
-}
-
-function hasExternalTensor(attributes: AttributeProto[]): boolean {
+/** True for a node with external attribute tensors when the plan inlines or relocates external data. */
+function rewritesNode(type: TypeName, obj: object, plan: EmitPlan): boolean {
+  if (type !== 'NodeProto' || !(plan.inline || plan.relocate?.size)) return false;
   let found = false;
-  forAttributes(attributes, (t) => {
+  forAttributes((obj as NodeProto).attribute, (t) => {
     found ||= isExternal(t);
   });
   return found;

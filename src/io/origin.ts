@@ -5,7 +5,7 @@
  */
 import { Entry } from './wire';
 import { Source } from './source';
-import { decodeAs, TypeName } from './proto';
+import { decodeAs } from './proto';
 
 /** The model a message was read from: its bytes and the folder its external data paths are relative to. */
 export interface ModelContext {
@@ -17,7 +17,6 @@ export interface ModelContext {
 /** A message kept field by field: the writer walks its original fields and re-emits or replaces each. */
 export interface ContainerOrigin {
   kind: 'container';
-  type: TypeName;
   ctx: ModelContext;
   entries: Entry[];
   /** Digest of each decoded singular field's encoding at read time, to tell which ones changed. */
@@ -27,7 +26,6 @@ export interface ContainerOrigin {
 /** A message decoded whole: unchanged if its encoding still has the digest it had when read. */
 export interface MessageOrigin {
   kind: 'message';
-  type: TypeName;
   ctx: ModelContext;
   entry: Entry;
   canon: string;
@@ -99,7 +97,7 @@ export function headerOf(t: object): Record<string, unknown> {
 export type Origin = ContainerOrigin | MessageOrigin | StubOrigin;
 
 const origins = new WeakMap<object, Origin>();
-/** Tensors with external data anywhere in a model (initializers, attribute tensors), and their model. */
+/** Tensors with external data inside node attributes, and their model (an attribute's own tensors have no origin to tell it). */
 const externals = new WeakMap<object, ModelContext>();
 
 export function originOf(message: object): Origin | undefined {

@@ -51,11 +51,11 @@ export function encodeField(name: TypeName, message: object, field: string): Uin
 
 /** Wire types the schema allows for a field number (packed repeated scalars also arrive as LEN). */
 export function allowedWireTypes(name: TypeName, id: number): number[] | undefined {
-  return wireTypesOf(protoType(name).fieldsById[id]);
+  const f = protoType(name).fieldsById[id];
+  return f && wireTypesOf(f);
 }
 
-function wireTypesOf(f: protobuf.Field | undefined): number[] | undefined {
-  if (!f) return undefined;
+function wireTypesOf(f: protobuf.Field): number[] {
   const wire = scalarWire[f.type] ?? 2;
   return f.repeated && wire !== 2 ? [wire, 2] : [wire];
 }
@@ -73,9 +73,8 @@ function checkType(type: protobuf.Type, r: Reader, start: number, end: number, d
   if (depth > 64) return 'messages nested too deep';
   for (const e of scanFields(r, start, end)) {
     const f = type.fieldsById[e.field];
-    const allowed = wireTypesOf(f);
-    if (!f || !allowed) continue;
-    if (!allowed.includes(e.wire)) return `corrupt ${type.name}.${f.name} at byte ${e.start}`;
+    if (!f) continue;
+    if (!wireTypesOf(f).includes(e.wire)) return `corrupt ${type.name}.${f.name} at byte ${e.start}`;
     f.resolve();
     if (f.resolvedType instanceof protobuf.Type) {
       const problem = checkType(f.resolvedType, r, e.data, e.end, depth + 1);

@@ -95,7 +95,7 @@ function decodeContainer<T>(type: TypeName, r: Reader, start: number, end: numbe
     }
   }
   const scalars = new Map(Object.values(spec.scalars).map((n) => [n, digest(encodeField(type, obj, n))]));
-  setOrigin(obj, { kind: 'container', type, ctx, entries, scalars });
+  setOrigin(obj, { kind: 'container', ctx, entries, scalars });
   return obj as T;
 }
 
@@ -127,12 +127,8 @@ function decodeOrFail<T>(type: TypeName, bytes: Uint8Array, what: string): T {
 function decodeElement(type: TypeName, r: Reader, e: Entry, ctx: ModelContext, what: string): object {
   if (type === 'TensorProto' && e.end - e.data > EAGER_TENSOR_BYTES) return decodeStub(r, e, ctx, what);
   const el = decodeOrFail<object>(type, r.bytes(e.data, e.end), what);
-  setOrigin(el, { kind: 'message', type, ctx, entry: e, canon: digest(encodeAs(type, el)) });
-  if (type === 'TensorProto') {
-    const t = el as TensorProto;
-    checkTensor(t, t.dataLocation === EXTERNAL ? undefined : t.rawData?.length, true);
-    if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
-  }
+  setOrigin(el, { kind: 'message', ctx, entry: e, canon: digest(encodeAs(type, el)) });
+  if (type === 'TensorProto') checkTensor(el as TensorProto, (el as TensorProto).rawData?.length, true);
   if (type === 'NodeProto') {
     trackSubgraphs(el as NodeProto, r, e, ctx);
     registerAttributeTensors((el as NodeProto).attribute, ctx);
@@ -151,7 +147,6 @@ function decodeStub(r: Reader, e: Entry, ctx: ModelContext, what: string): Tenso
   const raw = fields.filter((f) => f.field === 9).pop();
   definePayload(t, origin);
   checkTensor(t, raw ? raw.end - raw.data : undefined, false);
-  if (t.dataLocation === EXTERNAL) setExternalContext(t, ctx);
   setOrigin(t, origin);
   return t;
 }
@@ -208,7 +203,7 @@ function trackSubgraphs(node: NodeProto, r: Reader, e: Entry, ctx: ModelContext)
     const list = fields.filter((f) => f.field === 11);
     if (a.g && single.length === 1) a.g = decodeContainer<GraphProto>('GraphProto', r, single[0].data, single[0].end, ctx);
     if (a.graphs?.length && list.length === a.graphs.length) a.graphs = list.map((f) => decodeContainer<GraphProto>('GraphProto', r, f.data, f.end, ctx));
-    setOrigin(a, { kind: 'message', type: 'AttributeProto', ctx, entry: entries[k], canon: digest(encodeAs('AttributeProto', a)) });
+    setOrigin(a, { kind: 'message', ctx, entry: entries[k], canon: digest(encodeAs('AttributeProto', a)) });
   });
 }
 

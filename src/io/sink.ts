@@ -15,12 +15,6 @@ import { Out } from './emit';
 import { Progress } from './progress';
 import { FileSource, Source } from './source';
 
-export interface WriteJob {
-  kind: 'write';
-  target: string;
-  out: Out;
-}
-
 /** Puts an existing file at `target`: a hard link, a copy, or a link where possible and a copy otherwise. */
 export interface PlaceJob {
   kind: 'link' | 'copy' | 'link-or-copy';
@@ -28,7 +22,7 @@ export interface PlaceJob {
   source: string;
 }
 
-export type Job = WriteJob | PlaceJob;
+export type Job = { kind: 'write'; target: string; out: Out } | PlaceJob;
 
 export interface JobResult {
   target: string;

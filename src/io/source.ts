@@ -21,13 +21,6 @@ export interface Source {
   read(start: number, end: number): Uint8Array;
 }
 
-/** A span of a source: the unit the writer copies from input to output without holding it. */
-export interface Span {
-  src: Source;
-  start: number;
-  end: number;
-}
-
 export class MemorySource implements Source {
   readonly size: number;
   constructor(readonly buffer: Uint8Array, readonly name: string) {
