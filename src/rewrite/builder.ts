@@ -78,11 +78,6 @@ export class Builder {
     return t.name;
   }
 
-  /** Points an input of an existing node at a tensor this builder made. */
-  rewire(node: NodeProto, index: number, name: string): void {
-    this.editor.setInput(node, index, name);
-  }
-
   private insert(node: NodeProto): void {
     this.editor.insert(node);
     this.last = node;

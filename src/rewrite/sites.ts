@@ -197,7 +197,7 @@ export class SitePatcher {
     const given = this.constants(b, p);
     const pass = (input: string | undefined, value: string | undefined): void => {
       if (input === undefined || value === undefined) return;
-      b.rewire(call.call, fnScope.graph.proto.input.findIndex((v) => v.name === input), value);
+      b.editor.setInput(call.call, fnScope.graph.proto.input.findIndex((v) => v.name === input), value);
     };
     pass(body.inputs.s, given.s);
     for (const t of THETAS) pass(body.inputs.theta?.[t], given.theta?.[t]);
