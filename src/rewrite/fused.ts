@@ -92,7 +92,6 @@ export function modeOf(plan: NPlan): NMode {
 
 /** The factor of the preset on the query (or weights) of a fused site; s is already in the graph (`sName`). */
 export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: LayerScale, plan: NPlan, opset: number, sName: string): InsertedFused {
-  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention at opset ${opset}`); // opset.ts raises it first
   const f: RowFactor = { preset, s: sName, perHead: Array.isArray(s), rows: nRows(b, site, plan) };
   const q = site.query;
   let applied: Applied;

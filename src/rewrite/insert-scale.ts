@@ -58,7 +58,6 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (perHead && target.rank !== 3 && target.rank !== 4) {
     throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
   }
-  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) throw new Error(`layer ${site.layer}: per-row n at opset ${ctx.opset}`);
   const source = ctx.sources.get(site, n.mode, uses);
   const heads = perHead ? s.length : site.heads.heads;
   const counted4d = source.view === 'batch-rows' && source.rank === 4;
