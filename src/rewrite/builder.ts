@@ -10,17 +10,13 @@ import { Editor, emptyEdits } from './journal';
 /** Integers as numbers; a float attribute as `{ float: x }`; a graph (an If branch) as `{ graph: g }`. */
 export type AttrValue = number | number[] | string | TensorProto | { float: number } | { graph: GraphProto };
 
-export interface BuilderOptions {
-  /** Function bodies have no initializers: constants become Constant nodes. */
-  constantNodes?: boolean;
-}
-
 export class Builder {
   /** The node added last (the apply Mul, for callers that name it in the record). */
   last?: NodeProto;
 
+  /** `constantNodes`: constants become Constant nodes (function bodies have no initializers). */
   constructor(readonly editor: Editor, readonly prefix: string, private readonly irVersion: number,
-    private readonly options: BuilderOptions = {}) {}
+    private readonly constantNodes = false) {}
 
   get graph(): Graph {
     return this.editor.graph;
@@ -41,7 +37,7 @@ export class Builder {
   branch(name: string, build: (b: Builder) => string, elemType?: number): GraphProto {
     const proto: GraphProto = { node: [], name: this.graph.uniqueName(`${this.prefix}${name}`), initializer: [], input: [], output: [], valueInfo: [] };
     const editor = new Editor(this.graph.child(proto), emptyEdits(proto.name, 'branch'));
-    const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.options));
+    const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.constantNodes));
     proto.output = [elemType ? { name: output, type: { tensorType: { elemType } } } : { name: output }];
     return proto;
   }
@@ -63,7 +59,7 @@ export class Builder {
   }
 
   addInitializer(t: TensorProto): string {
-    if (this.options.constantNodes) {
+    if (this.constantNodes) {
       this.insert({
         opType: 'Constant', domain: '', input: [], output: [t.name], name: this.graph.uniqueNodeName(`${t.name}/Constant`),
         attribute: [makeAttribute('value', { ...t, name: '' })],
@@ -76,11 +72,6 @@ export class Builder {
       this.editor.addInput({ name: t.name, type: { tensorType: { elemType: t.dataType, shape: { dim: t.dims.map((d) => ({ dimValue: d })) } } } });
     }
     return t.name;
-  }
-
-  /** Points an input of an existing node at a tensor this builder made. */
-  rewire(node: NodeProto, index: number, name: string): void {
-    this.editor.setInput(node, index, name);
   }
 
   private insert(node: NodeProto): void {

@@ -15,15 +15,15 @@ export interface Applied {
 }
 
 /** `Mul(x, factor)` in x's precision, the Mul named `<prefix>apply`; `factor` is fp32. */
-export function applyFactor(b: Builder, x: string, factor: string, xType: number | undefined, opset: number, name = 'apply'): Applied {
+export function applyFactor(b: Builder, x: string, factor: string, xType: number | undefined, opset: number): Applied {
   const mul = (lhs: string, rhs: string): { output: string; apply: string } => {
-    const output = b.op('Mul', [lhs, rhs], {}, name);
+    const output = b.op('Mul', [lhs, rhs], {}, 'apply');
     return { output, apply: b.last!.name };
   };
   if (xType === DataType.FLOAT16 || xType === DataType.BFLOAT16) {
-    const wide = b.op('Cast', [x], { to: DataType.FLOAT }, `${name}_in`);
+    const wide = b.op('Cast', [x], { to: DataType.FLOAT }, 'apply_in');
     const m = mul(wide, factor);
-    return { output: b.op('Cast', [m.output], { to: xType }, `${name}_out`), factorType: DataType.FLOAT, apply: m.apply };
+    return { output: b.op('Cast', [m.output], { to: xType }, 'apply_out'), factorType: DataType.FLOAT, apply: m.apply };
   }
   if (xType === DataType.DOUBLE) {
     return { ...mul(x, b.op('Cast', [factor], { to: DataType.DOUBLE }, 'factor_cast')), factorType: DataType.DOUBLE };

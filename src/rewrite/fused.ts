@@ -92,7 +92,6 @@ export function modeOf(plan: NPlan): NMode {
 
 /** The factor of the preset on the query (or weights) of a fused site; s is already in the graph (`sName`). */
 export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: LayerScale, plan: NPlan, opset: number, sName: string): InsertedFused {
-  if (opset < 11) throw new Error(`layer ${site.layer}: fused attention at opset ${opset}`); // opset.ts raises it first
   const f: RowFactor = { preset, s: sName, perHead: Array.isArray(s), rows: nRows(b, site, plan) };
   const q = site.query;
   let applied: Applied;
@@ -104,7 +103,7 @@ export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: Laye
     case 'weights': applied = scaleWeights(b, site, q, f, opset); break;
   }
   // scaleWeights rewires the weights itself, before it scales their bias.
-  if (q.layout !== 'weights') b.rewire(site.node, q.input, applied.output);
+  if (q.layout !== 'weights') b.editor.setInput(site.node, q.input, applied.output);
   return { factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
 }
 
@@ -129,7 +128,7 @@ export function addFusedPrior(b: Builder, site: FusedSite, plan: NPlan, f: Parti
   if (existing && site.op === 'Attention' && shapes.type(existing) === DataType.BOOL) {
     existing = b.op('Where', [existing, b.constant('kept', dtype, [], [0]), b.constant('hidden', dtype, [], [-Infinity])], {}, 'attn_mask_additive');
   }
-  b.rewire(site.node, index, existing ? b.op('Add', [existing, prior], {}, 'bias_prior') : prior);
+  b.editor.setInput(site.node, index, existing ? b.op('Add', [existing, prior], {}, 'bias_prior') : prior);
 }
 
 /** c in the [B, H, S, 1] layout of an additive bias [B|1, H|1, S, T]: per head when s is, per row and item. */
@@ -274,7 +273,7 @@ function foldQueryBias(b: Builder, site: FusedSite, q: string, biasIndex: number
   const biasQ = b.op('Slice', [bias, zero1, width, zero1], {}, 'bias_q');
   const rest = b.op('Slice', [bias, width, b.int64('end', [INT64_MAX]), zero1], {}, 'bias_kv');
   const zeros = b.op('Sub', [biasQ, biasQ], {}, 'bias_q_zero');
-  b.rewire(site.node, biasIndex, b.op('Concat', [zeros, rest], { axis: 0 }, 'bias'));
+  b.editor.setInput(site.node, biasIndex, b.op('Concat', [zeros, rest], { axis: 0 }, 'bias'));
   const wide = qType === DataType.FLOAT16 || qType === DataType.BFLOAT16;
   if (!wide) return { q: b.op('Add', [q, biasQ], {}, 'q_biased'), qType };
   const qf = b.op('Cast', [q], { to: DataType.FLOAT }, 'q_f32');
@@ -328,10 +327,10 @@ function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query']
   const kvCols = b.op('ConstantOfShape', [b.op('Sub', [width, qWidth], {}, 'kv_width')], { value: oneTensor() }, 'kv_cols');
   const cols = b.op('Concat', [qCols, kvCols], { axis: 0 }, 'factor_cols');
   const applied = applyFactor(b, weights, cols, site.queryType, opset);
-  b.rewire(site.node, q.weights, applied.output);
+  b.editor.setInput(site.node, q.weights, applied.output);
   if (q.bias !== undefined) {
     const biased = applyFactor(b, site.node.input[q.bias], cols, site.queryType, opset);
-    b.rewire(site.node, q.bias, biased.output);
+    b.editor.setInput(site.node, q.bias, biased.output);
   }
   return applied;
 }

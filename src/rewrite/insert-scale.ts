@@ -58,7 +58,6 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (perHead && target.rank !== 3 && target.rank !== 4) {
     throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
   }
-  if ((n.mode === 'causal' || n.mode === 'causal-padding') && ctx.opset < 11) throw new Error(`layer ${site.layer}: per-row n at opset ${ctx.opset}`);
   const source = ctx.sources.get(site, n.mode, uses);
   const heads = perHead ? s.length : site.heads.heads;
   const counted4d = source.view === 'batch-rows' && source.rank === 4;
@@ -70,7 +69,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   let factor = presetFactor(b, ctx.preset, sTensor, source.n, ctx.sources.ln(source));
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
-  b.rewire(target.consumer.node, target.consumer.index, scaled);
+  b.editor.setInput(target.consumer.node, target.consumer.index, scaled);
   return { factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
 }
 
@@ -86,7 +85,7 @@ export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionS
   const nf = b.op('Max', [b.op('Cast', [n], { to: DataType.FLOAT }, 'n_group_f'), b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
   const factor = presetFactor(b, ctx.preset, sName, nf, b.op('Log', [nf], {}, 'ln_n'));
   const { output, apply, factorType } = applyFactor(b, site.logits, factor, site.logitsType, ctx.opset);
-  b.rewire(site.consumer.node, site.consumer.index, output);
+  b.editor.setInput(site.consumer.node, site.consumer.index, output);
   // One value for the whole tensor: a prior's bias is multiplied by it where it is added (not folded into a table).
   return { factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }

@@ -95,10 +95,8 @@ function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number)
 }
 
 /**
- * Softmax(scale · q·Kᵀ + bias)·V into `output` [B, S, N·H_v]. On a stacked cache an If picks by the query length:
- * one row (decoding) multiplies the stacked cache as it is, reading the half it does not need once more instead of
- * copying K and V out of it; more rows (a prompt) take K and V out (a copy, small against the products) for
- * com.microsoft MultiHeadAttention, whose softmax is the kernel's own.
+ * Softmax(scale · q·Kᵀ + bias)·V into `output` [B, S, N·H_v]. On a stacked cache an If picks by the query length, one
+ * row (singleRow) or a prompt (K and V taken out, a copy small against the products), as the header says.
  */
 function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string, opset: number): void {
   if (!('stacked' in kv)) {

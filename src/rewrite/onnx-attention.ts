@@ -33,7 +33,7 @@ export const ONNX_EXPANSION_COST = 'node expanded into its definition (the facto
   + 'runs as plain ops, with the [B, N, S, T] logits materialised as the fused kernel does not';
 
 export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite, p: ExpansionParams, opset: number,
-  keysOnly = false): InsertedFused & { mode: NMode } {
+  keysOnly: boolean): InsertedFused & { mode: NMode } {
   const node = site.node;
   const input = (i: number): string | undefined => node.input[i] || undefined;
   const dtype = shapes.type(node.input[0]) ?? DataType.FLOAT;

@@ -24,7 +24,6 @@ const CHANGED: Record<string, number> = {
 
 /** Raises the model's default-domain opset to PATCH_OPSET once, or refuses; `why` names what needs it. */
 export class OpsetGuard {
-  private raised = false;
   /** What was done, for the report. */
   readonly notes: string[] = [];
 
@@ -35,7 +34,7 @@ export class OpsetGuard {
     if (scope.kind === 'function') {
       throw new InputError(`${why} needs opset ≥ ${PATCH_OPSET}, and function '${scope.fn!.name}' imports opset ${scope.opset}: convert the model to opset ${PATCH_OPSET} or later (onnx.version_converter) and patch that`);
     }
-    if (!this.raised) this.raise(why, scope.opset);
+    this.raise(why, scope.opset);
   }
 
   private raise(why: string, from: number): void {
@@ -50,7 +49,6 @@ export class OpsetGuard {
     this.notes.push(`the default opset import was raised from ${from} to ${PATCH_OPSET}: ${why} needs ops of opset ${PATCH_OPSET}, and every node of the model means the same there (revert lowers it again)`);
     entry.version = PATCH_OPSET;
     for (const s of this.scopes) if (s.kind !== 'function') s.opset = PATCH_OPSET;
-    this.raised = true;
   }
 }
 

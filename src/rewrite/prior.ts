@@ -111,5 +111,5 @@ export function insertPrior(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (factor && !factor.perHead) bias = b.op('Mul', [bias, factor.tensor], {}, 'prior_scaled');
   if (site.logitsType !== undefined && site.logitsType !== DataType.FLOAT) bias = b.op('Cast', [bias], { to: site.logitsType }, 'prior_cast');
   else if (site.logitsType === undefined && ctx.opset >= 15) bias = b.op('CastLike', [bias, current], {}, 'prior_cast');
-  b.rewire(consumer.node, consumer.index, b.op('Add', [current, bias], {}, 'prior_add'));
+  b.editor.setInput(consumer.node, consumer.index, b.op('Add', [current, bias], {}, 'prior_add'));
 }

@@ -99,11 +99,10 @@ export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.i
     if (!name || seen.has(name)) continue;
     seen.add(name);
     const init = graph.initializers.get(name);
-    if (init && /\/s(_\d+)?$/.test(name)) return name;
+    const node = graph.producer.get(name);
+    if ((init || node?.opType === 'Constant') && /\/s(_\d+)?$/.test(name)) return name;
     if (graph.inputs.has(name) && /^ssmax_s/.test(name)) return name;
     if (init && [DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16].includes(init.dataType as 1)) floats.push(name);
-    const node = graph.producer.get(name);
-    if (node?.opType === 'Constant' && /\/s(_\d+)?$/.test(name)) return name;
     if (node) queue.push(...node.input);
   }
   if (floats.length === 1) return floats[0];

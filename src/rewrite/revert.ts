@@ -190,9 +190,5 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
   if (graph.outputs.has(product)) throw new InputError(`cannot revert: the scaled logits '${product}' are a graph output`);
-  for (const c of graph.consumersOf(product)) {
-    c.input.forEach((name, i) => {
-      if (name === product) c.input[i] = f.logits;
-    });
-  }
+  for (const c of graph.consumersOf(product)) c.input = c.input.map((name) => (name === product ? f.logits : name));
 }

@@ -83,7 +83,7 @@ export class SitePatcher {
     const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && this.irVersion < 4);
     const prefix = layer === 'shared' ? `${PATCH_PREFIX}shared/` : `${PATCH_PREFIX}L${layer}/`;
     const editor = this.journal.editor(scope.path, scope.graph, layer === 'shared' ? layer : `L${layer}`);
-    return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), { constantNodes });
+    return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), constantNodes);
   }
 
   /** s and θ as constants of the site's own graph (the initializers a user fine-tunes). */
@@ -197,7 +197,7 @@ export class SitePatcher {
     const given = this.constants(b, p);
     const pass = (input: string | undefined, value: string | undefined): void => {
       if (input === undefined || value === undefined) return;
-      b.rewire(call.call, fnScope.graph.proto.input.findIndex((v) => v.name === input), value);
+      b.editor.setInput(call.call, fnScope.graph.proto.input.findIndex((v) => v.name === input), value);
     };
     pass(body.inputs.s, given.s);
     for (const t of THETAS) pass(body.inputs.theta?.[t], given.theta?.[t]);
