@@ -111,7 +111,7 @@ function readersThroughCasts(graph: Graph, name: string): NodeProto[] {
 }
 
 /** Which run sizes the synthesised inputs depend on: tells whether the sequence and past lengths can vary. */
-export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds = {}): Set<DimSource> {
+export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds): Set<DimSource> {
   const out = new Set<DimSource>();
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
   for (const spec of specs) {
@@ -138,15 +138,15 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       break;
     }
     case 'mask': {
+      const pad = Math.max(1, Math.floor(shape.seq / 4));
       if (dims.length === 1 && isMaskIndex(graph, spec.name)) {
         // com.microsoft Attention's 1-D mask_index holds each item's key end (then start positions, 0 here): every
         // key of the run, the last item a quarter fewer when padded.
         const T = shape.past + shape.seq, items = Math.min(count, shape.batch);
-        for (let i = 0; i < items; i++) values[i] = padded && items >= 2 && i === items - 1 ? T - Math.max(1, Math.floor(shape.seq / 4)) : T;
+        for (let i = 0; i < items; i++) values[i] = padded && items >= 2 && i === items - 1 ? T - pad : T;
         break;
       }
       const perItem = dims.length ? count / Math.max(dims[0], 1) : count;
-      const pad = Math.max(1, Math.floor(shape.seq / 4));
       // A mask named for padding (PyTorch's key_padding_mask, fairseq's padding_mask) marks the keys to drop:
       // true = pad, the opposite of an attention mask's 1 = attend.
       const [keep, drop] = /pad/i.test(spec.name) && /mask/i.test(spec.name) ? [0, 1] : [1, 0];

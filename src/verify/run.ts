@@ -33,8 +33,8 @@ export class Runner {
     return new Runner(session, label, performance.now() - start);
   }
 
-  static async fromModel(model: ModelProto, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
-    return Runner.create(encodeModel(model), label, optimization);
+  static async fromModel(model: ModelProto, label: string): Promise<Runner> {
+    return Runner.create(encodeModel(model), label);
   }
 
   /** Runs the session; `fetches` limits which outputs are copied back (default: all). */
