@@ -11,7 +11,7 @@
  */
 import { nodeLabel } from '../graph/graph';
 import { calledFunction, modelScopes, Scope } from '../graph/scopes';
-import { AttributeProto, DataType, GraphProto, ModelProto, NodeProto, ValueInfoProto } from '../io/onnx';
+import { AttributeProto, DataType, GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
 import { attribute, PREFIX } from './nodes';
 
@@ -72,7 +72,7 @@ export class Exposer {
 
   private graphOutput(scope: Scope, tensor: string): string {
     if (!scope.graph.outputs.has(tensor)) {
-      scope.graph.proto.output.push(floatValue(tensor));
+      scope.graph.proto.output.push({ name: tensor, type: { tensorType: { elemType: DataType.FLOAT } } });
       scope.graph.outputs.add(tensor);
     }
     return tensor;
@@ -144,8 +144,4 @@ export class Exposer {
 /** A Scan with explicit output axes or directions needs one more entry for the new scan output. */
 function extendScanAttributes(node: NodeProto): void {
   for (const a of node.attribute) if (a.name === 'scan_output_axes' || a.name === 'scan_output_directions') a.ints = [...a.ints, 0];
-}
-
-function floatValue(name: string): ValueInfoProto {
-  return { name, type: { tensorType: { elemType: DataType.FLOAT } } };
 }

@@ -111,7 +111,7 @@ function readersThroughCasts(graph: Graph, name: string): NodeProto[] {
 }
 
 /** Which run sizes the synthesised inputs depend on: tells whether the sequence and past lengths can vary. */
-export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds = {}): Set<DimSource> {
+export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds): Set<DimSource> {
   const out = new Set<DimSource>();
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
   for (const spec of specs) {
@@ -138,18 +138,18 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       break;
     }
     case 'mask': {
+      const pad = Math.max(1, Math.floor(shape.seq / 4));
       if (dims.length === 1 && isMaskIndex(graph, spec.name)) {
         // com.microsoft Attention's 1-D mask_index holds each item's key end (then start positions, 0 here): every
         // key of the run, the last item a quarter fewer when padded.
         const T = shape.past + shape.seq, items = Math.min(count, shape.batch);
-        for (let i = 0; i < items; i++) values[i] = padded && items >= 2 && i === items - 1 ? T - Math.max(1, Math.floor(shape.seq / 4)) : T;
+        for (let i = 0; i < items; i++) values[i] = padded && items >= 2 && i === items - 1 ? T - pad : T;
         break;
       }
       const perItem = dims.length ? count / Math.max(dims[0], 1) : count;
-      const pad = Math.max(1, Math.floor(shape.seq / 4));
-      // A padding mask (PyTorch's key_padding_mask, fairseq's) marks the keys to drop: true = pad, the opposite
-      // of an attention mask's 1 = attend.
-      const [keep, drop] = isPaddingMask(spec.name) ? [0, 1] : [1, 0];
+      // A mask named for padding (PyTorch's key_padding_mask, fairseq's padding_mask) marks the keys to drop:
+      // true = pad, the opposite of an attention mask's 1 = attend.
+      const [keep, drop] = /pad/i.test(spec.name) && /mask/i.test(spec.name) ? [0, 1] : [1, 0];
       for (let i = 0; i < count; i++) {
         const item = Math.floor(i / perItem);
         const key = i % last;
@@ -177,11 +177,6 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
 /** The input is the mask_index of a com.microsoft Attention (its input 3), directly or through Casts. */
 function isMaskIndex(graph: Graph, name: string): boolean {
   return readersThroughCasts(graph, name).some((n) => n.domain === 'com.microsoft' && n.opType === 'Attention' && n.input.indexOf(name) === 3);
-}
-
-/** Masks named for padding (padding_mask, key_padding_mask, src_key_padding_mask) hold true at the padded keys. */
-function isPaddingMask(name: string): boolean {
-  return /pad/i.test(name) && /mask/i.test(name);
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */

@@ -94,25 +94,28 @@ export function makePlan(p: PlanInput): Plan {
   const minPast = p.pastFree ? p.minPast ?? 0 : 0;
   const pastOf = (want: number): number => p.pinned.past ?? Math.max(want, minPast);
   const runs: RunSpec[] = [];
-  const add = (kind: RunSpec['kind'], b: number, seq: number, past: number, padded = false): void => {
-    const id = `batch=${b} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
-    if (!runs.some((r) => r.id === id)) runs.push({ id, kind, batch: b, seq, past, padded });
-  };
   const short = seqOf(Math.max(2, Math.min(SHORT_SEQ, cap)));
-  add('short', batch, short, pastOf(0));
-  if (p.canPad && batch >= 2 && short >= 2) add('short', batch, short, pastOf(0), true);
+  addRun(runs, 'short', batch, short, pastOf(0));
+  if (p.canPad && batch >= 2 && short >= 2) addRun(runs, 'short', batch, short, pastOf(0), true);
   // A second length, so a site whose n is the key count sees two values of n (a cache gives them otherwise).
-  if (p.seqFree && !p.pastFree && cap > SECOND_SEQ) add('short', batch, SECOND_SEQ, pastOf(0));
+  if (p.seqFree && !p.pastFree && cap > SECOND_SEQ) addRun(runs, 'short', batch, SECOND_SEQ, pastOf(0));
   if (p.pastFree && cap >= 5) {
     // Prefill after a cache (Tq = 3 < Tk) and one-token decoding, within the cap.
-    add('short', batch, seqOf(3), Math.min(7, cap - seqOf(3)));
-    add('short', batch, seqOf(1), Math.min(8, cap - seqOf(1)));
+    addRun(runs, 'short', batch, seqOf(3), Math.min(7, cap - seqOf(3)));
+    addRun(runs, 'short', batch, seqOf(1), Math.min(8, cap - seqOf(1)));
   }
   const sweep = sweepOf(p, cap, capReason, notes);
   // Without a free sequence axis, a cache still sweeps the context: the fixed tokens after a longer past.
   const fixed = !p.seqFree ? seqOf(1) : 0;
-  for (const t of sweep) add('sweep', p.pinned.batch ?? 1, p.seqFree ? t : fixed, p.seqFree ? pastOf(0) : t - fixed);
+  for (const t of sweep) addRun(runs, 'sweep', p.pinned.batch ?? 1, p.seqFree ? t : fixed, p.seqFree ? pastOf(0) : t - fixed);
   return { runs, sweep, notes, cap, capReason };
+}
+
+/** Adds a run unless `runs` has one of the same id; returns the id. */
+function addRun(runs: RunSpec[], kind: RunSpec['kind'], batch: number, seq: number, past: number, padded = false): string {
+  const id = `batch=${batch} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
+  if (!runs.some((r) => r.id === id)) runs.push({ id, kind, batch, seq, past, padded });
+  return id;
 }
 
 /** The context lengths of the sweep: of the sequence, or of the cache when only it can grow. */
@@ -140,15 +143,10 @@ function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]):
 export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number },
   o: Pick<PlanInput, 'seqFree' | 'pastFree' | 'pinned' | 'batch' | 'minPast'>): string[] | string {
   const ids: string[] = [];
-  const want = (seq: number, past: number): void => {
-    const id = `batch=${o.batch} seq=${seq}${past ? ` past=${past}` : ''}`;
-    if (!plan.runs.some((r) => r.id === id)) plan.runs.push({ id, kind: 'retrofit', batch: o.batch, seq, past, padded: false });
-    ids.push(id);
-  };
   const top = Math.min(identity.upTo, plan.cap);
   if (top < identity.from) return `n = ${identity.from} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`;
-  if ((o.seqFree || o.pinned.seq === top) && !o.minPast) want(top, 0);
+  if ((o.seqFree || o.pinned.seq === top) && !o.minPast) ids.push(addRun(plan.runs, 'retrofit', o.batch, top, 0));
   const seq = o.pinned.seq ?? 1;
-  if (o.pastFree && seq < top) want(seq, top - seq);
+  if (o.pastFree && seq < top) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, top - seq));
   return ids.length ? ids : `no run reaches n = ${top}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }

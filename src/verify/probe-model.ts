@@ -50,7 +50,6 @@ class Problem extends Error {}
 
 function wire(x: Exposer, site: VerifySite, rows: 'all' | 'last'): ProbeWiring {
   const t = site.tensors;
-  if (site.unprobed) return { unprobed: site.unprobed };
   if (!t) return { problem: site.problem ?? `${site.label}: not found` };
   const scope = x.scope(t.scope);
   const consumer = scope?.graph.nodes.find((n) => nodeKey(n) === t.consumer);

@@ -3,16 +3,14 @@ import * as os from 'node:os';
 import type * as ort from 'onnxruntime-node';
 import { onnxruntime } from '../onnxruntime';
 import { encodeModel, ModelProto } from '../io/onnx';
-import { Feeds, HostTensor, hostValues } from './tensors';
+import { Feeds, hostValues } from './tensors';
 
 export interface OutputTensor {
   dims: number[];
   data: Float32Array | Float64Array;
 }
 
-export interface Outputs {
-  [name: string]: OutputTensor;
-}
+export type Outputs = Record<string, OutputTensor>;
 
 export class Runner {
   /** Milliseconds spent in session.run, summed over every run of this session. */
@@ -35,15 +33,15 @@ export class Runner {
     return new Runner(session, label, performance.now() - start);
   }
 
-  static async fromModel(model: ModelProto, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
-    return Runner.create(encodeModel(model), label, optimization);
+  static async fromModel(model: ModelProto, label: string): Promise<Runner> {
+    return Runner.create(encodeModel(model), label);
   }
 
   /** Runs the session; `fetches` limits which outputs are copied back (default: all). */
   async run(feeds: Feeds, fetches?: readonly string[]): Promise<Outputs> {
     const ortFeeds: Record<string, ort.Tensor> = {};
     for (const [name, t] of Object.entries(feeds)) {
-      if (this.session.inputNames.includes(name)) ortFeeds[name] = toOrt(t);
+      if (this.session.inputNames.includes(name)) ortFeeds[name] = new (onnxruntime().Tensor)(t.type, t.data as never, t.dims);
     }
     const start = performance.now();
     try {
@@ -61,8 +59,4 @@ export class Runner {
   async release(): Promise<void> {
     await this.session.release();
   }
-}
-
-function toOrt(t: HostTensor): ort.Tensor {
-  return new (onnxruntime().Tensor)(t.type, t.data as never, t.dims);
 }

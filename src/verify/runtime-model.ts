@@ -15,17 +15,13 @@ import { readRecord } from '../rewrite/record';
 import { constant, node, PREFIX } from './nodes';
 import { findSites } from './sites';
 
-/** The patched model with every inserted factor replaced by 1: the wiring alone. A deep copy. */
-export function withUnitFactor(patched: ModelProto): ModelProto {
-  return forceUnitFactor(cloneModel(patched));
-}
-
 /**
- * Replaces, in `model` itself, the factor every site multiplies by with 1, in whichever graph the site is (a
- * call's function body included), and removes the inserted nodes nothing reads any more. The 1 takes the type
- * of the factor it replaces.
+ * The patched model with every inserted factor replaced by 1: the wiring alone. A deep copy, in which the factor
+ * every site multiplies by is 1 in whichever graph the site is (a call's function body included), and the
+ * inserted nodes nothing reads any more are removed. The 1 takes the type of the factor it replaces.
  */
-function forceUnitFactor(model: ModelProto): ModelProto {
+export function withUnitFactor(patched: ModelProto): ModelProto {
+  const model = cloneModel(patched);
   const record = readRecord(model);
   const scopes = modelScopes(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
@@ -122,18 +118,13 @@ function dropUnread(scope: Scope, inserted: (scope: Scope, n: NodeProto) => bool
   }
 }
 
-export function hasBf16Io(model: ModelProto): boolean {
-  const g = model.graph!;
-  return [...g.input, ...g.output].some((v) => v.type?.tensorType?.elemType === DataType.BFLOAT16);
-}
-
 /**
  * bf16 graph inputs become float32 inputs cast to bf16 inside the graph; bf16 outputs are cast to float32.
- * Edits nodes and value infos in place: give it a deep copy. Returns the names of the adapted inputs.
+ * Edits nodes and value infos in place: give it a deep copy. A model without bf16 inputs or outputs is left as it is.
  */
-export function carryBf16AsFloat(model: ModelProto): string[] {
+export function carryBf16AsFloat(model: ModelProto): void {
+  if (![...model.graph!.input, ...model.graph!.output].some((v) => v.type?.tensorType?.elemType === DataType.BFLOAT16)) return;
   const graph = new Graph(model.graph!);
-  const adapted: string[] = [];
   for (const input of graph.proto.input) {
     const t = input.type?.tensorType;
     if (!t || t.elemType !== DataType.BFLOAT16 || graph.initializers.has(input.name)) continue;
@@ -142,7 +133,6 @@ export function carryBf16AsFloat(model: ModelProto): string[] {
     for (const o of graph.proto.output) if (o.name === input.name) o.name = inner;
     t.elemType = DataType.FLOAT;
     graph.insertNode(node('Cast', [input.name], inner, { to: DataType.BFLOAT16 }));
-    adapted.push(input.name);
   }
   for (const output of graph.proto.output) {
     const t = output.type?.tensorType;
@@ -153,7 +143,6 @@ export function carryBf16AsFloat(model: ModelProto): string[] {
     t.elemType = DataType.FLOAT;
   }
   topoSort(model.graph!);
-  return adapted;
 }
 
 function renameProduced(graph: Graph, from: string, to: string): void {

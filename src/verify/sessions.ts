@@ -21,7 +21,7 @@ import { addProbeOutputs, ProbeWiring } from './probe-model';
 import { SessionReport } from './report';
 import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Runner } from './run';
-import { carryBf16AsFloat, hasBf16Io, withUnitFactor } from './runtime-model';
+import { carryBf16AsFloat, withUnitFactor } from './runtime-model';
 import { VerifySite } from './sites';
 
 export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
@@ -56,7 +56,7 @@ export class SessionFactory {
   /** Builds the variant and opens its session. */
   async open(key: SessionKey): Promise<Runner> {
     const model = this.variant(key);
-    if (hasBf16Io(model)) carryBf16AsFloat(model);
+    carryBf16AsFloat(model);
     // The probe copies read a tensor twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
     // tensor read that way, and the probe only reads values, so they run with basic optimisations.
     const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : 'all';

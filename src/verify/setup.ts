@@ -102,7 +102,9 @@ export function prepare(original: ModelProto, patched: ModelProto, options: Veri
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
   }
   noteScaleDrift(setup);
-  validateSynthesis(setup);
+  // The first run's inputs, synthesised before any session exists, so input errors come first and fast.
+  const first = plan.runs[0];
+  if (first) synthesize(graph, specs, first, { fixed, given, padded: first.padded });
   return setup;
 }
 
@@ -143,17 +145,13 @@ function checkPair(original: ModelProto, patched: ModelProto, record: PatchRecor
   const mismatch = (what: string): never => {
     throw new InputError(`the patched model is not a patch of this original: ${what}`);
   };
-  const values = (list: ValueInfoProto[]): Map<string, string> => new Map(list.filter((v) => !added.has(v.name)).map((v) => [v.name, typeText(v)]));
+  const values = (list: ValueInfoProto[]): Map<string, string> =>
+    new Map(list.filter((v) => !added.has(v.name)).map((v) => [v.name, v.type?.tensorType ? String(v.type.tensorType.elemType) : 'not a tensor']));
   compareSets('input', values(o.input), values(p.input), mismatch);
   compareSets('output', values(o.output), values(p.output), mismatch);
   if (!record.journal) return;
   const inits = (list: TensorProto[]): Map<string, string> => new Map(list.filter((t) => !added.has(t.name)).map((t) => [t.name, `${t.dataType}[${t.dims.map(toNumber).join(', ')}]`]));
   compareSets('initializer', inits(o.initializer), inits(p.initializer), mismatch);
-}
-
-function typeText(v: ValueInfoProto): string {
-  const t = v.type?.tensorType;
-  return t ? String(t.elemType) : 'not a tensor';
 }
 
 function compareSets(what: string, original: Map<string, string>, patched: Map<string, string>, mismatch: (why: string) => never): void {
@@ -214,10 +212,4 @@ function noteScaleDrift(setup: Setup): void {
       setup.plan.notes.push(`${site.label}: the record says s = ${recorded.map((v) => v.toPrecision(4)).join(', ')}, the model holds ${site.s.map((v) => v.toPrecision(4)).join(', ')}; the probe expects the model's`);
     }
   }
-}
-
-/** Synthesises the first run's inputs before any session exists, so input errors come first and fast. */
-function validateSynthesis(setup: Setup): void {
-  const first = setup.plan.runs[0];
-  if (first) synthesize(setup.graph, setup.specs, first, { fixed: setup.fixed, given: setup.given, padded: first.padded });
 }

@@ -6,7 +6,7 @@
 import { Graph } from '../graph/graph';
 import { constantOf } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
-import { DataType, Dimension, toNumber, ValueInfoProto } from '../io/onnx';
+import { DataType, Dimension, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
 
 export type InputRole =
@@ -52,13 +52,9 @@ export type DimSource = 'batch' | 'seq' | 'past' | 'total' | 'fixed';
 const INT_TYPES: number[] = [DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8];
 const FLOAT_TYPES: number[] = [DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16, DataType.DOUBLE];
 
-export function realInputs(graph: Graph): ValueInfoProto[] {
-  return graph.proto.input.filter((v) => !graph.initializers.has(v.name));
-}
-
 export function describeInputs(graph: Graph): InputSpec[] {
   let shapes: Shapes | undefined;
-  const specs = realInputs(graph).map((v) => {
+  const specs = graph.proto.input.filter((v) => !graph.initializers.has(v.name)).map((v) => {
     const tensor = v.type?.tensorType;
     if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`);
     const role = roleOf(v.name, tensor.elemType);
@@ -112,11 +108,6 @@ export function ruledDims(spec: InputSpec): string[] {
   return spec.dims.flatMap((d, axis) => ('rule' in d && d.rule ? [`dim ${axis}${'param' in d ? ` '${d.param}'` : ''}: ${d.rule.why}`] : []));
 }
 
-function ruled(rule: DimRule, shape: RunShape): { size: number; source: DimSource } {
-  const size = rule.source === 'batch' ? shape.batch : rule.source === 'seq' ? shape.seq : rule.source === 'past' ? shape.past : rule.size!;
-  return { size, source: rule.source };
-}
-
 /**
  * A cached key or value is concatenated with the new one, which the graph builds by a Reshape to a constant
  * head count and head size (and a Transpose): the new one's static dims give the past input's heads and head size.
@@ -168,7 +159,9 @@ export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixe
   if (r) return r;
   const fromGraph = input.graphDims?.[axis];
   if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
-  return ruled(d.rule ?? sizeByPosition(input, axis), shape);
+  const rule = d.rule ?? sizeByPosition(input, axis);
+  const size = rule.source === 'batch' ? shape.batch : rule.source === 'seq' ? shape.seq : rule.source === 'past' ? shape.past : rule.size!;
+  return { size, source: rule.source };
 }
 
 function resolveParam(param: string, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } | null {

@@ -50,8 +50,6 @@ export interface VerifySite {
   tensors: SiteTensors | null;
   /** Why the site's tensors were not found: the model is not what its journal says (the site fails). */
   problem?: string;
-  /** Why the probe does not read the site (it is listed as unverified, not failed). */
-  unprobed?: string;
   /** For a call of a function: the call node (by key) and the scope holding it. */
   call?: { scope: string; node: string; label: string };
   /** Detection's view of a fused operator site (query layout, n plan, heads), on the original model. */
@@ -132,10 +130,11 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
     if (call.node.input[call.input] !== call.s) fail(`the call no longer passes s '${call.s}'`);
   }
   const graph = byPath.get(body)?.graph ?? fail(`its graph ${body} is not in the model`);
-  const prior = r.prior ? priorRewire(graph, entriesOf(record, body, call ? undefined : `L${r.layer}`), thetaIn(r, call), Boolean(r.expanded)) : undefined;
+  const alpha = r.prior ? thetaIn(r, call) : undefined;
+  const prior = alpha !== undefined ? priorRewire(graph, entriesOf(record, body, call ? undefined : `L${r.layer}`), alpha) : undefined;
   if (r.apply === undefined) {
     // The none preset: a prior and no factor.
-    if (!prior) fail(r.expanded ? 'its prior is inside the nodes its operator was expanded into, which the probe does not read' : 'the record names neither a factor nor a prior');
+    if (!prior) fail('the record names neither a factor nor a prior');
     site.tensors = { scope: body, before: prior.before, consumer: prior.consumer, input: prior.input, apply: '', prior,
       ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }) };
     return;
@@ -144,7 +143,6 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
   if (entries.length === 0) fail(`the journal lists no edit that inserted its factor '${r.apply}'`);
   const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
   // The prior's own rewire: what it wrote depends on θα (even when a model changed since reads something else there).
-  const alpha = r.prior ? thetaIn(r, call) : undefined;
   const rewires = entries.flatMap((e) => e.rewired).filter((w) => !(alpha && w.to && graph.query.dependsOn(w.to, alpha)));
   const scaled = rewires.filter((w) => w.to && graph.query.dependsOn(w.to, apply.output[0]));
   if (scaled.length === 0) fail(`no input the journal rewired reads its factor '${r.apply}'`);
@@ -217,13 +215,9 @@ function thetaIn(r: SiteRecord, call: { node: NodeProto; fn: FunctionProto } | n
   return call.fn.input[k];
 }
 
-/**
- * The input the journal rewired to add the prior: the one whose new value depends on θα. None for an expanded
- * operator, whose prior is inside the nodes that replaced it (the probe says it did not look).
- */
-function priorRewire(graph: Graph, entries: ScopeEdits[], alpha: string, expanded: boolean): SiteTensors['prior'] {
+/** The input the journal rewired to add the prior: the one whose new value depends on θα. */
+function priorRewire(graph: Graph, entries: ScopeEdits[], alpha: string): SiteTensors['prior'] {
   const w = entries.flatMap((e) => e.rewired).find((x) => x.to && graph.query.dependsOn(x.to, alpha));
-  if (!w && expanded) return undefined;
   if (!w) fail(`no input the journal rewired adds its prior (θα '${alpha}')`);
   const consumer = nodeIn(graph, w.node) ?? fail(`the node producing '${w.node}' that the patch rewired is not in the graph`);
   return { consumer: nodeKey(consumer), input: w.input, before: w.from, after: consumer.input[w.input] };

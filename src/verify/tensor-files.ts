@@ -17,19 +17,21 @@ interface RawTensor {
   values: ArrayLike<number>;
 }
 
+const PARSERS: Record<string, (bytes: Uint8Array, where: string) => RawTensor> = { '.npy': parseNpy, '.json': parseJson, '.pb': parsePb };
+
 /** Reads `file` as the value of input `name`, converted to `elemType`. */
 export function readTensorFile(file: string, name: string, elemType: number): HostTensor {
+  const where = opt('inputFiles', `${name}=${file}`);
   let bytes: Buffer;
   try {
     bytes = fs.readFileSync(file);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
-    throw new InputError(`${opt('inputFiles', `${name}=${file}`)}: ${code === 'ENOENT' ? 'no such file' : `cannot read (${code ?? 'error'})`}`);
+    throw new InputError(`${where}: ${code === 'ENOENT' ? 'no such file' : `cannot read (${code ?? 'error'})`}`);
   }
-  const where = opt('inputFiles', `${name}=${file}`);
-  const ext = path.extname(file).toLowerCase();
-  const raw = ext === '.npy' ? parseNpy(bytes, where) : ext === '.json' ? parseJson(bytes, where) : ext === '.pb' ? parsePb(bytes, where)
-    : unknownExtension(where);
+  const parse = PARSERS[path.extname(file).toLowerCase()];
+  if (!parse) throw new InputError(`${where}: unknown file type; use .npy, .json or .pb (ONNX TensorProto)`);
+  const raw = parse(bytes, where);
   const type = hostTypeOf(elemType, name);
   if (type !== 'float32' && type !== 'float64' && type !== 'float16' && type !== 'bool') {
     for (let i = 0; i < raw.values.length; i++) {
@@ -37,10 +39,6 @@ export function readTensorFile(file: string, name: string, elemType: number): Ho
     }
   }
   return makeHost(type, raw.dims, raw.values);
-}
-
-function unknownExtension(where: string): never {
-  throw new InputError(`${where}: unknown file type; use .npy, .json or .pb (ONNX TensorProto)`);
 }
 
 const NPY_TYPES: Record<string, { size: number; read: (v: DataView, o: number) => number }> = {

@@ -32,8 +32,8 @@ const HOST_TYPES: Record<number, HostType> = {
 
 const TYPE_NAMES: Record<number, string> = Object.fromEntries(Object.entries(DataType).map(([k, v]) => [v, k.toLowerCase()]));
 
-export function elemTypeName(elemType: number | undefined): string {
-  return elemType === undefined ? 'unknown' : TYPE_NAMES[elemType] ?? `type ${elemType}`;
+export function elemTypeName(elemType: number): string {
+  return TYPE_NAMES[elemType] ?? `type ${elemType}`;
 }
 
 /** The host type an ONNX element type is fed as (bfloat16 as float32), or an InputError naming the input. */
