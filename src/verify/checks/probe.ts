@@ -127,13 +127,13 @@ function priorSubject(site: VerifySite, preset: Preset): ConstructorParameters<t
   const theta = site.theta!;
   const s = site.s.length ? site.s : [1];
   return {
-    layer: site.record.layer, scope: site.record.scope, label: `${site.label} prior`, n: site.record.n, s: [1], rtol: 1e-5, additive: true,
+    layer: site.record.layer, scope: site.record.scope, label: `${site.label} prior`, n: site.record.n, s: [1], additive: true,
     prior: (v, g, i, j) => factorValue(preset, s[v.head(g) % s.length], v.n(g, i)) * priorValue(theta, v.head(g) % theta.alpha.length, j - v.pos!(g, i)),
   };
 }
 
 function subject(site: VerifySite): ConstructorParameters<typeof SiteProbe>[0] {
-  return { layer: site.record.layer, scope: site.record.scope, label: site.label, n: site.record.n, s: site.s.length ? site.s : [NaN], rtol: 1e-5 };
+  return { layer: site.record.layer, scope: site.record.scope, label: site.label, n: site.record.n, s: site.s.length ? site.s : [NaN] };
 }
 
 export class ProbeCheck implements CheckUnit {
