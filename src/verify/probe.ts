@@ -46,8 +46,6 @@ export interface ProbeView {
   after: ArrayLike<number>;
   /** The head of block g (0 when heads are not in view). */
   head(g: number): number;
-  /** The row's index in the whole tensor (a slice of the last rows starts past 0). */
-  row(i: number): number;
   /** n of (block, local row) as the site's n mode defines it. */
   n(g: number, i: number): number;
   /** Other n the patch might have computed instead, for naming what a failing site matches. */
