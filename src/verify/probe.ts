@@ -58,9 +58,6 @@ export interface ProbeView {
   pos?(g: number, i: number): number;
 }
 
-/** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
-export type Prior = (v: ProbeView, g: number, i: number, j: number) => number;
-
 interface Hypothesis {
   name: string;
   /** Factor for block g, local row i, column j. */
@@ -79,7 +76,8 @@ export interface ProbeSubject {
   label: string;
   n: string;
   s: number[];
-  prior?: Prior;
+  /** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
+  prior?: (v: ProbeView, g: number, i: number, j: number) => number;
   /** The subject is a prior's Add (after = before + prior): failures are described by what was added. */
   additive?: boolean;
 }

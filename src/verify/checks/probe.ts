@@ -64,7 +64,7 @@ export class ProbeCheck implements CheckUnit {
   constructor(private readonly ctx: UnitContext) {
     const sites = ctx.setup.sites;
     const others = sites.map((s) => ({ layer: s.record.layer, s: s.s }));
-    this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others.filter((o) => o.layer !== site.record.layer)));
+    this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others));
     this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
   }
 
