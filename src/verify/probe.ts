@@ -125,7 +125,7 @@ export class SiteProbe {
       { name: 'no factor (c = 1)', factor: () => 1, fits: true },
       { name: 'the factor applied twice', factor: (v, g, i) => declared(v, g, i) ** 2, fits: true },
     ];
-    if (s.length > 1 && reversed.some((x, h) => x !== s[h])) {
+    if (reversed.some((x, h) => x !== s[h])) {
       list.push({ name: 'per-head s in reverse order', factor: (v, g, i) => this.c(v.head(g), v.n(g, i), reversed), fits: true });
     }
     for (const other of others) {

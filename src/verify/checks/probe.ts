@@ -77,7 +77,6 @@ export class ProbeCheck implements CheckUnit {
     return run.kind === 'short' ? ['probe'] : [];
   }
 
-  /** Feeds one run's outputs to every site. */
   observe(run: RunSpec, key: SessionKey, outcome: Outcome): void {
     if (key !== 'probe') return;
     if ('error' in outcome) {
