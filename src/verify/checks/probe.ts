@@ -7,7 +7,7 @@ import { DataType } from '../../io/onnx';
 import { factorValue, Preset } from '../../policy/factor';
 import { priorValue } from '../../policy/prior';
 import { CheckId, RunSpec } from '../plan';
-import { fmt, ProbeSiteResult, SiteProbe } from '../probe';
+import { fmt, ProbeSiteResult, ProbeSubject, SiteProbe } from '../probe';
 import { ProbeWiring } from '../probe-model';
 import { CheckResult } from '../report';
 import { Outputs } from '../run';
@@ -39,7 +39,7 @@ function tolerances(type: number | undefined): { rtol: number; rowEps: number } 
 const NO_FACTOR: Preset = { kind: 'none' };
 
 /** The prior's probe: after its Add = before it + c·B, with c from the preset and B from θ as the model holds them. */
-function priorSubject(site: VerifySite, preset: Preset): ConstructorParameters<typeof SiteProbe>[0] {
+function priorSubject(site: VerifySite, preset: Preset): ProbeSubject {
   const theta = site.theta!;
   const s = site.s.length ? site.s : [1];
   return {
@@ -48,7 +48,7 @@ function priorSubject(site: VerifySite, preset: Preset): ConstructorParameters<t
   };
 }
 
-function subject(site: VerifySite): ConstructorParameters<typeof SiteProbe>[0] {
+function subject(site: VerifySite): ProbeSubject {
   return { layer: site.record.layer, scope: site.record.scope, label: site.label, n: site.record.n, s: site.s.length ? site.s : [NaN] };
 }
 
