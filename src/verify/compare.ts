@@ -46,7 +46,7 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
   };
   if (!a) return { ...base, mismatches: e.data.length, error: 'missing in the actual outputs' };
   if (a.dims.join() !== e.dims.join()) return { ...base, mismatches: e.data.length, error: `shape [${a.dims.join(', ')}] instead of [${e.dims.join(', ')}]` };
-  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, counted = 0, scale = 0, finite = 0;
+  let maxAbs = 0, sum = 0, maxRel = 0, neededAtol = 0, neededRtol = 0, mismatches = 0, newNonFinite = 0, scale = 0, finite = 0;
   let expectedNonFinite = 0;
   for (let i = 0; i < e.data.length; i++) {
     const x = a.data[i], y = e.data[i];
@@ -62,7 +62,6 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
     const d = Math.abs(x - y);
     const rel = y === 0 ? Infinity : d / Math.abs(y);
     sum += d;
-    counted++;
     if (d > maxAbs) maxAbs = d;
     if (d > finite) finite = d;
     if (rel > maxRel) maxRel = rel;
@@ -71,7 +70,7 @@ function compareOne(name: string, a: Outputs[string] | undefined, e: Outputs[str
     if (d > tol.atol && rel > tol.rtol) mismatches++;
   }
   return {
-    name, dims: e.dims, maxAbs, meanAbs: maxAbs === Infinity ? Infinity : counted ? sum / e.data.length : 0, maxRel, scale, neededAtol, neededRtol,
+    name, dims: e.dims, maxAbs, meanAbs: maxAbs === Infinity ? Infinity : e.data.length ? sum / e.data.length : 0, maxRel, scale, neededAtol, neededRtol,
     mismatches, newNonFinite, maxAbsFinite: finite, expectedNonFinite, passed: mismatches === 0,
   };
 }

@@ -94,7 +94,7 @@ function lifted(model: ModelProto, path: string): ModelProto | null {
   const copy = cloneModel(model);
   const scope = modelScopes(copy).find((s) => s.path === path);
   if (!scope) return null;
-  const g = scope.graph.proto as GraphProto;
+  const g = scope.graph.proto;
   for (const name of capturedNames(g)) {
     const t = scope.graph.initializers.get(name);
     if (t) g.initializer.push(t);

@@ -31,7 +31,6 @@ export function sharpnessSvg(curve: SharpnessCurve, labels: PlotLabels): string 
     return M.top + plotH - ((t - yDomain[0]) / (yDomain[1] - yDomain[0])) * plotH;
   };
   const parts: string[] = [];
-  parts.push(`<rect x="0" y="0" width="${W}" height="${H}" fill="#ffffff"/>`);
   parts.push(text(M.left, 26, labels.title, { size: 17, weight: 'bold' }));
   if (labels.subtitle) parts.push(text(M.left, 45, labels.subtitle, { size: 12, fill: '#555555' }));
   for (const t of yTicks(yDomain, yLog)) {
@@ -71,14 +70,14 @@ export function noCurveSvg(title: string, reason: string): string {
     lines[lines.length - 1] += `${lines[lines.length - 1] ? ' ' : ''}${w}`;
   }
   return svgDocument([
-    `<rect x="0" y="0" width="${W}" height="${H}" fill="#ffffff"/>`,
     text(M.left, 26, title, { size: 17, weight: 'bold' }),
     ...lines.map((l, i) => text(M.left, 80 + i * 18, l, { size: 12, fill: '#555555' })),
   ]);
 }
 
 function svgDocument(parts: string[]): string {
-  return `<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">\n${parts.join('\n')}\n</svg>\n`;
+  const background = `<rect x="0" y="0" width="${W}" height="${H}" fill="#ffffff"/>`;
+  return `<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">\n${[background, ...parts].join('\n')}\n</svg>\n`;
 }
 
 function legend(x: number, y: number): string {

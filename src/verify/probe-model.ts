@@ -82,13 +82,12 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   const t = site.tensors!;
   const g = scope.graph;
   const actual = t.after ?? consumer.input[t.input];
-  const query = site.record.target === 'query';
   const lastOf = (tensor: string): string => (rows === 'last' ? slice(x, scope, tensor) : tensor);
   const before = lastOf(t.before);
   const after = lastOf(actual);
   const prior = t.prior ? { before: out(lastOf(t.prior.before), 'prior_before'), after: out(lastOf(t.prior.after), 'prior_after'), type: scope.shapes.type(t.prior.after) } : undefined;
   let keys: string | undefined;
-  if (query) {
+  if (site.record.target === 'query') {
     const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/qk_shape`);
     x.add(scope, node('Shape', [consumer.output[0]], shape));
     keys = out(shape, 'qk_shape');

@@ -46,8 +46,6 @@ export interface ProbeView {
   after: ArrayLike<number>;
   /** The head of block g (0 when heads are not in view). */
   head(g: number): number;
-  /** The row's index in the whole tensor (a slice of the last rows starts past 0). */
-  row(i: number): number;
   /** n of (block, local row) as the site's n mode defines it. */
   n(g: number, i: number): number;
   /** Other n the patch might have computed instead, for naming what a failing site matches. */
@@ -59,9 +57,6 @@ export interface ProbeView {
   /** The query's absolute position (past length + row) of block g's row i, where a prior needs it. */
   pos?(g: number, i: number): number;
 }
-
-/** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
-export type Prior = (v: ProbeView, g: number, i: number, j: number) => number;
 
 interface Hypothesis {
   name: string;
@@ -81,11 +76,8 @@ export interface ProbeSubject {
   label: string;
   n: string;
   s: number[];
-  /** Relative tolerance of one rounding of the observed tensor (float32 1e-5, float16 1e-3, bfloat16 8e-3). */
-  rtol: number;
-  /** Rounding of a dot product relative to its row's largest entry (float32 1e-6: a factor on the query is a separately rounded product). */
-  rowEps?: number;
-  prior?: Prior;
+  /** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
+  prior?: (v: ProbeView, g: number, i: number, j: number) => number;
   /** The subject is a prior's Add (after = before + prior): failures are described by what was added. */
   additive?: boolean;
 }
@@ -102,6 +94,8 @@ export class SiteProbe {
   /** Alternative n offered by some run, and those a run ruled out: named only when every run that offered them fits. */
   private readonly tried = new Set<string>();
   private readonly rejected = new Set<string>();
+  /** rtol: one rounding of an entry; rowEps: of a dot product, relative to its row's largest entry (a factor on the query is a separately rounded product). */
+  private tol = { rtol: 1e-5, rowEps: 1e-6 };
 
   constructor(private readonly subject: ProbeSubject, private readonly preset: Preset, others: { layer: number; s: number[] }[] = []) {
     this.hypotheses = this.alternatives(others);
@@ -113,8 +107,7 @@ export class SiteProbe {
 
   /** The rounding the observed tensors' type allows (known once the probe copy is built). */
   setTolerance(t: { rtol: number; rowEps: number }): void {
-    this.subject.rtol = t.rtol;
-    this.subject.rowEps = t.rowEps;
+    this.tol = t;
   }
 
   private c(h: number, n: number, s: number[] = this.subject.s): number {
@@ -132,7 +125,7 @@ export class SiteProbe {
       { name: 'no factor (c = 1)', factor: () => 1, fits: true },
       { name: 'the factor applied twice', factor: (v, g, i) => declared(v, g, i) ** 2, fits: true },
     ];
-    if (s.length > 1 && reversed.some((x, h) => x !== s[h])) {
+    if (reversed.some((x, h) => x !== s[h])) {
       list.push({ name: 'per-head s in reverse order', factor: (v, g, i) => this.c(v.head(g), v.n(g, i), reversed), fits: true });
     }
     for (const other of others) {
@@ -186,7 +179,7 @@ export class SiteProbe {
         if (!h.fits && h !== declared) continue;
         const c = h.factor(v, g, i, j);
         const expected = c * x;
-        const ok = Math.abs(y - expected) <= this.subject.rtol * Math.abs(c) * magnitude + (this.subject.rowEps ?? 1e-6) * Math.abs(c) * topAbs + 1e-30;
+        const ok = Math.abs(y - expected) <= this.tol.rtol * Math.abs(c) * magnitude + this.tol.rowEps * Math.abs(c) * topAbs + 1e-30;
         if (h === declared) {
           if (!ok) rowFails = true;
           if (!ok && this.subject.additive) this.describeAddition(v, g, i, j, y - b[offset + j], x - b[offset + j]);
@@ -222,7 +215,7 @@ export class SiteProbe {
     }
     const along = v.colsAreKeys ? 'key' : 'column';
     const spread = (hi - lo) / Math.max(Math.abs(ratio), 1e-12);
-    if (spread > 10 * this.subject.rtol + 1e-6 && (!this.varying || spread > this.varying.score)) {
+    if (spread > 10 * this.tol.rtol + 1e-6 && (!this.varying || spread > this.varying.score)) {
       this.varying = { score: spread, text: `${where}: ratio varies along ${along}s from ${fmt(lo)} (${along} ${loJ}) to ${fmt(hi)} (${along} ${hiJ}), expected ${fmt(c)} for the whole row (${sText})` };
     }
     if (rowFails) {

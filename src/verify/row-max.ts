@@ -38,8 +38,8 @@ export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[]): RowMax
     const prompt = site.record.expanded ? promptKernel(x, scope, key) : undefined;
     if (prompt) ({ scope: where, key } = prompt);
     // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
-    const ownSoftmax = t.softmax !== undefined && scope.graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax);
-    const r = site.fused && !ownSoftmax ? fusedRowMax(x, where, key, site) : softmaxRowMax(x, scope, t.softmax, site);
+    const softmax = t.softmax !== undefined ? scope.graph.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
+    const r = site.fused && !softmax ? fusedRowMax(x, where, key, site) : softmaxRowMax(x, scope, softmax, site.record.layer);
     if ('reason' in r) result.unseen.push(`${site.label}: ${r.reason}`);
     else {
       const out = x.expose(where.path, r.tensor, `L${site.record.layer}/row_max`, site.call);
@@ -67,11 +67,10 @@ function promptKernel(x: Exposer, scope: Scope, key: string): { scope: Scope; ke
 /** The row maxima of a tensor, or why there are none. */
 type Found = { tensor: string } | { reason: string };
 
-function softmaxRowMax(x: Exposer, scope: Scope, label: string | undefined, site: VerifySite): Found {
-  const softmax = label ? scope.graph.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === label) : undefined;
+function softmaxRowMax(x: Exposer, scope: Scope, softmax: NodeProto | undefined, layer: number): Found {
   if (!softmax) return { reason: 'its Softmax is not in the graph' };
-  const rowMax = reduceRows(x, scope, softmax.output[0], site.record.layer);
-  orderBeforeValues(x, scope, softmax.output[0], rowMax, site.record.layer);
+  const rowMax = reduceRows(x, scope, softmax.output[0], layer);
+  orderBeforeValues(x, scope, softmax.output[0], rowMax, layer);
   return { tensor: rowMax };
 }
 

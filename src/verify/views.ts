@@ -81,8 +81,8 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   }
   const perHead = r >= 4 || x.heads > 1;
   return {
-    run: x.run, blocks, rows, cols, before: before.data, after: after.data, colsAreKeys: x.keys === undefined, row, n: declared, alternatives,
-    head: (g) => g % heads,
+    run: x.run, blocks, rows, cols, before: before.data, after: after.data, colsAreKeys: x.keys === undefined, n: declared, alternatives,
+    head: (g) => g % heads, pos: (_g, i) => tk - tq + row(i),
     where: (g, i) => (perHead ? `head ${g % heads} row ${row(i)} (${x.run}, batch item ${Math.floor(g / heads)})` : `row ${row(i)} (${x.run}, block ${g})`),
   };
 }
@@ -202,7 +202,7 @@ function assemble(run: string, split: Split, before: ArrayLike<number>, after: A
   }
   const view: ProbeView = {
     run, blocks: B * N, rows: S, cols: Hd, before: b2, after: a2, colsAreKeys: false,
-    head: (g) => g % N, row: (i) => i,
+    head: (g) => g % N,
     n: (g, i) => n(Math.floor(g / N), i), alternatives: fusedAlternatives(plan, n, S, N),
     where: (g, i) => `head ${g % N} row ${i} (${run}, batch item ${Math.floor(g / N)})`,
   };
@@ -245,7 +245,7 @@ function weightColumns(x: FusedInput, N: number, n: Rows, qWidth?: number): Fuse
     }
     out.views.push({
       run: x.run, blocks: N, rows: 1, cols: rows * Hd, before: b2, after: a2, colsAreKeys: false,
-      head: (g) => g, row: () => 0, n: () => n(0, 0),
+      head: (g) => g, n: () => n(0, 0),
       alternatives: miscounts(() => n(0, 0)),
       where: (g) => `head ${g} query columns of the ${what} (${x.run})`,
     });
@@ -354,20 +354,16 @@ function maskIndexKeep(m: number[] | undefined, rank: number, B: number, S: numb
  * (plain ops, with the factor probe's n) or as the fused operator's additive bias [B|1, H, S, T], with each
  * row's absolute query position, so the probe can recompute c·B.
  */
-export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: { id: string; seq: number }, lastRow: boolean): ProbeView | string {
+export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: { id: string }): ProbeView | string {
   const p = w.prior!;
   const after = out[p.after];
   const before = p.before ? out[p.before] : undefined;
   if (!after || (p.before && !before)) return `the prior's tensors were not produced (${run.id})`;
   const heads = site.theta!.alpha.length;
   if (site.fused && !readsLogits(site)) return biasView(site, w, out, run.id, before, after);
-  const v = logitsView({
+  return logitsView({
     run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads,
-    ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
   });
-  if (typeof v === 'string') return v;
-  const tq = lastRow ? run.seq : v.rows, tk = v.cols;
-  return { ...v, pos: (_g, i) => tk - tq + v.row(i) };
 }
 
 /** A fused operator's bias with the prior added, the bias it had (broadcast; zeros when it had none) and each row's n and position. */
@@ -386,7 +382,7 @@ function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, 
   if (typeof base === 'string') return `${base} (${run})`;
   return {
     run, blocks: Bb * Hb, rows: S, cols: T, before: base, after: after.data, colsAreKeys: true, alternatives: [],
-    head: (g) => g % Hb, row: (i) => i,
+    head: (g) => g % Hb,
     n: (g, i) => n(Math.floor(g / Hb), i), pos: (g, i) => pos(Math.floor(g / Hb), i),
     where: (g, i) => `head ${g % Hb} row ${i} of the bias (${run}, batch item ${Math.floor(g / Hb)})`,
   };

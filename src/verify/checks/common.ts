@@ -22,14 +22,6 @@ export function check(id: CheckId, status: Status, summary: string, criterion: s
   return { id, name: CHECK_NAMES[id], status, summary, criterion, runs };
 }
 
-/** The output with the largest error over all runs, with the run it came from. */
-function worstOutput(runs: RunResult[]): { run: RunResult; o: OutputStats } | null {
-  const score = (o: OutputStats): number => o.mismatches * 1e9 + o.maxRel;
-  let best: { run: RunResult; o: OutputStats } | null = null;
-  for (const run of runs) for (const o of run.outputs) if (!best || score(o) > score(best.o)) best = { run, o };
-  return best;
-}
-
 function describeStats(o: OutputStats, tol: Tolerance): string {
   if (o.error) return `${o.name}: ${o.error}`;
   const base = `${o.name}: max abs ${e2(o.maxAbs)}, max rel ${e2(o.maxRel)}, mean abs ${e2(o.meanAbs)}`;
@@ -38,9 +30,11 @@ function describeStats(o: OutputStats, tol: Tolerance): string {
   return `${base}; ${o.mismatches} of ${n} elements outside atol ${e2(tol.atol)} / rtol ${e2(tol.rtol)} (would pass with atol ${e2(o.neededAtol)} or rtol ${e2(o.neededRtol)})`;
 }
 
-/** The worst output over runs, with its run: `batch=1 seq=64 logits: max abs …`. */
+/** The output with the largest error over runs, with its run: `batch=1 seq=64 logits: max abs …`. */
 export function describeStatsOf(runs: RunResult[], tol: Tolerance): string {
-  const worst = worstOutput(runs);
+  const score = (o: OutputStats): number => o.mismatches * 1e9 + o.maxRel;
+  let worst: { run: RunResult; o: OutputStats } | null = null;
+  for (const run of runs) for (const o of run.outputs) if (!worst || score(o) > score(worst.o)) worst = { run, o };
   return worst ? `${worst.run.run} ${describeStats(worst.o, tol)}` : 'no outputs';
 }
 
@@ -51,10 +45,9 @@ export function parityCheck(id: 'wiring' | 'retrofit', criterion: string, runs: 
   if (failed) return check(id, 'FAILED', `${failed.run}: ${failed.error}`, criterion, runs);
   const blind = blindOutput(runs);
   if (blind) return skippedCheck(id, criterion, blind, 'not checked', runs);
-  const worst = worstOutput(runs)!;
   const passed = runs.every((r) => r.passed);
   const head = passed ? `${what} in ${runs.length} run(s); worst` : 'differs at';
-  return check(id, passed ? 'PASSED' : 'FAILED', `${head} ${worst.run.run} ${describeStats(worst.o, tol)}`, criterion, runs);
+  return check(id, passed ? 'PASSED' : 'FAILED', `${head} ${describeStatsOf(runs, tol)}`, criterion, runs);
 }
 
 /**

@@ -7,7 +7,7 @@ import { DataType } from '../../io/onnx';
 import { factorValue, Preset } from '../../policy/factor';
 import { priorValue } from '../../policy/prior';
 import { CheckId, RunSpec } from '../plan';
-import { fmt, ProbeSiteResult, SiteProbe } from '../probe';
+import { fmt, ProbeSiteResult, ProbeSubject, SiteProbe } from '../probe';
 import { ProbeWiring } from '../probe-model';
 import { CheckResult } from '../report';
 import { Outputs } from '../run';
@@ -36,30 +36,55 @@ function tolerances(type: number | undefined): { rtol: number; rowEps: number } 
   return { rtol: 1e-5, rowEps: 1e-6 };
 }
 
-/** A probe over one set of runs, reading one probe copy's outputs. */
-export class Prober {
+const NO_FACTOR: Preset = { kind: 'none' };
+
+/** The prior's probe: after its Add = before it + c·B, with c from the preset and B from θ as the model holds them. */
+function priorSubject(site: VerifySite, preset: Preset): ProbeSubject {
+  const theta = site.theta!;
+  const s = site.s.length ? site.s : [1];
+  return {
+    layer: site.record.layer, scope: site.record.scope, label: `${site.label} prior`, n: site.record.n, s: [1], additive: true,
+    prior: (v, g, i, j) => factorValue(preset, s[v.head(g) % s.length], v.n(g, i)) * priorValue(theta, v.head(g) % theta.alpha.length, j - v.pos!(g, i)),
+  };
+}
+
+function subject(site: VerifySite): ProbeSubject {
+  return { layer: site.record.layer, scope: site.record.scope, label: site.label, n: site.record.n, s: site.s.length ? site.s : [NaN] };
+}
+
+export class ProbeCheck implements CheckUnit {
+  readonly id: CheckId = 'probe';
   private readonly probes: SiteProbe[];
   /** Per site with a positional prior: the probe of the prior's Add, after = before + c·B. */
   private readonly priorProbes: (SiteProbe | undefined)[];
   private readonly problems = new Map<number, string>();
   private readonly unprobed = new Map<number, string>();
-  readonly runIds: string[] = [];
+  private readonly runIds: string[] = [];
 
-  constructor(private readonly ctx: UnitContext, private readonly key: 'probe' | 'probeLast') {
+  constructor(private readonly ctx: UnitContext) {
     const sites = ctx.setup.sites;
     const others = sites.map((s) => ({ layer: s.record.layer, s: s.s }));
-    this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others.filter((o) => o.layer !== site.record.layer)));
+    this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others));
     this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
   }
 
-  /** Feeds one run's outputs to every site. */
-  observe(run: RunSpec, outcome: Outcome): void {
+  get criterion(): string {
+    const prior = this.ctx.setup.sites.some((s) => s.theta) ? '; after each positional prior\'s Add = before it + c·B, B from θ as the model holds it, every head, row and key' : '';
+    return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}`;
+  }
+
+  sessions(run: RunSpec): SessionKey[] {
+    return run.kind === 'short' ? ['probe'] : [];
+  }
+
+  observe(run: RunSpec, key: SessionKey, outcome: Outcome): void {
+    if (key !== 'probe') return;
     if ('error' in outcome) {
       this.ctx.setup.sites.forEach((_, i) => this.problems.set(i, `the patched model fails on ${run.id}: ${outcome.error}`));
       return;
     }
     this.runIds.push(run.id);
-    const wirings = this.ctx.factory.probes[this.key] ?? [];
+    const wirings = this.ctx.factory.probes.probe ?? [];
     this.ctx.setup.sites.forEach((site, i) => this.observeSite(run, site, i, wirings[i], outcome.outputs));
   }
 
@@ -75,12 +100,12 @@ export class Prober {
     const prior = this.priorProbes[i];
     if (prior && w.prior) {
       prior.setTolerance(tolerances(w.prior.type));
-      const v = priorView(site, w, out, run, this.key === 'probeLast');
+      const v = priorView(site, w, out, run);
       if (typeof v === 'string') prior.fail(v);
       else prior.observe(v);
     }
     if (site.s.length === 0) return; // the none preset: a prior and no factor
-    const views = siteViews(site, w, out, run, this.key === 'probeLast');
+    const views = siteViews(site, w, out, run, false);
     if (typeof views === 'string') { probe.fail(views); return; }
     for (const v of views.views) probe.observe(v);
     for (const u of views.unchanged) this.checkUnchanged(probe, u, tolerances(w.type).rtol, run);
@@ -96,7 +121,7 @@ export class Prober {
   }
 
   /** Per site: the result, or why it could not be seen. */
-  results(): { results: ProbeSiteResult[]; unprobed: string[] } {
+  private results(): { results: ProbeSiteResult[]; unprobed: string[] } {
     const results: ProbeSiteResult[] = [];
     const unprobed: string[] = [];
     this.probes.forEach((p, i) => {
@@ -118,47 +143,9 @@ export class Prober {
     });
     return { results, unprobed };
   }
-}
-
-const NO_FACTOR: Preset = { kind: 'none' };
-
-/** The prior's probe: after its Add = before it + c·B, with c from the preset and B from θ as the model holds them. */
-function priorSubject(site: VerifySite, preset: Preset): ConstructorParameters<typeof SiteProbe>[0] {
-  const theta = site.theta!;
-  const s = site.s.length ? site.s : [1];
-  return {
-    layer: site.record.layer, scope: site.record.scope, label: `${site.label} prior`, n: site.record.n, s: [1], rtol: 1e-5, additive: true,
-    prior: (v, g, i, j) => factorValue(preset, s[v.head(g) % s.length], v.n(g, i)) * priorValue(theta, v.head(g) % theta.alpha.length, j - v.pos!(g, i)),
-  };
-}
-
-function subject(site: VerifySite): ConstructorParameters<typeof SiteProbe>[0] {
-  return { layer: site.record.layer, scope: site.record.scope, label: site.label, n: site.record.n, s: site.s.length ? site.s : [NaN], rtol: 1e-5 };
-}
-
-export class ProbeCheck implements CheckUnit {
-  readonly id: CheckId = 'probe';
-  private readonly prober: Prober;
-
-  constructor(private readonly ctx: UnitContext) {
-    this.prober = new Prober(ctx, 'probe');
-  }
-
-  get criterion(): string {
-    const prior = this.ctx.setup.sites.some((s) => s.theta) ? '; after each positional prior\'s Add = before it + c·B, B from θ as the model holds it, every head, row and key' : '';
-    return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}`;
-  }
-
-  sessions(run: RunSpec): SessionKey[] {
-    return run.kind === 'short' ? ['probe'] : [];
-  }
-
-  observe(run: RunSpec, key: SessionKey, outcome: Outcome): void {
-    if (key === 'probe') this.prober.observe(run, outcome);
-  }
 
   judge(): CheckResult {
-    const { results, unprobed } = this.prober.results();
+    const { results, unprobed } = this.results();
     const failed = results.filter((s) => !s.passed);
     let result: CheckResult;
     if (failed.length) {
@@ -167,7 +154,7 @@ export class ProbeCheck implements CheckUnit {
       result = skippedCheck('probe', this.criterion, `no site could be probed: ${unprobed[0] ?? 'no sites'}`);
     } else {
       const entries = results.reduce((a, s) => a + s.entries, 0);
-      const ids = this.prober.runIds;
+      const ids = this.runIds;
       const left = unprobed.length ? `; ${unprobed.length} site(s) not probed: ${unprobed[0]}${unprobed.length > 1 ? ', …' : ''}` : '';
       const priors = results.filter((r) => r.prior).length;
       const what = `${priors < results.length ? `after = ${formulaText(this.ctx.setup.preset)}·before at all ${results.length - priors} site(s)` : ''}${priors && priors < results.length ? ', ' : ''}${priors ? `after = before + c·B at ${priors} prior(s)` : ''}`;

@@ -85,8 +85,7 @@ export class RetrofitCheck implements CheckUnit {
   observe(run: RunSpec, key: SessionKey, outcome: Outcome, original: Outputs | undefined): void {
     if (key === 'probeLast') this.observeProbe(run, outcome);
     if (key !== 'patched' || !original) return;
-    const why = this.whole.get(run.id);
-    if (why !== null) return;
+    if (this.whole.get(run.id) !== null) return;
     this.runs.push('error' in outcome ? failedRun(run, `the patched model fails: ${outcome.error}`) : compareRun(this.ctx.setup, run, outcome.outputs, original));
   }
 
