@@ -70,7 +70,8 @@ describe('--verify on the expanded GPT-2 form', () => {
 describe('attention sharpness of com.microsoft Attention', () => {
   // With a factor of exactly 1 (s → 0, b = 1) the expansion's kernel and the original operator's probabilities
   // recomputed from its inputs (mask_index in each 1-D format and 3-D, a past, unidirectional, qkv_hidden_sizes) must agree.
-  for (const name of ['mask_1d_lengths', 'mask_1d_end_start', 'mask_1d_3b2', 'mask_3d', 'gpt2_causal_past', 'bias_qkv_sizes']) {
+  // The fp16 operator is recomputed in float (its constants are float), so it agrees to fp16 precision only.
+  for (const name of ['mask_1d_lengths', 'mask_1d_end_start', 'mask_1d_3b2', 'mask_3d', 'gpt2_causal_past', 'bias_qkv_sizes', 'gpt2_causal_past_fp16']) {
     it(`${name}: the original's recomputed probabilities equal the expanded kernel's at factor 1, and differ at factor 1.5`, async () => {
       const original = readModel(path.join(DIR, `${name}.onnx`));
       const curve = async (b: number): Promise<SharpnessPoint[]> => {
@@ -81,7 +82,8 @@ describe('attention sharpness of com.microsoft Attention', () => {
       };
       const unit = await curve(1);
       assert.equal(unit.length, 3);
-      for (const p of unit) assert.ok(p.original > 0 && Math.abs(p.original - p.patched) <= 1e-6 * p.original, JSON.stringify(p));
+      const tol = /fp16/.test(name) ? 1e-2 : 1e-6;
+      for (const p of unit) assert.ok(p.original > 0 && Math.abs(p.original - p.patched) <= tol * p.original, JSON.stringify(p));
       // The factor scales q·k only (not an attention_bias), so it need not sharpen every row: it must show.
       for (const p of await curve(1.5)) assert.ok(Math.abs(p.patched - p.original) > 0.01 * p.original, JSON.stringify(p));
     });

@@ -178,6 +178,9 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
     add(x, scope, node(opType, inputs, name(base), attrs));
   let qkv = n('MatMul', [op.input[0], op.input[1]], 'qkv');
   if (op.input[2]) qkv = n('Add', [qkv, op.input[2]], 'qkv_biased');
+  // The recomputation's constants are float: an fp16 operator's tensors are cast to float first.
+  const float = (t: string, base: string): string => (scope.shapes.type(op.input[0]) === DataType.FLOAT ? t : n('Cast', [t], base, { to: DataType.FLOAT }));
+  qkv = float(qkv, 'qkv_f');
   // Widths of Q and K: qkv_hidden_sizes, else a third each of the weight's columns.
   const width = n('Slice', [n('Shape', [op.input[1]], 'w_shape'), k64('last', [-1]), k64('end', [2 ** 62])], 'w_width');
   const third = n('Div', [width, k64('three', [3])], 'third');
@@ -191,7 +194,7 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   // instead of Squeeze, a comparison of positions instead of Trilu.
   const scalar = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [], [v]));
   const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
-  if (op.input[4]) k = n('Concat', [n('Gather', [op.input[4], scalar('past_k', 0)], 'past_k_4d', { axis: 0 }), k], 'k_all', { axis: 2 });
+  if (op.input[4]) k = n('Concat', [n('Gather', [float(op.input[4], 'past_f'), scalar('past_k', 0)], 'past_k_4d', { axis: 0 }), k], 'k_all', { axis: 2 });
   const kT = n('Transpose', [k], 'k_t', { perm: [0, 1, 3, 2] });
   const hd = n('Cast', [n('Slice', [n('Shape', [q], 'q_shape'), k64('hd_at', [3]), k64('hd_end', [4])], 'head_size')], 'head_size_f', { to: DataType.FLOAT });
   const scale = attrFloat(op, 'scale');
@@ -207,7 +210,7 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
     logits = n('Add', [logits, n('Where', [future, f('neg_inf', -Infinity), f('zero_f', 0)], 'causal')], 'qk_masked');
   }
   // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
-  if (op.input[5]) logits = n('Add', [logits, op.input[5]], 'qk_biased');
+  if (op.input[5]) logits = n('Add', [logits, float(op.input[5], 'bias_f')], 'qk_biased');
   if (maskRank !== undefined) {
     // Hidden keys get mask_filter_value (−10000 unless set), as the kernel does.
     const keep = maskRank === 1 ? keptByPositions(n, scalar, k64, op, kT) : n('Cast', [op.input[3]], 'mask_keep', { to: DataType.BOOL });
