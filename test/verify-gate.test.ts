@@ -15,6 +15,7 @@ import { verifyProgress } from '../src/cli/verify-command';
 import { aliveRuns } from '../src/verify/checks/common';
 import { compareOutputs } from '../src/verify/compare';
 import { verifyPatch } from '../src/verify/verify';
+import { originalLoadError } from '../src/verify/sessions';
 import { CORPUS, TORCH } from './support/ref';
 import { doubleN } from './support/tamper';
 import { detectAttention } from '../src/detect/find-attention';
@@ -167,5 +168,14 @@ describe('graphs an operator holds (GreedySearch decoders)', { skip: fs.existsSy
     const failed = wrong.checks.find((c) => c.id === 'probe')!;
     assert.equal(failed.status, 'FAILED');
     assert.match(failed.summary, /^layer \d of main\/GreedySearch_gpt2\.decoder \(Attention '.*'\) .*matches n doubled \(2n\) \(lifted out of the decoder graph of GreedySearch/);
+  });
+});
+
+describe('a load failure of the original', () => {
+  it('is the model\'s unless it names a node verify added, which is said to be ssmax-patch\'s, with the way around it', () => {
+    const plain = originalLoadError(new Error('Protobuf parsing failed.\nmore'));
+    assert.equal(plain.message, 'onnxruntime cannot load the original model: Protobuf parsing failed.');
+    const ours = originalLoadError(new Error('Type Error: Type parameter (T) of Optype (Mul) bound to different types in node (ssmax_verify/L0/qk_scaled).'));
+    assert.match(ours.message, /^onnxruntime cannot load the original model with the sharpness check's nodes added \(an ssmax-patch bug; --checks without sharpness avoids it\): Type Error/);
   });
 });

@@ -22,6 +22,7 @@ import { SessionReport } from './report';
 import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Runner } from './run';
 import { carryBf16AsFloat, withUnitFactor } from './runtime-model';
+import { PREFIX } from './nodes';
 import { VerifySite } from './sites';
 
 export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
@@ -64,7 +65,7 @@ export class SessionFactory {
       return await Runner.create(this.fromFile ? this.write(key, model) : encodeModel(model), SESSION_LABELS[key], optimization);
     } catch (e) {
       if (e instanceof InputError) throw e;
-      if (key === 'original') throw new InputError(`onnxruntime cannot load the original model: ${firstLine(e)}`);
+      if (key === 'original') throw originalLoadError(e);
       throw new LoadFailure(`onnxruntime cannot load the ${SESSION_LABELS[key]} model: ${firstLine(e)}`);
     }
   }
@@ -119,6 +120,12 @@ function filesSize(m: ModelProto): number {
 }
 
 /** The first line of an error's message (onnxruntime's may run to many). */
+/** The original runs with the sharpness check's row maxima added: a failure in those nodes is ssmax-patch's, not the model's. */
+export function originalLoadError(e: unknown): InputError {
+  const ours = firstLine(e).includes(PREFIX) ? ' with the sharpness check\'s nodes added (an ssmax-patch bug; --checks without sharpness avoids it)' : '';
+  return new InputError(`onnxruntime cannot load the original model${ours}: ${firstLine(e)}`);
+}
+
 export function firstLine(e: unknown): string {
   return String((e as Error)?.message ?? e).split('\n')[0];
 }
