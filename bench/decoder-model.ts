@@ -8,7 +8,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
 import { writeModel } from '../src/io/model-file';
-import { AttributeProto, DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
+import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
+import { node } from '../src/verify/nodes';
 
 export interface DecoderConfig {
   layers: number;
@@ -55,13 +56,6 @@ class Random {
   }
 }
 
-function attribute(name: string, v: number | number[] | TensorProto): AttributeProto {
-  const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-  if (Array.isArray(v)) return { ...base, type: 7, ints: v };
-  if (typeof v === 'number') return { ...base, type: 2, i: v };
-  return { ...base, type: 4, t: v };
-}
-
 export function buildDecoder(c: DecoderConfig): ModelProto {
   const nodes: NodeProto[] = [];
   const inits: TensorProto[] = [];
@@ -70,7 +64,7 @@ export function buildDecoder(c: DecoderConfig): ModelProto {
   let counter = 0;
   const op = (opType: string, inputs: string[], attrs: Record<string, number | number[] | TensorProto> = {}, name?: string): string => {
     const out = `${name ?? opType.toLowerCase()}_${counter++}`;
-    nodes.push({ opType, domain: '', input: inputs, output: [out], name: out, attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v)) });
+    nodes.push(node(opType, inputs, out, attrs));
     return out;
   };
   const weight = (name: string, dims: number[], scale: number): string => {
@@ -122,7 +116,7 @@ export function buildDecoder(c: DecoderConfig): ModelProto {
     x = op('Add', [x, op('Add', [op('MatMul', [act, weight(`l${l}.proj.w`, [c.mlp, c.hidden], std)]), weight(`l${l}.proj.b`, [c.hidden], std)])]);
   }
   const logitsOut = op('MatMul', [norm(x), weight('lm_head', [c.hidden, c.vocab], std)], {}, 'lm');
-  nodes.push({ opType: 'Identity', domain: '', input: [logitsOut], output: ['logits'], name: 'logits', attribute: [] });
+  nodes.push(node('Identity', [logitsOut], 'logits'));
   const dims = (names: (string | number)[]) => ({ dim: names.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) });
   return {
     irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],

@@ -8,15 +8,12 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { AttributeProto, DataType, encodeModel, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { DataType, encodeModel, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { attribute } from '../src/verify/nodes';
 import { CACHE, DecoderConfig } from './decoder';
 
 /** Positions the learned table covers: a 1024-token cache plus a few new ones. */
 const POSITIONS = 1536;
-
-function attribute(name: string, v: number): AttributeProto {
-  return { name, type: 2, i: v, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-}
 
 function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
   return { name, type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } } };

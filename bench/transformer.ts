@@ -5,7 +5,8 @@
  * benchmark can stream gigabytes of them to disk while the tests fill small ones in memory.
  */
 import { makeTensor } from '../src/graph/tensor';
-import { AttributeProto, DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { attribute } from '../src/verify/nodes';
 
 export interface TransformerSpec {
   layers: number;
@@ -28,14 +29,7 @@ export interface TransformerGraph {
   weights: WeightSpec[];
 }
 
-type Attr = number | number[];
-
-function attribute(name: string, v: Attr): AttributeProto {
-  const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-  return Array.isArray(v) ? { ...base, type: 7, ints: v } : { ...base, type: 2, i: v };
-}
-
-function node(opType: string, input: string[], output: string, attrs: Record<string, Attr> = {}): NodeProto {
+function node(opType: string, input: string[], output: string, attrs: Record<string, number | number[]> = {}): NodeProto {
   return { opType, domain: '', input, output: [output], name: `/${output}`, attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v)) };
 }
 
