@@ -10,6 +10,7 @@ import { makeTensor } from '../src/graph/tensor';
 import { writeModel } from '../src/io/model-file';
 import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { node } from '../src/verify/nodes';
+import { benchModel, value } from './transformer';
 
 export interface DecoderConfig {
   layers: number;
@@ -117,14 +118,7 @@ export function buildDecoder(c: DecoderConfig): ModelProto {
   }
   const logitsOut = op('MatMul', [norm(x), weight('lm_head', [c.hidden, c.vocab], std)], {}, 'lm');
   nodes.push(node('Identity', [logitsOut], 'logits'));
-  const dims = (names: (string | number)[]) => ({ dim: names.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) });
-  return {
-    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
-    opsetImport: [{ domain: '', version: 17 }],
-    graph: {
-      name: 'decoder', node: nodes, initializer: inits, valueInfo: [],
-      input: [{ name: 'input_ids', type: { tensorType: { elemType: DataType.INT64, shape: dims(['batch', 'sequence']) } } }],
-      output: [{ name: 'logits', type: { tensorType: { elemType: DataType.FLOAT, shape: dims(['batch', 'sequence', c.vocab]) } } }],
-    },
-  };
+  return benchModel({ name: 'decoder', node: nodes, initializer: inits,
+    input: [value('input_ids', DataType.INT64, ['batch', 'sequence'])],
+    output: [value('logits', DataType.FLOAT, ['batch', 'sequence', c.vocab])] });
 }

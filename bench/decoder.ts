@@ -9,6 +9,7 @@ import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
 import { DataType, encodeModel, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
 import { node } from '../src/verify/nodes';
+import { benchModel, value } from './transformer';
 
 export interface DecoderConfig {
   layers: number;
@@ -18,10 +19,6 @@ export interface DecoderConfig {
 }
 
 export const CACHE = path.join(os.homedir(), '.cache', 'ssmax-patch-bench');
-
-function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
-  return { name, type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } } };
-}
 
 function random(count: number, std: number, seed: number): number[] {
   let x = seed >>> 0;
@@ -96,11 +93,7 @@ export function buildDecoder(cfg: DecoderConfig): ModelProto {
   }
   nodes.push(node('Transpose', ['wte'], 'wte_t', { perm: [1, 0] }), node('MatMul', [h, 'wte_t'], 'logits'));
   outputs.unshift(value('logits', DataType.FLOAT, ['batch', 'sequence', vocab]));
-  return {
-    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
-    opsetImport: [{ domain: '', version: 17 }],
-    graph: { name: 'decoder', node: nodes, input: inputs, output: outputs, initializer: inits, valueInfo: [] },
-  };
+  return benchModel({ name: 'decoder', node: nodes, input: inputs, output: outputs, initializer: inits });
 }
 
 /** The model file for a config, generated once and cached. */

@@ -8,16 +8,13 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { DataType, encodeModel, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { DataType, encodeModel, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { attribute } from '../src/verify/nodes';
 import { CACHE, DecoderConfig } from './decoder';
+import { benchModel, value } from './transformer';
 
 /** Positions the learned table covers: a 1024-token cache plus a few new ones. */
 const POSITIONS = 1536;
-
-function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
-  return { name, type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } } };
-}
 
 function random(count: number, amp: number, seed: number): Float32Array {
   let x = seed >>> 0;
@@ -68,11 +65,10 @@ export function buildFusedGpt2(cfg: DecoderConfig): ModelProto {
   op('LayerNormalization', [h, 'ones', 'zeros'], ['ln_f'], { axis: -1 });
   op('Transpose', ['wte'], ['wte_t']);
   op('MatMul', ['ln_f', 'wte_t'], ['logits']);
-  return {
-    irVersion: 8, producerName: 'ssmax-patch bench (onnxruntime-optimizer-shaped GPT-2)', producerVersion: '0', metadataProps: [], functions: [],
+  return benchModel({ name: 'gpt2_fused', node: nodes, input: inputs, output: outputs, initializer: inits }, {
+    producerName: 'ssmax-patch bench (onnxruntime-optimizer-shaped GPT-2)',
     opsetImport: [{ domain: '', version: 17 }, { domain: 'com.microsoft', version: 1 }],
-    graph: { name: 'gpt2_fused', node: nodes, input: inputs, output: outputs, initializer: inits, valueInfo: [] },
-  };
+  });
 }
 
 /** The model file for a config, generated once and cached. */

@@ -5,7 +5,7 @@
  * benchmark can stream gigabytes of them to disk while the tests fill small ones in memory.
  */
 import { makeTensor } from '../src/graph/tensor';
-import { DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { DataType, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
 import { attribute } from '../src/verify/nodes';
 
 export interface TransformerSpec {
@@ -33,8 +33,17 @@ function node(opType: string, input: string[], output: string, attrs: Record<str
   return { opType, domain: '', input, output: [output], name: `/${output}`, attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v)) };
 }
 
-function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
+/** A tensor input or output: numbers are fixed dimensions, strings symbolic ones. */
+export function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
   return { name, type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } } };
+}
+
+/** A benchmark model of `graph`: IR 8, opset 17 unless `extra` gives other opsets (or another producer). */
+export function benchModel(graph: Omit<GraphProto, 'valueInfo'>, extra: Partial<Pick<ModelProto, 'producerName' | 'opsetImport'>> = {}): ModelProto {
+  return {
+    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
+    opsetImport: [{ domain: '', version: 17 }], ...extra, graph: { ...graph, valueInfo: [] },
+  };
 }
 
 export function transformerGraph(spec: TransformerSpec): TransformerGraph {
@@ -79,14 +88,8 @@ export function transformerGraph(spec: TransformerSpec): TransformerGraph {
   }
   weights.push({ name: 'lm_head', dims: [d, vocab] });
   nodes.push(node('MatMul', [h, 'lm_head'], 'logits'));
-  const model: ModelProto = {
-    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
-    opsetImport: [{ domain: '', version: 17 }],
-    graph: {
-      name: 'transformer', node: nodes, initializer: small, valueInfo: [],
-      input: [value('input_ids', DataType.INT64, ['batch', 'seq'])], output: [value('logits', DataType.FLOAT, ['batch', 'seq', vocab])],
-    },
-  };
+  const model = benchModel({ name: 'transformer', node: nodes, initializer: small,
+    input: [value('input_ids', DataType.INT64, ['batch', 'seq'])], output: [value('logits', DataType.FLOAT, ['batch', 'seq', vocab])] });
   return { model, weights };
 }
 
