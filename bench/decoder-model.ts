@@ -10,7 +10,7 @@ import { makeTensor } from '../src/graph/tensor';
 import { writeModel } from '../src/io/model-file';
 import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { node } from '../src/verify/nodes';
-import { benchModel, value } from './transformer';
+import { benchModel, Random, value } from './transformer';
 
 export interface DecoderConfig {
   layers: number;
@@ -41,20 +41,6 @@ export function decoderModelFile(c: DecoderConfig = DECODER_100M): string {
     writeModel(file, buildDecoder(c));
   }
   return file;
-}
-
-class Random {
-  private x: number;
-  constructor(seed: number) {
-    this.x = seed >>> 0 || 1;
-  }
-  /** Uniform in [-a, a]. */
-  uniform(a: number): number {
-    this.x ^= this.x << 13; this.x >>>= 0;
-    this.x ^= this.x >>> 17;
-    this.x ^= this.x << 5; this.x >>>= 0;
-    return (this.x / 4294967296 * 2 - 1) * a;
-  }
 }
 
 export function buildDecoder(c: DecoderConfig): ModelProto {

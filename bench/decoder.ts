@@ -20,12 +20,13 @@ export interface DecoderConfig {
 
 export const CACHE = path.join(os.homedir(), '.cache', 'ssmax-patch-bench');
 
-function random(count: number, std: number, seed: number): number[] {
+/** `count` values uniform in [−amp, amp] from a linear congruential generator. */
+export function random(count: number, amp: number, seed: number): number[] {
   let x = seed >>> 0;
   const out = new Array<number>(count);
   for (let i = 0; i < count; i++) {
     x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
-    out[i] = ((x / 4294967296) * 2 - 1) * std * 1.732;
+    out[i] = ((x / 4294967296) * 2 - 1) * amp;
   }
   return out;
 }
@@ -37,7 +38,7 @@ export function buildDecoder(cfg: DecoderConfig): ModelProto {
   const inits: TensorProto[] = [];
   const f32 = (name: string, dims: number[], std: number, seed: number): string => {
     const count = dims.reduce((a, b) => a * b, 1);
-    inits.push(makeTensor(name, DataType.FLOAT, dims, std === 0 ? new Array(count).fill(1) : random(count, std, seed)));
+    inits.push(makeTensor(name, DataType.FLOAT, dims, std === 0 ? new Array(count).fill(1) : random(count, std, seed).map((v) => v * 1.732)));
     return name;
   };
   const i64 = (name: string, values: number[], scalar = false): string => {

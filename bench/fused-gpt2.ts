@@ -10,28 +10,18 @@ import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
 import { DataType, encodeModel, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { attribute } from '../src/verify/nodes';
-import { CACHE, DecoderConfig } from './decoder';
+import { CACHE, DecoderConfig, random } from './decoder';
 import { benchModel, value } from './transformer';
 
 /** Positions the learned table covers: a 1024-token cache plus a few new ones. */
 const POSITIONS = 1536;
-
-function random(count: number, amp: number, seed: number): Float32Array {
-  let x = seed >>> 0;
-  const out = new Float32Array(count);
-  for (let i = 0; i < count; i++) {
-    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
-    out[i] = ((x / 4294967296) * 2 - 1) * amp;
-  }
-  return out;
-}
 
 export function buildFusedGpt2(cfg: DecoderConfig): ModelProto {
   const { layers, heads, hidden: d, vocab } = cfg;
   const nodes: NodeProto[] = [];
   const inits: TensorProto[] = [];
   const weight = (name: string, dims: number[], amp: number, seed: number): string => {
-    inits.push({ ...makeTensor(name, DataType.FLOAT, dims, []), rawData: new Uint8Array(random(dims.reduce((a, b) => a * b, 1), amp, seed).buffer) });
+    inits.push(makeTensor(name, DataType.FLOAT, dims, random(dims.reduce((a, b) => a * b, 1), amp, seed)));
     return name;
   };
   const op = (opType: string, input: string[], output: string[], attrs: Record<string, number> = {}, domain = ''): void => {

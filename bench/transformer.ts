@@ -93,15 +93,25 @@ export function transformerGraph(spec: TransformerSpec): TransformerGraph {
   return { model, weights };
 }
 
+/** A deterministic xorshift stream. */
+export class Random {
+  private x: number;
+  constructor(seed: number) {
+    this.x = seed >>> 0 || 1;
+  }
+  /** Uniform in [-a, a]. */
+  uniform(a: number): number {
+    this.x ^= this.x << 13; this.x >>>= 0;
+    this.x ^= this.x >>> 17;
+    this.x ^= this.x << 5; this.x >>>= 0;
+    return (this.x / 4294967296 * 2 - 1) * a;
+  }
+}
+
 /** Deterministic float32 values in [−amp, amp], generated into `out`. */
 export function fillWeights(out: Float32Array, seed: number, amp: number): void {
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < out.length; i++) {
-    x ^= x << 13; x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5; x >>>= 0;
-    out[i] = (x / 4294967296 * 2 - 1) * amp;
-  }
+  const rnd = new Random(seed);
+  for (let i = 0; i < out.length; i++) out[i] = rnd.uniform(amp);
 }
 
 /** The model with its weights filled in memory (for tests: keep the spec small); `gain` scales the weights. */
