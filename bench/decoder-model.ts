@@ -3,47 +3,34 @@
  * MLP 3072, vocab 8192, learned positions (4096 rows): about 100 M parameters. Generated into a cache folder
  * outside the repository, never committed.
  */
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { writeModel } from '../src/io/model-file';
 import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { node } from '../src/verify/nodes';
+import { CACHE, cachedModel, DecoderConfig } from './decoder';
 import { benchModel, Random, value } from './transformer';
 
-export interface DecoderConfig {
-  layers: number;
-  hidden: number;
-  heads: number;
+export interface DecoderModelConfig extends DecoderConfig {
   mlp: number;
-  vocab: number;
   positions: number;
 }
 
-export const DECODER_100M: DecoderConfig = { layers: 12, hidden: 768, heads: 12, mlp: 3072, vocab: 8192, positions: 4096 };
+export const DECODER_100M: DecoderModelConfig = { layers: 12, hidden: 768, heads: 12, mlp: 3072, vocab: 8192, positions: 4096 };
 
 export function benchCacheDir(): string {
-  return process.env.SSMAX_BENCH_CACHE ?? path.join(os.homedir(), '.cache', 'ssmax-patch-bench');
+  return process.env.SSMAX_BENCH_CACHE ?? CACHE;
 }
 
-export function parameterCount(c: DecoderConfig): number {
+export function parameterCount(c: DecoderModelConfig): number {
   const layer = 4 * c.hidden * c.hidden + 4 * c.hidden + 2 * c.hidden * c.mlp + c.mlp + c.hidden + 4 * c.hidden;
   return c.layers * layer + 2 * c.vocab * c.hidden + c.positions * c.hidden + 2 * c.hidden;
 }
 
 /** The model file for `c`, generated on first use. */
-export function decoderModelFile(c: DecoderConfig = DECODER_100M): string {
-  const dir = benchCacheDir();
-  const file = path.join(dir, `decoder-${c.layers}x${c.hidden}-h${c.heads}-v${c.vocab}-p${c.positions}.onnx`);
-  if (!fs.existsSync(file)) {
-    fs.mkdirSync(dir, { recursive: true });
-    writeModel(file, buildDecoder(c));
-  }
-  return file;
+export function decoderModelFile(c: DecoderModelConfig = DECODER_100M): string {
+  return cachedModel(benchCacheDir(), `decoder-${c.layers}x${c.hidden}-h${c.heads}-v${c.vocab}-p${c.positions}.onnx`, () => buildDecoder(c));
 }
 
-export function buildDecoder(c: DecoderConfig): ModelProto {
+export function buildDecoder(c: DecoderModelConfig): ModelProto {
   const nodes: NodeProto[] = [];
   const inits: TensorProto[] = [];
   const rnd = new Random(7);

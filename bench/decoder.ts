@@ -7,7 +7,8 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { DataType, encodeModel, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { writeModel } from '../src/io/model-file';
+import { DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
 import { node } from '../src/verify/nodes';
 import { benchModel, value } from './transformer';
 
@@ -18,7 +19,18 @@ export interface DecoderConfig {
   vocab: number;
 }
 
+/** The benchmarks' model cache, outside the repository. */
 export const CACHE = path.join(os.homedir(), '.cache', 'ssmax-patch-bench');
+
+/** The model file `name` in `dir`, built and written on first use. */
+export function cachedModel(dir: string, name: string, build: () => ModelProto): string {
+  const file = path.join(dir, name);
+  if (!fs.existsSync(file)) {
+    fs.mkdirSync(dir, { recursive: true });
+    writeModel(file, build());
+  }
+  return file;
+}
 
 /** `count` values uniform in [−amp, amp] from a linear congruential generator. */
 export function random(count: number, amp: number, seed: number): number[] {
@@ -99,11 +111,5 @@ export function buildDecoder(cfg: DecoderConfig): ModelProto {
 
 /** The model file for a config, generated once and cached. */
 export function decoderFile(cfg: DecoderConfig): string {
-  const file = path.join(CACHE, `decoder-${cfg.layers}x${cfg.hidden}-h${cfg.heads}-v${cfg.vocab}.onnx`);
-  if (!fs.existsSync(file)) {
-    fs.mkdirSync(CACHE, { recursive: true });
-    fs.writeFileSync(`${file}.tmp`, encodeModel(buildDecoder(cfg)));
-    fs.renameSync(`${file}.tmp`, file);
-  }
-  return file;
+  return cachedModel(CACHE, `decoder-${cfg.layers}x${cfg.hidden}-h${cfg.heads}-v${cfg.vocab}.onnx`, () => buildDecoder(cfg));
 }

@@ -5,12 +5,10 @@
  * residual Add + LayerNormalization (onnxruntime fuses them into SkipLayerNormalization at session start).
  * Random weights; generated into the benchmark cache, never committed.
  */
-import * as fs from 'node:fs';
-import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { DataType, encodeModel, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
+import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { attribute } from '../src/verify/nodes';
-import { CACHE, DecoderConfig, random } from './decoder';
+import { CACHE, cachedModel, DecoderConfig, random } from './decoder';
 import { benchModel, value } from './transformer';
 
 /** Positions the learned table covers: a 1024-token cache plus a few new ones. */
@@ -63,11 +61,5 @@ export function buildFusedGpt2(cfg: DecoderConfig): ModelProto {
 
 /** The model file for a config, generated once and cached. */
 export function fusedGpt2File(cfg: DecoderConfig): string {
-  const file = path.join(CACHE, `gpt2-fused-${cfg.layers}x${cfg.hidden}-h${cfg.heads}-v${cfg.vocab}.onnx`);
-  if (!fs.existsSync(file)) {
-    fs.mkdirSync(CACHE, { recursive: true });
-    fs.writeFileSync(`${file}.tmp`, encodeModel(buildFusedGpt2(cfg)));
-    fs.renameSync(`${file}.tmp`, file);
-  }
-  return file;
+  return cachedModel(CACHE, `gpt2-fused-${cfg.layers}x${cfg.hidden}-h${cfg.heads}-v${cfg.vocab}.onnx`, () => buildFusedGpt2(cfg));
 }

@@ -16,6 +16,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { CACHE } from './decoder';
 import { BenchModel, writeBenchModel } from './models';
 
 const MODELS: BenchModel[] = [
@@ -44,7 +45,7 @@ function args(argv: string[]): { reps: number; only: string[] | null; dir: strin
   return {
     reps: Number(get('--reps') ?? 3),
     only: get('--only')?.split(',') ?? null,
-    dir: get('--dir') ?? process.env.SSMAX_BENCH_DIR ?? path.join(os.homedir(), '.cache', 'ssmax-patch-bench'),
+    dir: get('--dir') ?? process.env.SSMAX_BENCH_DIR ?? CACHE,
     caches: get('--cache') === 'warm' ? ['warm'] : get('--cache') === 'cold' ? ['cold'] : ['cold', 'warm'],
     large: argv.includes('--large'),
   };
