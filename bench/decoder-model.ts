@@ -3,66 +3,34 @@
  * MLP 3072, vocab 8192, learned positions (4096 rows): about 100 M parameters. Generated into a cache folder
  * outside the repository, never committed.
  */
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { writeModel } from '../src/io/model-file';
-import { AttributeProto, DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
+import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
+import { node } from '../src/verify/nodes';
+import { CACHE, cachedModel, DecoderConfig } from './decoder';
+import { benchModel, Random, value } from './transformer';
 
-export interface DecoderConfig {
-  layers: number;
-  hidden: number;
-  heads: number;
+export interface DecoderModelConfig extends DecoderConfig {
   mlp: number;
-  vocab: number;
   positions: number;
 }
 
-export const DECODER_100M: DecoderConfig = { layers: 12, hidden: 768, heads: 12, mlp: 3072, vocab: 8192, positions: 4096 };
+export const DECODER_100M: DecoderModelConfig = { layers: 12, hidden: 768, heads: 12, mlp: 3072, vocab: 8192, positions: 4096 };
 
 export function benchCacheDir(): string {
-  return process.env.SSMAX_BENCH_CACHE ?? path.join(os.homedir(), '.cache', 'ssmax-patch-bench');
+  return process.env.SSMAX_BENCH_CACHE ?? CACHE;
 }
 
-export function parameterCount(c: DecoderConfig): number {
+export function parameterCount(c: DecoderModelConfig): number {
   const layer = 4 * c.hidden * c.hidden + 4 * c.hidden + 2 * c.hidden * c.mlp + c.mlp + c.hidden + 4 * c.hidden;
   return c.layers * layer + 2 * c.vocab * c.hidden + c.positions * c.hidden + 2 * c.hidden;
 }
 
 /** The model file for `c`, generated on first use. */
-export function decoderModelFile(c: DecoderConfig = DECODER_100M): string {
-  const dir = benchCacheDir();
-  const file = path.join(dir, `decoder-${c.layers}x${c.hidden}-h${c.heads}-v${c.vocab}-p${c.positions}.onnx`);
-  if (!fs.existsSync(file)) {
-    fs.mkdirSync(dir, { recursive: true });
-    writeModel(file, buildDecoder(c));
-  }
-  return file;
+export function decoderModelFile(c: DecoderModelConfig = DECODER_100M): string {
+  return cachedModel(benchCacheDir(), `decoder-${c.layers}x${c.hidden}-h${c.heads}-v${c.vocab}-p${c.positions}.onnx`, () => buildDecoder(c));
 }
 
-class Random {
-  private x: number;
-  constructor(seed: number) {
-    this.x = seed >>> 0 || 1;
-  }
-  /** Uniform in [-a, a]. */
-  uniform(a: number): number {
-    this.x ^= this.x << 13; this.x >>>= 0;
-    this.x ^= this.x >>> 17;
-    this.x ^= this.x << 5; this.x >>>= 0;
-    return (this.x / 4294967296 * 2 - 1) * a;
-  }
-}
-
-function attribute(name: string, v: number | number[] | TensorProto): AttributeProto {
-  const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-  if (Array.isArray(v)) return { ...base, type: 7, ints: v };
-  if (typeof v === 'number') return { ...base, type: 2, i: v };
-  return { ...base, type: 4, t: v };
-}
-
-export function buildDecoder(c: DecoderConfig): ModelProto {
+export function buildDecoder(c: DecoderModelConfig): ModelProto {
   const nodes: NodeProto[] = [];
   const inits: TensorProto[] = [];
   const rnd = new Random(7);
@@ -70,7 +38,7 @@ export function buildDecoder(c: DecoderConfig): ModelProto {
   let counter = 0;
   const op = (opType: string, inputs: string[], attrs: Record<string, number | number[] | TensorProto> = {}, name?: string): string => {
     const out = `${name ?? opType.toLowerCase()}_${counter++}`;
-    nodes.push({ opType, domain: '', input: inputs, output: [out], name: out, attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v)) });
+    nodes.push(node(opType, inputs, out, attrs));
     return out;
   };
   const weight = (name: string, dims: number[], scale: number): string => {
@@ -122,15 +90,8 @@ export function buildDecoder(c: DecoderConfig): ModelProto {
     x = op('Add', [x, op('Add', [op('MatMul', [act, weight(`l${l}.proj.w`, [c.mlp, c.hidden], std)]), weight(`l${l}.proj.b`, [c.hidden], std)])]);
   }
   const logitsOut = op('MatMul', [norm(x), weight('lm_head', [c.hidden, c.vocab], std)], {}, 'lm');
-  nodes.push({ opType: 'Identity', domain: '', input: [logitsOut], output: ['logits'], name: 'logits', attribute: [] });
-  const dims = (names: (string | number)[]) => ({ dim: names.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) });
-  return {
-    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
-    opsetImport: [{ domain: '', version: 17 }],
-    graph: {
-      name: 'decoder', node: nodes, initializer: inits, valueInfo: [],
-      input: [{ name: 'input_ids', type: { tensorType: { elemType: DataType.INT64, shape: dims(['batch', 'sequence']) } } }],
-      output: [{ name: 'logits', type: { tensorType: { elemType: DataType.FLOAT, shape: dims(['batch', 'sequence', c.vocab]) } } }],
-    },
-  };
+  nodes.push(node('Identity', [logitsOut], 'logits'));
+  return benchModel({ name: 'decoder', node: nodes, initializer: inits,
+    input: [value('input_ids', DataType.INT64, ['batch', 'sequence'])],
+    output: [value('logits', DataType.FLOAT, ['batch', 'sequence', c.vocab])] });
 }

@@ -5,39 +5,21 @@
  * residual Add + LayerNormalization (onnxruntime fuses them into SkipLayerNormalization at session start).
  * Random weights; generated into the benchmark cache, never committed.
  */
-import * as fs from 'node:fs';
-import * as path from 'node:path';
 import { makeTensor } from '../src/graph/tensor';
-import { AttributeProto, DataType, encodeModel, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
-import { CACHE, DecoderConfig } from './decoder';
+import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
+import { attribute } from '../src/verify/nodes';
+import { CACHE, cachedModel, DecoderConfig, random } from './decoder';
+import { benchModel, value } from './transformer';
 
 /** Positions the learned table covers: a 1024-token cache plus a few new ones. */
 const POSITIONS = 1536;
-
-function attribute(name: string, v: number): AttributeProto {
-  return { name, type: 2, i: v, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-}
-
-function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
-  return { name, type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } } };
-}
-
-function random(count: number, amp: number, seed: number): Float32Array {
-  let x = seed >>> 0;
-  const out = new Float32Array(count);
-  for (let i = 0; i < count; i++) {
-    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
-    out[i] = ((x / 4294967296) * 2 - 1) * amp;
-  }
-  return out;
-}
 
 export function buildFusedGpt2(cfg: DecoderConfig): ModelProto {
   const { layers, heads, hidden: d, vocab } = cfg;
   const nodes: NodeProto[] = [];
   const inits: TensorProto[] = [];
   const weight = (name: string, dims: number[], amp: number, seed: number): string => {
-    inits.push({ ...makeTensor(name, DataType.FLOAT, dims, []), rawData: new Uint8Array(random(dims.reduce((a, b) => a * b, 1), amp, seed).buffer) });
+    inits.push(makeTensor(name, DataType.FLOAT, dims, random(dims.reduce((a, b) => a * b, 1), amp, seed)));
     return name;
   };
   const op = (opType: string, input: string[], output: string[], attrs: Record<string, number> = {}, domain = ''): void => {
@@ -71,20 +53,13 @@ export function buildFusedGpt2(cfg: DecoderConfig): ModelProto {
   op('LayerNormalization', [h, 'ones', 'zeros'], ['ln_f'], { axis: -1 });
   op('Transpose', ['wte'], ['wte_t']);
   op('MatMul', ['ln_f', 'wte_t'], ['logits']);
-  return {
-    irVersion: 8, producerName: 'ssmax-patch bench (onnxruntime-optimizer-shaped GPT-2)', producerVersion: '0', metadataProps: [], functions: [],
+  return benchModel({ name: 'gpt2_fused', node: nodes, input: inputs, output: outputs, initializer: inits }, {
+    producerName: 'ssmax-patch bench (onnxruntime-optimizer-shaped GPT-2)',
     opsetImport: [{ domain: '', version: 17 }, { domain: 'com.microsoft', version: 1 }],
-    graph: { name: 'gpt2_fused', node: nodes, input: inputs, output: outputs, initializer: inits, valueInfo: [] },
-  };
+  });
 }
 
 /** The model file for a config, generated once and cached. */
 export function fusedGpt2File(cfg: DecoderConfig): string {
-  const file = path.join(CACHE, `gpt2-fused-${cfg.layers}x${cfg.hidden}-h${cfg.heads}-v${cfg.vocab}.onnx`);
-  if (!fs.existsSync(file)) {
-    fs.mkdirSync(CACHE, { recursive: true });
-    fs.writeFileSync(`${file}.tmp`, encodeModel(buildFusedGpt2(cfg)));
-    fs.renameSync(`${file}.tmp`, file);
-  }
-  return file;
+  return cachedModel(CACHE, `gpt2-fused-${cfg.layers}x${cfg.hidden}-h${cfg.heads}-v${cfg.vocab}.onnx`, () => buildFusedGpt2(cfg));
 }

@@ -16,6 +16,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { CACHE } from './decoder';
 import { BenchModel, writeBenchModel } from './models';
 
 const MODELS: BenchModel[] = [
@@ -27,7 +28,7 @@ const MODELS: BenchModel[] = [
 const LARGE: BenchModel = { label: '4 GB embedded', spec: { layers: 72, d: 1024, heads: 16, ff: 4096, vocab: 32000, tmax: 256 }, external: false };
 /** Bump when the model generator changes, so cached models are rebuilt. */
 const GENERATOR_VERSION = 1;
-const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
+export const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 const PYTHON = '/usr/bin/python3';
 
 interface Measure { seconds: number; rssMB: number }
@@ -44,7 +45,7 @@ function args(argv: string[]): { reps: number; only: string[] | null; dir: strin
   return {
     reps: Number(get('--reps') ?? 3),
     only: get('--only')?.split(',') ?? null,
-    dir: get('--dir') ?? process.env.SSMAX_BENCH_DIR ?? path.join(os.homedir(), '.cache', 'ssmax-patch-bench'),
+    dir: get('--dir') ?? process.env.SSMAX_BENCH_DIR ?? CACHE,
     caches: get('--cache') === 'warm' ? ['warm'] : get('--cache') === 'cold' ? ['cold'] : ['cold', 'warm'],
     large: argv.includes('--large'),
   };
@@ -65,14 +66,14 @@ function ensureModel(dir: string, m: BenchModel): string {
   return file;
 }
 
-/** Runs a command under /usr/bin/time: wall seconds and peak resident set size. */
-function timed(cmd: string, argv: string[]): { measure: Measure; stdout: string } {
+/** Runs a command under /usr/bin/time: wall seconds and peak resident set size; a failure throws unless `check` is false. */
+export function timed(cmd: string, argv: string[], check = true): Measure & { code: number; stdout: string; stderr: string } {
   const report = path.join(os.tmpdir(), `ssmax-bench-time-${process.pid}`);
-  const r = spawnSync('/usr/bin/time', ['-f', '%e %M', '-o', report, cmd, ...argv], { encoding: 'utf8', maxBuffer: 64 << 20 });
-  if (r.status !== 0) throw new Error(`${cmd} ${argv.join(' ')} failed (${r.status}): ${r.stderr.slice(0, 500)}`);
+  const r = spawnSync('/usr/bin/time', ['-f', '%e %M', '-o', report, cmd, ...argv], { encoding: 'utf8', maxBuffer: 256 << 20 });
+  if (check && r.status !== 0) throw new Error(`${cmd} ${argv.join(' ')} failed (${r.status}): ${r.stderr.slice(0, 500)}`);
   const [seconds, kb] = fs.readFileSync(report, 'utf8').trim().split('\n').pop()!.split(' ').map(Number);
   fs.rmSync(report, { force: true });
-  return { measure: { seconds, rssMB: kb / 1024 }, stdout: r.stdout };
+  return { seconds, rssMB: kb / 1024, code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
 
 function median(values: Measure[]): Measure {
@@ -116,20 +117,20 @@ function benchOne(file: string, m: BenchModel, reps: number, python: boolean, ca
   let sites = 0;
   for (let i = 0; i < reps; i++) {
     prepare(inputs, cache);
-    cp.push(timed('cp', [file, path.join(dir, 'cp.onnx')]).measure);
+    cp.push(timed('cp', [file, path.join(dir, 'cp.onnx')]));
     removeOutputs(dir);
     prepare(inputs, cache);
     const r = timed(process.execPath, [BIN, file, '--train-len', '1024', '-o', path.join(dir, 'out.onnx'), '--json', '--quiet']);
     sites = JSON.parse(r.stdout).sites.length;
-    ours.push(r.measure);
+    ours.push(r);
     removeOutputs(dir);
     // The fixed part: Node start-up, reading the graph, detection, no write.
     prepare(inputs, cache);
-    dry.push(timed(process.execPath, [BIN, file, '--train-len', '1024', '--dry-run', '--quiet']).measure);
+    dry.push(timed(process.execPath, [BIN, file, '--train-len', '1024', '--dry-run', '--quiet']));
     if (python && !pyFailed) {
       prepare(inputs, cache);
       try {
-        py.push(timed(PYTHON, ['-c', PY_ROUND_TRIP, file, path.join(dir, 'py.onnx'), m.external ? '1' : '0']).measure);
+        py.push(timed(PYTHON, ['-c', PY_ROUND_TRIP, file, path.join(dir, 'py.onnx'), m.external ? '1' : '0']));
       } catch {
         pyFailed = true; // e.g. onnx.load of a protobuf over 2 GB
       }

@@ -9,7 +9,8 @@ import { makeTensor } from '../src/graph/tensor';
 import { readModel, serializeModel } from '../src/io/model-file';
 import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
-import { buildDecoder, DecoderConfig, decoderFile, node } from './decoder';
+import { node } from '../src/verify/nodes';
+import { buildDecoder, DecoderConfig, decoderFile } from './decoder';
 import { fusedGpt2File } from './fused-gpt2';
 
 export interface LatencyCase {
@@ -154,15 +155,15 @@ function floorModel(cfg: DecoderConfig, rowFactor: boolean): ModelProto {
     const scores = g.node[at].input[0];
     const values = Array.from({ length: cfg.heads }, (_, h) => 0.01 * (l * cfg.heads + h + 1));
     g.initializer.push(makeTensor(`${p}value`, DataType.FLOAT, [1, cfg.heads, 1, 1], values));
-    const added = [node('Shape', [scores], [`${p}shape`]), node('Expand', [`${p}value`, `${p}shape`], [`${p}bias`])];
+    const added = [node('Shape', [scores], `${p}shape`), node('Expand', [`${p}value`, `${p}shape`], `${p}bias`)];
     let bias = `${p}bias`;
     if (rowFactor) {
       g.initializer.push(makeTensor(`${p}row_value`, DataType.FLOAT, [1, 1], [1 + 0.01 * l]));
-      added.push(node('Slice', [`${p}shape`, 'floor_rows', 'floor_keys'], [`${p}tq`]), node('Concat', [`${p}tq`, 'floor_one'], [`${p}row_shape`], { axis: 0 }));
-      added.push(node('Expand', [`${p}row_value`, `${p}row_shape`], [`${p}row`]), node('Mul', [bias, `${p}row`], [`${p}scaled`]));
+      added.push(node('Slice', [`${p}shape`, 'floor_rows', 'floor_keys'], `${p}tq`), node('Concat', [`${p}tq`, 'floor_one'], `${p}row_shape`, { axis: 0 }));
+      added.push(node('Expand', [`${p}row_value`, `${p}row_shape`], `${p}row`), node('Mul', [bias, `${p}row`], `${p}scaled`));
       bias = `${p}scaled`;
     }
-    added.push(node('Add', [scores, bias], [`${p}added`]));
+    added.push(node('Add', [scores, bias], `${p}added`));
     g.node[at].input[0] = `${p}added`;
     g.node.splice(at, 0, ...added);
   }

@@ -28,8 +28,8 @@ function weightPool(): Buffer {
   return pool;
 }
 
-/** Writes the model (and its data file when external) to `file`; returns the bytes written. */
-export function writeBenchModel(file: string, model: BenchModel): number {
+/** Writes the model (and its data file when external) to `file`. */
+export function writeBenchModel(file: string, model: BenchModel): void {
   const { model: skeleton, weights } = transformerGraph(model.spec);
   const dataName = `${path.basename(file)}.data`;
   const graphHead = encodeAs('GraphProto', skeleton.graph!);
@@ -55,11 +55,9 @@ export function writeBenchModel(file: string, model: BenchModel): number {
   const tmp = `${file}.partial`;
   const fd = fs.openSync(tmp, 'w');
   const dataFd = model.external ? fs.openSync(`${tmp}.data`, 'w') : null;
-  let written = 0;
   const write = (target: number, bytes: Uint8Array): void => {
     let done = 0;
     while (done < bytes.length) done += fs.writeSync(target, bytes, done, bytes.length - done);
-    written += bytes.length;
   };
   write(fd, top);
   entries.forEach((e, i) => {
@@ -72,7 +70,6 @@ export function writeBenchModel(file: string, model: BenchModel): number {
     fs.renameSync(`${tmp}.data`, path.join(path.dirname(file), dataName));
   }
   fs.renameSync(tmp, file);
-  return written;
 }
 
 function streamWeights(bytes: number, index: number, write: (chunk: Uint8Array) => void): void {

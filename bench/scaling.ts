@@ -9,8 +9,8 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { decoderFile } from './decoder';
+import { BIN } from './io';
 
-const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 const COPY = `const m=require(${JSON.stringify(path.resolve(__dirname, '../src/io/model-file.js'))});`
   + 'm.writeModel(process.argv[2], m.readModel(process.argv[1]), {force:true});';
 

@@ -5,7 +5,8 @@
  * benchmark can stream gigabytes of them to disk while the tests fill small ones in memory.
  */
 import { makeTensor } from '../src/graph/tensor';
-import { AttributeProto, DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { DataType, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
+import { attribute } from '../src/verify/nodes';
 
 export interface TransformerSpec {
   layers: number;
@@ -28,19 +29,21 @@ export interface TransformerGraph {
   weights: WeightSpec[];
 }
 
-type Attr = number | number[];
-
-function attribute(name: string, v: Attr): AttributeProto {
-  const base = { name, floats: [], ints: [], strings: [], tensors: [], graphs: [] };
-  return Array.isArray(v) ? { ...base, type: 7, ints: v } : { ...base, type: 2, i: v };
-}
-
-function node(opType: string, input: string[], output: string, attrs: Record<string, Attr> = {}): NodeProto {
+function node(opType: string, input: string[], output: string, attrs: Record<string, number | number[]> = {}): NodeProto {
   return { opType, domain: '', input, output: [output], name: `/${output}`, attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v)) };
 }
 
-function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
+/** A tensor input or output: numbers are fixed dimensions, strings symbolic ones. */
+export function value(name: string, elemType: number, dims: (number | string)[]): ValueInfoProto {
   return { name, type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } } };
+}
+
+/** A benchmark model of `graph`: IR 8, opset 17 unless `extra` gives other opsets (or another producer). */
+export function benchModel(graph: Omit<GraphProto, 'valueInfo'>, extra: Partial<Pick<ModelProto, 'producerName' | 'opsetImport'>> = {}): ModelProto {
+  return {
+    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
+    opsetImport: [{ domain: '', version: 17 }], ...extra, graph: { ...graph, valueInfo: [] },
+  };
 }
 
 export function transformerGraph(spec: TransformerSpec): TransformerGraph {
@@ -85,26 +88,30 @@ export function transformerGraph(spec: TransformerSpec): TransformerGraph {
   }
   weights.push({ name: 'lm_head', dims: [d, vocab] });
   nodes.push(node('MatMul', [h, 'lm_head'], 'logits'));
-  const model: ModelProto = {
-    irVersion: 8, producerName: 'ssmax-patch bench', producerVersion: '0', metadataProps: [], functions: [],
-    opsetImport: [{ domain: '', version: 17 }],
-    graph: {
-      name: 'transformer', node: nodes, initializer: small, valueInfo: [],
-      input: [value('input_ids', DataType.INT64, ['batch', 'seq'])], output: [value('logits', DataType.FLOAT, ['batch', 'seq', vocab])],
-    },
-  };
+  const model = benchModel({ name: 'transformer', node: nodes, initializer: small,
+    input: [value('input_ids', DataType.INT64, ['batch', 'seq'])], output: [value('logits', DataType.FLOAT, ['batch', 'seq', vocab])] });
   return { model, weights };
+}
+
+/** A deterministic xorshift stream. */
+export class Random {
+  private x: number;
+  constructor(seed: number) {
+    this.x = seed >>> 0 || 1;
+  }
+  /** Uniform in [-a, a]. */
+  uniform(a: number): number {
+    this.x ^= this.x << 13; this.x >>>= 0;
+    this.x ^= this.x >>> 17;
+    this.x ^= this.x << 5; this.x >>>= 0;
+    return (this.x / 4294967296 * 2 - 1) * a;
+  }
 }
 
 /** Deterministic float32 values in [−amp, amp], generated into `out`. */
 export function fillWeights(out: Float32Array, seed: number, amp: number): void {
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < out.length; i++) {
-    x ^= x << 13; x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5; x >>>= 0;
-    out[i] = (x / 4294967296 * 2 - 1) * amp;
-  }
+  const rnd = new Random(seed);
+  for (let i = 0; i < out.length; i++) out[i] = rnd.uniform(amp);
 }
 
 /** The model with its weights filled in memory (for tests: keep the spec small); `gain` scales the weights. */

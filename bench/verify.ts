@@ -11,7 +11,6 @@
  * --large adds a 2.3 GB model with external data (40 layers, d = 1024; its causal mask covers 1024 tokens, so the
  * sweep stops there), verified the same way: sessions are made from files, never from a 2 GB buffer.
  */
-import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -20,19 +19,10 @@ import { makeHost } from '../src/verify/tensors';
 import { VerifyReport } from '../src/verify/verify';
 import { formatVerify } from '../src/cli/format';
 import { benchCacheDir, DECODER_100M, decoderModelFile, parameterCount } from './decoder-model';
+import { BIN, timed } from './io';
 import { writeBenchModel } from './models';
 
-const BIN = path.resolve(__dirname, '../../bin/ssmax-patch.js');
 const seconds = (ms: number): string => `${(ms / 1000).toFixed(1)} s`;
-
-/** A command under /usr/bin/time: exit code, wall seconds, peak RSS (MB) and its stdout. */
-function timed(argv: string[]): { code: number; seconds: number; rssMB: number; stdout: string; stderr: string } {
-  const report = path.join(os.tmpdir(), `ssmax-bench-verify-time-${process.pid}`);
-  const r = spawnSync('/usr/bin/time', ['-f', '%e %M', '-o', report, process.execPath, BIN, ...argv], { encoding: 'utf8', maxBuffer: 256 << 20 });
-  const [s, kb] = fs.readFileSync(report, 'utf8').trim().split('\n').pop()!.split(' ').map(Number);
-  fs.rmSync(report, { force: true });
-  return { code: r.status ?? -1, seconds: s, rssMB: kb / 1024, stdout: r.stdout, stderr: r.stderr };
-}
 
 function describeVerify(report: VerifyReport): string[] {
   const sessions = report.sessions.map((s) => `${s.label}: load ${seconds(s.createMs)}, runs ${seconds(s.runMs)}`);
@@ -44,10 +34,10 @@ function describeVerify(report: VerifyReport): string[] {
 function verifyPair(file: string, tag: string, patchArgs: string[], verifyArgs: string[] = []): void {
   const patched = file.replace(/\.onnx$/, `.ssmax-${tag}.onnx`);
   if (!fs.existsSync(patched)) {
-    const p = timed([file, ...patchArgs, '-o', patched, '--quiet']);
+    const p = timed(process.execPath, [BIN, file, ...patchArgs, '-o', patched, '--quiet'], false);
     if (p.code !== 0) throw new Error(`patch failed: ${p.stderr}`);
   }
-  const v = timed(['verify', file, patched, '--json', ...verifyArgs]);
+  const v = timed(process.execPath, [BIN, 'verify', file, patched, '--json', ...verifyArgs], false);
   if (v.code !== 0 && v.code !== 1) throw new Error(`verify failed (${v.code}): ${v.stderr}`);
   const report = JSON.parse(v.stdout) as VerifyReport;
   process.stdout.write([`verify ${verifyArgs.join(' ') || '(default plan)'}: ${v.seconds.toFixed(1)} s wall, peak RSS ${v.rssMB.toFixed(0)} MB, exit ${v.code}`,
