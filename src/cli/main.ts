@@ -79,7 +79,7 @@ function fail(err: unknown, run: Run): number {
     message = err.cliMessage;
   } else {
     code = 3;
-    message = `internal error: ${(err as Error)?.message ?? err} (a bug: please report it with the model)`;
+    message = `internal error: ${String((err as Error)?.message ?? err).replace(/^internal error: /, '')} (a bug: please report it with the model)`;
   }
   const line = oneLine(code === 2 ? `${message} (see ssmax-patch ${run.command} --help)` : message);
   settle(run.doc, code, line);

@@ -3,9 +3,11 @@
  * tensor it passed: asking again, or about a tensor the walk already passed, costs nothing. The answers stay valid
  * until the graph is edited (Graph.reindex and the edit methods forget them).
  *
- * Walks are iterative (no depth limit, no node budget: the graph's own size bounds them) and never pass from a
- * shape-only op (Shape, Size) to its input: a shape tells sizes, not values. A node with subgraphs (If, Loop,
- * Scan) is computed from its inputs and from the names its subgraphs capture from this graph (readsOf).
+ * Walks are iterative (no depth limit, no node budget: the graph's own size bounds them) and, for questions about
+ * values, never pass from a shape-only op (Shape, Size) to its input: a shape tells sizes, not values. Where a new
+ * node may go (readsFrom) is a question about every edge, shapes included: a node that reads Shape(x) runs after x.
+ * A node with subgraphs (If, Loop, Scan) is computed from its inputs and from the names its subgraphs capture from
+ * this graph (readsOf).
  */
 import { NodeProto } from '../io/onnx';
 import { memo } from '../memo';
@@ -37,9 +39,10 @@ export class Query {
 
   /**
    * The first answer `visit` gives on `name` or its ancestors (inputs in order, depth first); `key` names the
-   * question, so that every call with the same key shares what earlier walks found.
+   * question, so that every call with the same key shares what earlier walks found. `throughShapes`: walk on from
+   * a shape-only op to its input (what runs before, not what the values come from).
    */
-  first<T>(key: string, name: string, visit: Visit<T>): T | undefined {
+  first<T>(key: string, name: string, visit: Visit<T>, throughShapes = false): T | undefined {
     if (!name) return undefined;
     const answers = memo(this.tables, key, () => new Map()) as Map<string, T | null>;
     const stack = [name];
@@ -50,7 +53,7 @@ export class Query {
       const p = this.graph.producer.get(t);
       if (!open.has(t)) {
         const v = visit(t, p);
-        if (v !== undefined || !p || opInfo(p).shapeOnly) { answers.set(t, v ?? null); stack.pop(); continue; }
+        if (v !== undefined || !p || (opInfo(p).shapeOnly && !throughShapes)) { answers.set(t, v ?? null); stack.pop(); continue; }
         open.add(t);
         // A name on the current path again would be a cycle: it adds nothing.
         const pending = this.readsOf(p).filter((i) => !answers.has(i) && !open.has(i));
@@ -74,6 +77,14 @@ export class Query {
   /** True when `ancestor` is `name` or one of the tensors it is computed from. */
   dependsOn(name: string, ancestor: string): boolean {
     return this.first(`tensor:${ancestor}`, name, (t) => (t === ancestor ? true : undefined)) ?? false;
+  }
+
+  /**
+   * True when computing `name` needs `ancestor` first, through its values or only its shape: a node that reads
+   * `name` cannot feed `ancestor` without a cycle.
+   */
+  readsFrom(name: string, ancestor: string): boolean {
+    return this.first(`after:${ancestor}`, name, (t) => (t === ancestor ? true : undefined), true) ?? false;
   }
 
   /** True when the tensor's values come from a graph input (not from shapes and constants alone). */

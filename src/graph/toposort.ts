@@ -1,5 +1,7 @@
-/** Topological order of a graph's nodes, as ONNX requires, with cycles reported as input errors. */
-import { InputError } from '../errors';
+/**
+ * Topological order of a graph's nodes, as ONNX requires. A cycle found while sorting is a CycleError: validate.ts
+ * reports one in a model as read as an input error; one in a graph the patch edited is a bug (an internal error).
+ */
 import { GraphProto, NodeProto } from '../io/onnx';
 import { subgraphsOf } from './graph';
 
@@ -14,13 +16,19 @@ export function readsOf(node: NodeProto): string[] {
   return reads;
 }
 
+export class CycleError extends Error {
+  constructor(readonly node: string) {
+    super(`graph has a cycle through node '${node}'`);
+  }
+}
+
 /** Sorts `graph.node` in place (stable: keeps the original order where dependencies allow). */
 export function topoSort(graph: GraphProto): void {
   const order = topoOrder(graph);
   if (order.length !== graph.node.length) {
     const placed = new Set(order);
     const stuck = graph.node.find((n) => !placed.has(n));
-    throw new InputError(`graph has a cycle through node '${stuck?.name || stuck?.opType}'`);
+    throw new CycleError(stuck?.name || stuck?.opType || '?');
   }
   graph.node = order;
 }

@@ -9,7 +9,7 @@ import { InputError } from '../errors';
 import { GraphProto, NodeProto } from '../io/onnx';
 import { chosenDefinition, ConstantDef, repeatedConstants } from './duplicates';
 import { nodeLabel, subgraphsOf } from './graph';
-import { readsOf, topoSort } from './toposort';
+import { CycleError, readsOf, topoSort } from './toposort';
 
 export interface GraphFindings {
   /** Per graph out of topological order: where, and the first read before its producer. */
@@ -44,7 +44,11 @@ function check(g: GraphProto, outer: Set<string>, where: string, findings: Graph
     if (!available.has(v.name)) throw new InputError(`${where}: output '${v.name}' is not produced by any node, initializer or input`);
   }
   if (unsorted) {
-    topoSort({ ...g, node: [...g.node] }); // a cycle is an error, not a finding
+    try {
+      topoSort({ ...g, node: [...g.node] }); // a cycle is an error, not a finding
+    } catch (e) {
+      throw e instanceof CycleError ? new InputError(`${where}: ${e.message}`) : e;
+    }
     findings.unsorted.push(`${where}: ${unsorted}`);
   }
 }

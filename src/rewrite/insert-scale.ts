@@ -3,7 +3,9 @@
  * rows instead: (c_i·q_i)·K = c_i·(q_i·K). Scaling the query [.., Tq, D] costs far less than a Mul over the
  * logits [.., Tq, Tk] and leaves onnxruntime's MatMul + scale fusion (FusedMatMul) intact. The logits are used
  * instead when the query is in a lower precision than the logits the Softmax sees (fp16 query, fp32 logits: no
- * extra rounding), or when the masks n is counted from depend on the logits themselves.
+ * extra rounding), or when the masks n is counted from are computed after the logits (from their values, or only from
+ * their shape, as DistilBERT's Expand(mask, Shape(logits)) and T5's position bias are): on the query, the factor
+ * would then feed its own input.
  *
  * Either way the factor lands before every mask: masked entries stay exactly as they were, no 0·(−inf), no
  * finfo.min pushed to −inf.
@@ -21,7 +23,7 @@ import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
 import { presetFactor } from './factor';
-import { NSources } from './n-source';
+import { countedMasks, NSources } from './n-source';
 
 export interface ScaleContext {
   graph: Graph;
@@ -53,7 +55,7 @@ interface TargetTensor {
 
 /** `sName`: the tensor holding s (its initializer, or inside a function body the input it comes in through). */
 export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, n: NChoice, uses: MaskUse[], sName: string): InsertedScale {
-  const target = chooseTarget(ctx, site, uses);
+  const target = chooseTarget(ctx, site, countedMasks(n.mode, uses));
   const perHead = Array.isArray(s);
   if (perHead && target.rank !== 3 && target.rank !== 4) {
     throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
@@ -90,12 +92,13 @@ export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionS
   return { factor, apply, factorType, target: 'logits', nKey: `site:${site.softmax.output[0]}`, perHead: false };
 }
 
-function chooseTarget(ctx: ScaleContext, site: AttentionSite, uses: MaskUse[]): TargetTensor {
+/** `counted`: the masks the site's n is counted from. */
+function chooseTarget(ctx: ScaleContext, site: AttentionSite, counted: MaskUse[]): TargetTensor {
   const query = site.qkMatMul.input[0];
   const queryType = ctx.shapes.type(query);
   const samePrecision = queryType === site.logitsType;
   const rank = ctx.shapes.rank(query);
-  const masksFromLogits = uses.some((u) => ctx.graph.query.dependsOn(u.tensor, site.qkMatMul.output[0]));
+  const masksFromLogits = counted.some((u) => ctx.graph.query.readsFrom(u.tensor, site.qkMatMul.output[0]));
   const plainMatMul = site.qkMatMul.opType === 'MatMul' && linearFromMatMul(ctx.graph, site);
   if (plainMatMul && samePrecision && (rank === 3 || rank === 4) && !masksFromLogits) {
     return { where: 'query', tensor: query, consumer: { node: site.qkMatMul, index: 0 }, rank, type: queryType };

@@ -64,6 +64,15 @@ export interface Positions {
   shape: string;
 }
 
+/**
+ * The masks n is counted from in a mode. causal-padding reads only the padding masks (the causal part is
+ * positional), so layers that slice their own causal mask still share one count.
+ */
+export function countedMasks(mode: NMode, uses: MaskUse[]): MaskUse[] {
+  if (mode === 'mask') return uses;
+  return mode === 'padding' || mode === 'causal-padding' ? uses.filter((u) => u.role === 'padding') : [];
+}
+
 export class NSources {
   private readonly cache = new Map<string, NTensor>();
   private readonly positionCache = new Map<string, Positions>();
@@ -149,10 +158,7 @@ export class NSources {
   private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
     const dims = this.dimsKey(site);
     if (mode === 'keys' || mode === 'causal') return `${mode}|${dims}`;
-    // causal-padding reads only the padding masks (the causal part is positional), so layers that slice their own
-    // causal mask still share one count.
-    const counted = mode === 'mask' ? uses : uses.filter((u) => u.role === 'padding');
-    return `${mode}|${dims}|${counted.map((u) => `${u.tensor}:${u.rule}`).sort().join(',')}`;
+    return `${mode}|${dims}|${countedMasks(mode, uses).map((u) => `${u.tensor}:${u.rule}`).sort().join(',')}`;
   }
 
   private build(site: AttentionSite, mode: NMode, uses: MaskUse[]): Omit<NTensor, 'key'> {
