@@ -7,6 +7,7 @@
  */
 import { attrFloat, attrInt, attrInts } from '../graph/graph';
 import { Scope } from '../graph/scopes';
+import { Shapes } from '../graph/shapes';
 import { NodeProto } from '../io/onnx';
 import { declaredDim, HeadInfo } from './heads';
 import { classifyMasks, MaskVerdict } from './mask';
@@ -114,9 +115,18 @@ const fusedRule = (name: string, applies: Rule['applies'], matcher: Matcher): Ru
     // An earlier run's factor on the query: the first inserted `apply` node up its chain of inserted nodes.
     const patchedBy = ctx.scope.graph.query.first('ssmax-apply', query, (_t, p) => (!p?.name.startsWith(PATCH_PREFIX) ? null
       : /\/apply(_\d+)?$/.test(p.name) ? p : undefined));
-    return { kind: 'fused', site: { ...m, queryType: ctx.scope.shapes.type(query), forced: Boolean(m.deviation), patchedBy } };
+    const queryType = ctx.scope.shapes.type(query) ?? fusedElementType(ctx.scope.shapes, node);
+    return { kind: 'fused', site: { ...m, queryType, forced: Boolean(m.deviation), patchedBy } };
   },
 });
+
+/**
+ * The element type T of a fused attention operator: inputs 0-2 of every operator here (query, key, value; input,
+ * weights, bias) share it, so any of them tells it when another comes from an op of unknown output type.
+ */
+export function fusedElementType(shapes: Shapes, node: NodeProto): number | undefined {
+  return node.input.slice(0, 3).map((i) => shapes.type(i)).find((t) => t !== undefined);
+}
 
 const ms = (op: string) => (node: NodeProto): boolean => node.domain === MS && node.opType === op;
 

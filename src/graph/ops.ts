@@ -2,6 +2,7 @@
  * What this tool knows about each op, in one table every stage reads:
  *   shape     how the output shapes follow from the inputs (shape-rules.ts; the shape pass and ranks);
  *   type      the output element type when it is not input 0's (the dtype of inserted ops);
+ *   typed     which outputs have that type (default: output 0; every output of Split);
  *   logits    inputs through which attention logits flow toward the Softmax (detection, finding a patch);
  *   probs     carries attention probabilities on to the product with the values (detection);
  *   keepsAxes the output's axes are input 0's, element for element (tracing the head axis);
@@ -9,7 +10,9 @@
  *   view      the same values, maybe in another shape or type (following token ids to their embedding);
  *   shapeOnly reads the shape of its input, never the values (dependency queries stop there);
  *   product   a product of two operands that can compute query·keyᵀ or probabilities·values.
- * Ops not in the table are opaque: unknown shape, type of input 0, no role.
+ * An op in the table without a type rule keeps input 0's element type. Ops not in the table are opaque: unknown
+ * shape, unknown type (an embedding op reads int ids and writes floats: guessing input 0's type would make a
+ * well-typed patch look mis-typed), no role.
  */
 import { DataType, NodeProto } from '../io/onnx';
 import { attr, attrInt, Graph } from './graph';
@@ -20,6 +23,7 @@ export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: stri
 export interface OpInfo {
   shape?: R.ShapeRule;
   type?: TypeRule;
+  typed?: number[] | 'all';
   logits?: number[];
   probs?: boolean;
   keepsAxes?: boolean;
@@ -72,7 +76,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   // Shape and type only.
   Softmax: unary, LogSoftmax: unary, Relu: unary, Gelu: unary, FastGelu: unary, Sigmoid: unary, Erf: unary, Sqrt: unary,
   Exp: unary, Log: unary, Abs: unary, Reciprocal: unary, LayerNormalization: unary, SimplifiedLayerNormalization: unary,
-  SkipLayerNormalization: unary, SkipSimplifiedLayerNormalization: unary, RotaryEmbedding: unary, Softplus: unary,
+  RotaryEmbedding: unary, Softplus: unary,
   Trilu: unary, Round: unary, Floor: unary, Ceil: unary, Sin: unary, Cos: unary, HardSigmoid: unary, Mish: unary,
   ScatterND: unary, ScatterElements: unary,
   IsNaN: { shape: R.unary, type: 'bool' }, IsInf: { shape: R.unary, type: 'bool' }, Not: { shape: R.unary, type: 'bool' },
@@ -83,14 +87,22 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Pad: { shape: R.sameRank },
   GatherElements: { shape: R.likeInput1 },
   Gemm: { shape: R.gemm },
-  Split: { shape: R.split },
+  Split: { shape: R.split, typed: 'all' },
+  // Output 3 is the sum of the input and the skip, in the input's type (outputs 1 and 2, mean and 1/σ, are float).
+  SkipLayerNormalization: { shape: R.skipNorm, typed: [0, 3] }, SkipSimplifiedLayerNormalization: { shape: R.skipNorm, typed: [0, 3] },
   ReduceMean: { shape: R.reduce }, ReduceSum: { shape: R.reduce }, ReduceMax: { shape: R.reduce }, ReduceMin: { shape: R.reduce },
   ReduceProd: { shape: R.reduce }, ReduceL2: { shape: R.reduce },
   NonZero: { shape: R.nonZero, type: 'int64' },
   ArgMax: { type: 'int64' }, ArgMin: { type: 'int64' },
+  // Type only: input 0's (the query of the attention operators, the activations of the others).
+  Attention: {}, MultiHeadAttention: {}, GroupQueryAttention: {}, DecoderMaskedMultiHeadAttention: {}, PackedAttention: {},
+  PackedMultiHeadAttention: {}, BiasGelu: {}, QuickGelu: {}, BiasAdd: {}, Conv: {}, MaxPool: {}, AveragePool: {},
+  GlobalAveragePool: {}, RemovePadding: {}, RestorePadding: {}, Compress: {},
+  // Ids in, embeddings out: the type of the word embedding table (input 2).
+  EmbedLayerNormalization: { type: (n, typeOf) => typeOf(n.input[2]) },
 };
 
-const OPAQUE: OpInfo = {};
+const OPAQUE: OpInfo = { type: () => undefined };
 
 /** What the table says about a node's op (ops of other domains than the default and com.microsoft are opaque). */
 export function opInfo(node: NodeProto): OpInfo {

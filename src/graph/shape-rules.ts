@@ -37,6 +37,9 @@ export const unary: ShapeRule = (node, ins) => [{
   shape: ins[0]?.shape, value: node.opType === 'Cast' || node.opType === 'Identity' ? ins[0]?.value : undefined,
 }];
 
+/** SkipLayerNormalization: output 0 and the sum of input and skip (output 3) have input 0's shape. */
+export const skipNorm: ShapeRule = (_node, ins) => [{ shape: ins[0]?.shape }, {}, {}, { shape: ins[0]?.shape }];
+
 /** Same rank as input 0, sizes not known (Pad). */
 export const sameRank: ShapeRule = (_node, ins) => [{ shape: unknownDims(ins[0]?.shape?.length) }];
 

@@ -78,8 +78,9 @@ export class Shapes {
     if (node.opType !== 'Constant') this.inferShapes(node, info);
     const t = info.type;
     const inferred = t === 'bool' ? DataType.BOOL : t === 'int64' ? DataType.INT64 : t ? t(node, (n) => this.type(n), this.graph) : this.type(node.input[0]);
+    const typed = info.typed ?? [0];
     node.output.forEach((o, i) => {
-      if (o && inferred !== undefined && (i === 0 || node.opType === 'Split')) this.types.set(o, inferred);
+      if (o && inferred !== undefined && (typed === 'all' || typed.includes(i))) this.types.set(o, inferred);
     });
   }
 

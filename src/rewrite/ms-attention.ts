@@ -65,7 +65,7 @@ export interface ExpansionParams { preset: Preset; s?: LayerScale; sName?: strin
 export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, p: ExpansionParams, plan: MaskIndexPlan): InsertedFused {
   const node = site.node;
   const input = (i: number): string | undefined => node.input[i] || undefined;
-  const dtype = shared.shapes.type(node.input[0]) ?? DataType.FLOAT;
+  const dtype = site.queryType ?? DataType.FLOAT;
   const heads = site.heads.heads!;
   const opset = shared.opset;
   const masks = maskTensors(shared, site, plan, dtype);
@@ -80,7 +80,9 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
     bias = bias ? b.op('Add', [bias, prior], {}, 'attention_bias_prior') : prior;
   }
   const kv = cache(b, node, k, v, heads);
-  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset);
+  const S = shared.shapes.dim(node.input[0], 1);
+  const form = { rows: S && constantOf(S), dtype };
+  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset, form);
   return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
 }
 
@@ -95,23 +97,32 @@ function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number)
 }
 
 /**
- * Softmax(scale · q·Kᵀ + bias)·V into `output` [B, S, N·H_v]. On a stacked cache an If picks by the query length, one
- * row (singleRow) or a prompt (K and V taken out, a copy small against the products), as the header says.
+ * Softmax(scale · q·Kᵀ + bias)·V into `output` [B, S, N·H_v]. On a stacked cache, one row (singleRow) or a prompt (K
+ * and V taken out, a copy small against the products), as the header says: chosen here when the query length is
+ * fixed (`form.rows`; a branch for the other length would not even pass shape inference), else by an If at run time
+ * whose branches declare their output's type (`form.dtype`).
  */
-function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string, opset: number): void {
+function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string, opset: number,
+  form: { rows?: number; dtype: number }): void {
   if (!('stacked' in kv)) {
     rows(b, q, kv.k, kv.v, bias, heads, scale, output);
     return;
   }
   const stacked = kv.stacked;
+  const prompt = (sb: Builder, out?: string): string => {
+    const half = (i: number): string => sb.op('Gather', [stacked, sb.int64(`index${i}`, [i], true)], { axis: 0 }, i ? 'value_all' : 'key_all');
+    return rows(sb, q, half(0), half(1), bias, heads, scale, out);
+  };
+  if (form.rows !== undefined) {
+    if (form.rows !== 1) prompt(b, output);
+    else b.node('Identity', [singleRow(b, q, stacked, bias, heads, scale, opset)], [output]);
+    return;
+  }
   const seq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('axis1', [1], true)], {}, 'q_rows');
   const oneRow = b.op('Equal', [seq, b.int64('one', [1], true)], {}, 'one_row');
-  const decode = b.branch('one_row', (sb) => singleRow(sb, q, stacked, bias, heads, scale, opset));
-  const prompt = b.branch('rows', (sb) => {
-    const half = (i: number): string => sb.op('Gather', [stacked, sb.int64(`index${i}`, [i], true)], { axis: 0 }, i ? 'value_all' : 'key_all');
-    return rows(sb, q, half(0), half(1), bias, heads, scale);
-  });
-  b.node('If', [oneRow], [output], { then_branch: { graph: decode }, else_branch: { graph: prompt } });
+  const decode = b.branch('one_row', (sb) => singleRow(sb, q, stacked, bias, heads, scale, opset), form.dtype);
+  const many = b.branch('rows', (sb) => prompt(sb), form.dtype);
+  b.node('If', [oneRow], [output], { then_branch: { graph: decode }, else_branch: { graph: many } });
 }
 
 /**

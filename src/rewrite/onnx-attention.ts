@@ -36,7 +36,7 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   keysOnly: boolean): InsertedFused & { mode: NMode } {
   const node = site.node;
   const input = (i: number): string | undefined => node.input[i] || undefined;
-  const dtype = shapes.type(node.input[0]) ?? DataType.FLOAT;
+  const dtype = site.queryType ?? DataType.FLOAT;
   const precision = attrInt(node, 'softmax_precision') || dtype;
   const threeD = shapes.rank(node.input[0]) === 3;
   const maskRank = input(3) ? shapes.rank(node.input[3]) : undefined;

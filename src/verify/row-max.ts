@@ -5,6 +5,7 @@
  * output (com.microsoft MultiHeadAttention `qk`, GroupQueryAttention `qk_output`, ONNX Attention
  * `qk_matmul_output_mode`). Reducing only a slice keeps the extra work and memory small at long lengths.
  */
+import { fusedElementType } from '../detect/fused';
 import { findValueMatMul } from '../detect/trace';
 import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
@@ -123,13 +124,15 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
   const layer = site.record.layer;
   const qk = (kind: 'probs' | 'logits'): Found => {
     let out = op.output[3];
+    const type = fusedElementType(scope.shapes, op);
     if (!out) {
+      if (type === undefined) return { reason: 'the element type of its inputs is not known, so its qk output cannot be declared' };
       while (op.output.length < 3) op.output.push('');
       out = scope.graph.uniqueName(`${PREFIX}L${layer}/qk`);
       op.output[3] = out;
       scope.graph.producer.set(out, op);
       // The kernel's schema cannot infer this output's type: it is the query's.
-      scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: scope.shapes.type(op.input[0]) ?? DataType.FLOAT } } });
+      scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: type } } });
     }
     const probs = kind === 'probs' ? out : add(x, scope, node('Softmax', [out], scope.graph.uniqueName(`${PREFIX}L${layer}/qk_probs`), { axis: -1 }));
     return { tensor: reduceRows(x, scope, probs, layer) };
@@ -179,7 +182,7 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   let qkv = n('MatMul', [op.input[0], op.input[1]], 'qkv');
   if (op.input[2]) qkv = n('Add', [qkv, op.input[2]], 'qkv_biased');
   // The recomputation's constants are float: an fp16 operator's tensors are cast to float first.
-  const float = (t: string, base: string): string => (scope.shapes.type(op.input[0]) === DataType.FLOAT ? t : n('Cast', [t], base, { to: DataType.FLOAT }));
+  const float = (t: string, base: string): string => (fusedElementType(scope.shapes, op) === DataType.FLOAT ? t : n('Cast', [t], base, { to: DataType.FLOAT }));
   qkv = float(qkv, 'qkv_f');
   // Widths of Q and K: qkv_hidden_sizes, else a third each of the weight's columns.
   const width = n('Slice', [n('Shape', [op.input[1]], 'w_shape'), k64('last', [-1]), k64('end', [2 ** 62])], 'w_width');
