@@ -38,7 +38,11 @@ export class OpsetGuard {
   }
 
   private raise(why: string, from: number): void {
-    const entry = this.model.opsetImport.find((o) => o.domain === '' || o.domain === 'ai.onnx')!;
+    const entry = this.model.opsetImport.find((o) => o.domain === '' || o.domain === 'ai.onnx');
+    if (!entry) {
+      this.importDefault(why);
+      return;
+    }
     const blocking = changedNodes(this.model.graph!, from);
     if (blocking.length) {
       const ops = [...new Set(blocking.map((n) => n.opType))].join(', ');
@@ -48,6 +52,18 @@ export class OpsetGuard {
     this.journal.raiseOpset(from, PATCH_OPSET);
     this.notes.push(`the default opset import was raised from ${from} to ${PATCH_OPSET}: ${why} needs ops of opset ${PATCH_OPSET}, and every node of the model means the same there (revert lowers it again)`);
     entry.version = PATCH_OPSET;
+    this.raised();
+  }
+
+  /** A model of contrib ops alone imports no default domain: the import is added (from 0 in the journal: none). */
+  private importDefault(why: string): void {
+    this.journal.raiseOpset(0, PATCH_OPSET);
+    this.notes.push(`a default-domain opset import (${PATCH_OPSET}) was added: ${why} needs ops of the default domain, which the model did not import (revert removes it again)`);
+    this.model.opsetImport.push({ domain: '', version: PATCH_OPSET });
+    this.raised();
+  }
+
+  private raised(): void {
     for (const s of this.scopes) if (s.kind !== 'function') s.opset = PATCH_OPSET;
   }
 }
@@ -63,8 +79,10 @@ function changedNodes(g: GraphProto, from: number): NodeProto[] {
   return out;
 }
 
-/** The opset a journal entry raised from, restored by revert. */
+/** The opset a journal entry raised from, restored by revert (from 0: the import the patch added is removed). */
 export function lowerOpset(model: ModelProto, from: number): void {
-  const entry = model.opsetImport.find((o) => o.domain === '' || o.domain === 'ai.onnx');
-  if (entry && toNumber(entry.version) === PATCH_OPSET) entry.version = from;
+  const i = model.opsetImport.findIndex((o) => o.domain === '' || o.domain === 'ai.onnx');
+  if (i < 0 || toNumber(model.opsetImport[i].version) !== PATCH_OPSET) return;
+  if (from === 0) model.opsetImport.splice(i, 1);
+  else model.opsetImport[i].version = from;
 }

@@ -13,6 +13,7 @@ import { nodeLabel } from '../graph/graph';
 import { calledFunction, modelScopes, Scope } from '../graph/scopes';
 import { AttributeProto, DataType, GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
+import { PATCH_OPSET } from '../rewrite/opset';
 import { attribute, PREFIX } from './nodes';
 
 /** Why a tensor could not be brought out. */
@@ -30,6 +31,9 @@ export class Exposer {
   private readonly floats = new Set<string>();
 
   constructor(private readonly model: ModelProto) {
+    // The nodes added are of the default domain, which a model of contrib ops alone may not import (the patch adds
+    // the same import, opset.ts).
+    if (!model.opsetImport.some((o) => o.domain === '' || o.domain === 'ai.onnx')) model.opsetImport.push({ domain: '', version: PATCH_OPSET });
     this.scopes = modelScopes(model);
     this.byPath = new Map(this.scopes.map((s) => [s.path, s]));
   }
