@@ -54,6 +54,25 @@ export function nodeKey(node: NodeProto): string {
   return node.output.find(Boolean) ?? `#${node.name}`;
 }
 
+/**
+ * Keys for a list of nodes, unique within it, for the journal's original order: the first output, and where two
+ * nodes share it (a name defined twice by Constant nodes, which onnxruntime accepts) the node name and the
+ * occurrence as well.
+ */
+export function orderKeys(nodes: readonly NodeProto[]): string[] {
+  const count = new Map<string, number>();
+  for (const n of nodes) count.set(nodeKey(n), (count.get(nodeKey(n)) ?? 0) + 1);
+  const seen = new Map<string, number>();
+  return nodes.map((n) => {
+    const key = nodeKey(n);
+    if (count.get(key) === 1) return key;
+    const named = `${key}|${n.name}`;
+    const k = seen.get(named) ?? 0;
+    seen.set(named, k + 1);
+    return `${named}|${k}`;
+  });
+}
+
 /** Edits of one scope's graph, each applied through the graph's edit API and written down. */
 export class Editor {
   constructor(readonly graph: Graph, readonly edits: ScopeEdits) {}
@@ -104,7 +123,7 @@ export class Journal {
     const now = new Set(before);
     const after = graph.nodes.filter((n) => now.has(n));
     if (after.length === before.length && after.every((n, i) => n === before[i])) return;
-    this.editor(scope, graph, 'order').edits.order = before.map(nodeKey);
+    this.editor(scope, graph, 'order').edits.order = orderKeys(before);
   }
 
   record(): ScopeEdits[] {

@@ -12,7 +12,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
-import { nodeKey, removedNode, ScopeEdits } from './journal';
+import { orderKeys, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
 import { cloneModel, prepareGraph } from './patch';
@@ -137,7 +137,8 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
 
 /** Puts the original nodes back in the order the journal noted before the patch's sort moved some of them. */
 function restoreOrder(graph: Graph, order: string[]): void {
-  const byKey = new Map(graph.nodes.map((n) => [nodeKey(n), n]));
+  const keys = orderKeys(graph.nodes);
+  const byKey = new Map(graph.nodes.map((n, i) => [keys[i], n]));
   const nodes = order.map((k) => byKey.get(k));
   if (nodes.length !== graph.nodes.length || nodes.some((n) => !n)) stale('the nodes the journal lists in their original order are not the model\'s');
   graph.proto.node = nodes as NodeProto[];
