@@ -4,8 +4,8 @@
  * No false failures: every torch fixture × every preset (ssmax, bias, qwen-logn, llama4) × every n mode the
  * patch accepts, scalar / per-head / per-layer s, a --layers subset and an --update-s, plus the fused-operator
  * and subgraph models (test/support/verify-models.ts) and a sample of the corpus: strict verification passes.
- * A combination the patch refuses (a preset on a fused operator, --n mask without a mask) does not apply and is
- * counted as such.
+ * A combination the patch refuses (--n mask without a mask, a prior where the head count is unknown) does not
+ * apply; the refusals are exactly the ones listed in EXPECTED_REFUSALS, so a refusal cannot hide a broken patch.
  *
  * No false passes: wrong patches made from right ones (test/support/tamper.ts): every one fails, and a failing
  * check names the site.
@@ -35,6 +35,26 @@ const STRICT: VerifyOptions = { strict: true, lengths: [4, L, 4 * L] };
 const fixtures = fs.readdirSync(TORCH).filter((f) => f.endsWith('.onnx')).sort();
 const tally = { cases: 0, passed: 0, notApplicable: 0, mutations: 0, caught: 0, refused: [] as string[] };
 
+/** Every combination the patch refuses, by `<model> <options>`, with its reason: nothing else may be refused. */
+const EXPECTED_REFUSALS: Record<string, RegExp> = {
+  'attn_functions.onnx {"trainLen":16,"layers":"0"}': /selects layer 0 but not layer\(s\) 1, which call the same function 'FnAttention'/,
+  'classifier.onnx {"trainLen":16,"n":"mask"}': /layer 0: option n \(mask\) needs a mask on the logits/,
+  'attn_functions.onnx {"trainLen":16,"n":"mask"}': /layer 0: option n \(mask\) needs a mask on the logits/,
+  'loopModel {"trainLen":16,"prior":"ggd","priorTheta":{"theta_alpha":-0.4,"theta_beta":0.8,"theta_mu":0.3}}': /main\/Loop.body: a positional prior needs the head count/,
+  'loopModel {"preset":"none","prior":"alibi"}': /main\/Loop.body: a positional prior needs the head count/,
+  'loopModel per-head s': /head count is unknown/,
+  'scanModel {"trainLen":16,"prior":"ggd","priorTheta":{"theta_alpha":-0.4,"theta_beta":0.8,"theta_mu":0.3}}': /main\/Scan.body: a positional prior needs the head count/,
+  'scanModel {"preset":"none","prior":"alibi"}': /main\/Scan.body: a positional prior needs the head count/,
+  'scanModel per-head s': /head count is unknown/,
+};
+const refusals = new Map<string, string>();
+
+function refuse(label: string, reason: string): void {
+  tally.notApplicable++;
+  tally.refused.push(`${label}: ${reason}`);
+  refusals.set(label, reason);
+}
+
 after(() => {
   process.stdout.write(`# matrix: ${tally.cases} strict verifications of correct patches, ${tally.passed} passed, `
     + `${tally.notApplicable} combinations the patch refuses (${tally.refused.join('; ')}); ${tally.mutations} wrong patches, ${tally.caught} failed\n`);
@@ -43,15 +63,14 @@ after(() => {
 const explain = (r: VerifyReport): string => [...r.checks.map((c) => `${c.status} ${c.name}: ${c.summary}`), ...r.unverified.map((u) => `unverified: ${u}`)].join('\n');
 
 /** Patches and verifies strictly; a patch the tool refuses does not apply (returns false). */
-async function strictPasses(original: ModelProto, options: PatchOptions, update?: PatchOptions): Promise<boolean> {
+async function strictPasses(model: string, original: ModelProto, options: PatchOptions, update?: PatchOptions): Promise<boolean> {
   let patched: ModelProto;
   try {
     patched = patchModel(original, options).model;
     if (update) patched = patchModel(patched, { ...update, updateS: true }).model;
   } catch (e) {
     if (!(e instanceof InputError)) throw e;
-    tally.notApplicable++;
-    tally.refused.push(`${JSON.stringify(options)}: ${e.message}`);
+    refuse(`${model} ${JSON.stringify(options)}`, e.message);
     return false;
   }
   tally.cases++;
@@ -81,38 +100,36 @@ describe('no false failures: strict verification of correct patches', () => {
   for (const file of fixtures) {
     describe(file, () => {
       const original = readModel(path.join(TORCH, file));
-      for (const [name, options] of PRESETS) it(`--preset ${name}`, async () => { await strictPasses(original, options); });
-      for (const n of ['keys', 'causal', 'mask'] as const) it(`--n ${n}`, async () => { await strictPasses(original, { trainLen: L, n }); });
+      for (const [name, options] of PRESETS) it(`--preset ${name}`, async () => { await strictPasses(file, original, options); });
+      for (const n of ['keys', 'causal', 'mask'] as const) it(`--n ${n}`, async () => { await strictPasses(file, original, { trainLen: L, n }); });
       it('per-head and per-layer s', async () => {
         const heads = headCounts(original);
         if (heads.some((h) => h === 0)) {
-          tally.notApplicable += 2;
-          tally.refused.push(`${file}: per-head s: a head count is unknown`);
+          refuse(`${file} per-head s`, 'a head count is unknown');
           return;
         }
         const row = (h: number, k: number): number[] => Array.from({ length: h }, (_, i) => 0.25 + 0.05 * i + 0.02 * k);
-        await strictPasses(original, { scale: { kind: 'per-head', s: row(heads[0], 0) } });
-        await strictPasses(original, { scale: { kind: 'per-layer', s: heads.map((h, k) => row(h, k)) } });
+        await strictPasses(file, original, { scale: { kind: 'per-head', s: row(heads[0], 0) } });
+        await strictPasses(file, original, { scale: { kind: 'per-layer', s: heads.map((h, k) => row(h, k)) } });
       });
-      it('--layers 0', async () => { await strictPasses(original, { trainLen: L, layers: '0' }); });
-      it('--update-s to another train length', async () => { await strictPasses(original, { trainLen: L }, { trainLen: 2 * L }); });
+      it('--layers 0', async () => { await strictPasses(file, original, { trainLen: L, layers: '0' }); });
+      it('--update-s to another train length', async () => { await strictPasses(file, original, { trainLen: L }, { trainLen: 2 * L }); });
     });
   }
 
   for (const [name, make] of Object.entries(models)) {
     it(`${name}: ssmax, keys and causal n, per-head s, --update-s`, async () => {
       const m = make();
-      assert.ok(await strictPasses(m, { trainLen: L }), 'the default patch applies');
-      for (const n of ['keys', 'causal'] as const) await strictPasses(m, { trainLen: L, n });
-      await strictPasses(m, { trainLen: L, prior: 'ggd', priorTheta: THETA });
-      await strictPasses(m, { preset: 'none', prior: 'alibi' });
+      assert.ok(await strictPasses(name, m, { trainLen: L }), 'the default patch applies');
+      for (const n of ['keys', 'causal'] as const) await strictPasses(name, m, { trainLen: L, n });
+      await strictPasses(name, m, { trainLen: L, prior: 'ggd', priorTheta: THETA });
+      await strictPasses(name, m, { preset: 'none', prior: 'alibi' });
       const heads = headCounts(m);
-      if (heads.every((h) => h > 0)) await strictPasses(m, { scale: { kind: 'per-head', s: Array.from({ length: heads[0] }, (_, i) => 0.3 + 0.1 * i) } });
+      if (heads.every((h) => h > 0)) await strictPasses(name, m, { scale: { kind: 'per-head', s: Array.from({ length: heads[0] }, (_, i) => 0.3 + 0.1 * i) } });
       else {
-        tally.notApplicable++;
-        tally.refused.push(`${name}: per-head s: a head count is unknown`);
+        refuse(`${name} per-head s`, 'a head count is unknown');
       }
-      await strictPasses(m, { trainLen: L }, { trainLen: 2 * L });
+      await strictPasses(name, m, { trainLen: L }, { trainLen: 2 * L });
     });
   }
 
@@ -120,9 +137,14 @@ describe('no false failures: strict verification of correct patches', () => {
   const sample = ['ort_attention_mask1d_fp32.onnx', 'ort_attention_no_mask_fp16.onnx', 'ort_bert_toy_optimized.onnx'];
   for (const file of sample) {
     it(`corpus ${file}`, { skip: fs.existsSync(path.join(CORPUS, file)) ? false : 'corpus not present' }, async () => {
-      assert.ok(await strictPasses(readModel(path.join(CORPUS, file)), { trainLen: L, sortNodes: true }));
+      assert.ok(await strictPasses(file, readModel(path.join(CORPUS, file)), { trainLen: L, sortNodes: true }));
     });
   }
+
+  it('refuses exactly the expected combinations, each for its reason', () => {
+    assert.deepEqual([...refusals.keys()].sort(), Object.keys(EXPECTED_REFUSALS).sort());
+    for (const [label, reason] of refusals) assert.match(reason, EXPECTED_REFUSALS[label], label);
+  });
 });
 
 // ---- no false passes ------------------------------------------------------------------------------------
