@@ -124,17 +124,17 @@ export const LATENCY_CASES: LatencyCase[] = [
  * θ that differs per layer and head, as after fine-tuning. With the neutral θ = 0 in every layer onnxruntime shares
  * the equal θ initializers and merges the layers' identical prior computations, which a real model never allows.
  */
-function trainedTheta(cfg: DecoderConfig): PatchOptions['priorTheta'] {
+function trainedTheta(cfg: DecoderConfig): PatchOptions['theta'] {
   const per = (f: (l: number, h: number) => number): number[][] =>
     Array.from({ length: cfg.layers }, (_, l) => Array.from({ length: cfg.heads }, (_, h) => f(l, h)));
   return {
-    theta_alpha: per((l, h) => -1 - 0.01 * (l * cfg.heads + h)), theta_beta: per((l, h) => 0.5 + 0.01 * (l + h)), theta_mu: per((l, h) => 0.001 * (l - h)),
+    alpha: per((l, h) => -1 - 0.01 * (l * cfg.heads + h)), beta: per((l, h) => 0.5 + 0.01 * (l + h)), mu: per((l, h) => 0.001 * (l - h)),
   };
 }
 
 /** The same cases with a positional prior (BAM's GGD, θ differing per layer and head) added to SSMax: the prior's cost. */
 LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({
-  ...c, label: `${c.label}, + ggd prior`, patch: { trainLen: 1024, prior: 'ggd', priorTheta: trainedTheta(c.config) },
+  ...c, label: `${c.label}, + ggd prior`, patch: { trainLen: 1024, prior: 'ggd' as const, theta: trainedTheta(c.config) },
 })));
 
 /**

@@ -5,8 +5,8 @@
 const OPTIONS: Record<string, [string, string]> = {
   s: ['s', '--s'], trainLen: ['trainLen', '--train-len'], sFile: ['sFile', '--s-file'], n: ['n', '--n'], updateS: ['updateS', '--update-s'],
   force: ['force', '--force-site'], preset: ['preset', '--preset'], b: ['b', '--b'], floorScale: ['floorScale', '--floor-scale'],
-  attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'], sortNodes: ['sortNodes', '--sort-nodes'],
-  dims: ['dims', '--dim'], inputFiles: ['inputFiles', '--input'], maxLen: ['maxLen', '--max-len'], lengths: ['lengths', '--lengths'],
+  attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'],
+  dims: ['dims', '--dim'], inputFiles: ['inputFiles', '--input'], inputs: ['inputs', '--input'], maxLen: ['maxLen', '--max-len'], lengths: ['lengths', '--lengths'],
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],
   externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'], prior: ['prior', '--prior'],
   priorFile: ['priorFile', '--prior-file'],

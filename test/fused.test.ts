@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { cliError } from './support/io';
 import { describe, it } from 'node:test';
 import { DataType, ModelProto, NodeProto } from '../src/io/onnx';
-import { parseScaleJson } from '../src/policy/scale';
+import type { Theta } from '../src/policy/prior';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Feeds } from '../src/verify/inputs';
 import { attention, AttentionSpec, bnsd, bsd, f32, floats, i32, i64, maxDiff, runOnce, ssmaxFactor, toBsd } from './support/attention';
@@ -26,13 +26,13 @@ function withMs(m: ModelProto): ModelProto {
 }
 
 /** θ per head for the prior tests (4 heads; the first two for 2-head models). */
-const THETA = { theta_alpha: [-0.7, -0.2, 0.3, -1.2], theta_beta: [0.6, 1, 1.4, 0.8], theta_mu: [0, 0.4, -0.3, 0.1] };
-const thetaFor = (heads: number) => Object.fromEntries(Object.entries(THETA).map(([k, v]) => [k, v.slice(0, heads)]));
+const THETA = { alpha: [-0.7, -0.2, 0.3, -1.2], beta: [0.6, 1, 1.4, 0.8], mu: [0, 0.4, -0.3, 0.1] };
+const thetaFor = (heads: number): Theta => ({ alpha: THETA.alpha.slice(0, heads), beta: THETA.beta.slice(0, heads), mu: THETA.mu.slice(0, heads) });
 
 /** BAM's prior B for head n, absolute query position i and key j (BAM.md), independent of the tool's code. */
 function ggd(n: number, i: number, j: number): number {
-  const mu = Math.exp(THETA.theta_mu[n]) - Math.exp(-THETA.theta_mu[n]);
-  return -Math.exp(THETA.theta_alpha[n]) * Math.pow(Math.abs(j - i - mu) + 1e-5, THETA.theta_beta[n]);
+  const mu = Math.exp(THETA.mu[n]) - Math.exp(-THETA.mu[n]);
+  return -Math.exp(THETA.alpha[n]) * Math.pow(Math.abs(j - i - mu) + 1e-5, THETA.beta[n]);
 }
 
 const perHead = (h: number): number[] => Array.from({ length: h }, (_, i) => 0.25 + 0.15 * i);
@@ -88,7 +88,7 @@ describe('com.microsoft MultiHeadAttention', () => {
       const spec = { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), visible: () => true,
         q: withBias(bsd(q, S, N, H), 0), k: withBias(bsd(k, S, N, H), D), v: withBias(bsd(v, S, N, H), 2 * D) };
       const f = (_b: number, n: number): number => ssmaxFactor(s, S, n);
-      const options = perHeadS ? { scale: parseScaleJson({ s }, 't') } : { s: s as number };
+      const options = perHeadS ? { s } : { s: s as number };
       const { feeds: f2 } = { feeds: Object.fromEntries(Object.entries(feeds).filter(([n]) => !n.startsWith('past'))) };
       await check(mha({ S, T: S, bias: true }), f2, 'out', spec, f, options);
     }
@@ -104,7 +104,7 @@ describe('com.microsoft MultiHeadAttention', () => {
         visible: (_b: number, _n: number, i: number, j: number) => j <= P + i };
       const s = perHead(N);
       await check(mha({ S, T, past: P, unidirectional: true }), feeds, 'out', spec, (_b, n, i) => ssmaxFactor(s, P + i + 1, n),
-        { scale: parseScaleJson({ s }, 't') });
+        { s });
     }
   });
 
@@ -122,7 +122,7 @@ describe('com.microsoft MultiHeadAttention', () => {
 
   it('a ggd prior through attention_bias: c_i·B with a cache (prompt, chunk, decode), alone with --preset none, added to an existing bias', async () => {
     const s = perHead(N);
-    const prior = { prior: 'ggd', priorTheta: thetaFor(N) };
+    const prior = { prior: 'ggd' as const, theta: thetaFor(N) };
     for (const [S, P] of [[4, 0], [3, 5], [1, 9]]) {
       const { feeds, q, k, v, pk, pv } = feedsFor(S, S, P, 40 + S);
       const cat = (past: Float32Array, cur: Float32Array) => (b: number, n: number, j: number, d: number): number =>
@@ -131,7 +131,7 @@ describe('com.microsoft MultiHeadAttention', () => {
         visible: (_b: number, _n: number, i: number, j: number) => j <= P + i };
       const c = (_b: number, n: number, i: number): number => ssmaxFactor(s, P + i + 1, n);
       await check(mha({ S, T: P + S, past: P, unidirectional: true }), feeds, 'out', spec, c,
-        { scale: parseScaleJson({ s }, 't'), ...prior }, 'bsd', (b, n, i, j) => c(b, n, i) * ggd(n, P + i, j));
+        { s, ...prior }, 'bsd', (b, n, i, j) => c(b, n, i) * ggd(n, P + i, j));
       await check(mha({ S, T: P + S, past: P, unidirectional: true }), feeds, 'out', spec, () => 1,
         { preset: 'none', ...prior }, 'bsd', (_b, n, i, j) => ggd(n, P + i, j));
     }
@@ -154,7 +154,7 @@ describe('com.microsoft MultiHeadAttention', () => {
       inputs: [value('qkv', DataType.FLOAT, ['B', 'S', N, 3, H])], outputs: [value('out', DataType.FLOAT, [])],
     }));
     const s = perHead(N);
-    const { model: patched, report } = patchModel(m, { scale: parseScaleJson({ s }, 't') });
+    const { model: patched, report } = patchModel(m, { s });
     assert.equal(report.sites[0].kind, 'com.microsoft.MultiHeadAttention');
     const feeds = { qkv: f32([B, S, N, 3, H], qkv) };
     const spec = { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: at(0), k: at(1), v: at(2), visible: () => true };
@@ -243,7 +243,7 @@ describe('com.microsoft GroupQueryAttention', () => {
 
   it('prompt (empty cache) and decoding with a ragged cache: n from seqlens_k, not from the buffer', async () => {
     const s = perHead(N);
-    const options = { scale: parseScaleJson({ s }, 't') };
+    const options = { s };
     // Prompt: S = total, cache buffer empty; every row i sees i + 1 keys.
     let c = gqaCase(6, 0, [0, 0], 60);
     await check(gqa({}), c.feeds, 'out', { B, N, Nkv, S: 6, T: 6, H, scale: 1 / Math.sqrt(H), q: c.q, k: c.k, v: c.v,
@@ -256,7 +256,7 @@ describe('com.microsoft GroupQueryAttention', () => {
 
   it('a ggd prior through attention_bias: prompt and a ragged cache, the query at position past_b + i of its own item', async () => {
     const s = perHead(N);
-    const options = { scale: parseScaleJson({ s }, 't'), prior: 'ggd', priorTheta: thetaFor(N) };
+    const options = { s, prior: 'ggd' as const, theta: thetaFor(N) };
     for (const [S, P, past] of [[6, 0, [0, 0]], [1, 8, [5, 8]], [1, 8, [2, 7]]] as const) {
       const c = gqaCase(S, P, [...past], 61 + S);
       const row = (b: number, i: number): number => c.totals[b] - S + i;
@@ -341,7 +341,7 @@ describe('com.microsoft Attention (Q computed inside from weights)', () => {
       const s = perHead(N);
       await check(msAttention(false), { x: f32([B, S, IN], x) }, 'out',
         { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: proj(0), k: proj(1), v: proj(2), visible: () => true },
-        (_b, n) => ssmaxFactor(s, S, n), { scale: parseScaleJson({ s }, 't') });
+        (_b, n) => ssmaxFactor(s, S, n), { s });
     }
   });
 
@@ -354,7 +354,7 @@ describe('com.microsoft Attention (Q computed inside from weights)', () => {
       return acc;
     };
     const s = perHead(N);
-    const options = { scale: parseScaleJson({ s }, 't'), prior: 'ggd', priorTheta: thetaFor(N) };
+    const options = { s, prior: 'ggd' as const, theta: thetaFor(N) };
     const spec = { B, N, Nkv: N, S, T: S, H, scale: 1 / Math.sqrt(H), q: proj(0), k: proj(1), v: proj(2) };
     const causal = (_b: number, n: number, i: number): number => ssmaxFactor(s, i + 1, n);
     await check(msAttention(true), { x: f32([B, S, IN], x) }, 'out', { ...spec, visible: (_b, _n, i, j) => j <= i }, causal, options,
@@ -421,7 +421,7 @@ describe('ONNX Attention (opset 23)', () => {
         past_k: f32([B, Nkv, P, H], t.pk), past_v: f32([B, Nkv, P, H], t.pv) };
       await check(onnxAttention({ causal: true, past: true }), feeds, 'Y',
         { B, N, Nkv, S, T: P + S, H, scale: 1 / Math.sqrt(H), q: bnsd(t.q, N, S, H), k: cat(t.pk, t.k), v: cat(t.pv, t.v),
-          visible: (_b, _n, i, j) => j <= P + i }, (_b, n, i) => ssmaxFactor(s, P + i + 1, n), { scale: parseScaleJson({ s }, 't') }, 'bnsd');
+          visible: (_b, _n, i, j) => j <= P + i }, (_b, n, i) => ssmaxFactor(s, P + i + 1, n), { s }, 'bnsd');
     }
   });
 
@@ -439,7 +439,7 @@ describe('ONNX Attention (opset 23)', () => {
 
   it('a ggd prior through attn_mask: causal with a cache, and added to an existing float mask (3-D, keys n)', async () => {
     const s = perHead(N);
-    const prior = { prior: 'ggd', priorTheta: thetaFor(N) };
+    const prior = { prior: 'ggd' as const, theta: thetaFor(N) };
     for (const [S, P] of [[5, 0], [1, 9]]) {
       const t = tensors(S, S, P, 210 + S);
       const cat = (past: Float32Array, cur: Float32Array) => (b: number, m: number, j: number, d: number): number =>
@@ -449,7 +449,7 @@ describe('ONNX Attention (opset 23)', () => {
       const c = (_b: number, n: number, i: number): number => ssmaxFactor(s, P + i + 1, n);
       await check(onnxAttention({ causal: true, past: true }), feeds, 'Y',
         { B, N, Nkv, S, T: P + S, H, scale: 1 / Math.sqrt(H), q: bnsd(t.q, N, S, H), k: cat(t.pk, t.k), v: cat(t.pv, t.v),
-          visible: (_b, _n, i, j) => j <= P + i }, c, { scale: parseScaleJson({ s }, 't'), ...prior }, 'bnsd', (b, n, i, j) => c(b, n, i) * ggd(n, P + i, j));
+          visible: (_b, _n, i, j) => j <= P + i }, c, { s, ...prior }, 'bnsd', (b, n, i, j) => c(b, n, i) * ggd(n, P + i, j));
     }
     const S = 6;
     const t = tensors(S, S, 0, 310);
@@ -503,7 +503,7 @@ describe('com.microsoft DecoderMaskedMultiHeadAttention', () => {
     const s = perHead(N);
     await check(dmmha({ share: true, bias: true }), feeds, 'out',
       { B, N, Nkv: N, S: 1, T: P + 1, H, scale: 1 / Math.sqrt(H), q: add(q, 0), k: cat(pk, add(k, D)), v: cat(pv, add(v, 2 * D)), visible: () => true },
-      (_b, n) => ssmaxFactor(s, P + 1, n), { scale: parseScaleJson({ s }, 't') });
+      (_b, n) => ssmaxFactor(s, P + 1, n), { s });
   });
 
   it('a ggd prior through attention_bias on a shared buffer: the token at position past, keys 0 … past', async () => {
@@ -519,7 +519,7 @@ describe('com.microsoft DecoderMaskedMultiHeadAttention', () => {
     const c = (_b: number, n: number): number => ssmaxFactor(s, P + 1, n);
     await check(dmmha({ share: true }), feeds, 'out',
       { B, N, Nkv: N, S: 1, T: P + 1, H, scale: 1 / Math.sqrt(H), q: at(q), k: cat(pk, at(k)), v: cat(pv, at(v)), visible: () => true },
-      c, { scale: parseScaleJson({ s }, 't'), prior: 'ggd', priorTheta: thetaFor(N) }, 'bsd', (b, n, _i, j) => c(b, n) * ggd(n, P, j));
+      c, { s, prior: 'ggd' as const, theta: thetaFor(N) }, 'bsd', (b, n, _i, j) => c(b, n) * ggd(n, P, j));
   });
 });
 
@@ -562,7 +562,7 @@ describe('fused sites: --n, per-head s checks, shared buffers, --update-s', () =
   });
 
   it('per-head s is checked against num_heads', () => {
-    assert.throws(() => patchModel(gqaPrompt(), { scale: parseScaleJson({ s: [0.1, 0.2, 0.3] }, 'f') }), /s file gives 3 heads for layer 0, the model has 4 heads there/);
+    assert.throws(() => patchModel(gqaPrompt(), { s: [0.1, 0.2, 0.3] }), /s file gives 3 heads for layer 0, the model has 4 heads there/);
   });
 
   it('a shared past/present buffer without past_sequence_length is refused: its length is not the sequence length', () => {

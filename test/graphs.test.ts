@@ -6,7 +6,6 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
-import { parseScaleJson } from '../src/policy/scale';
 import { Runner } from '../src/verify/run';
 import { f32, i64, model, node, randoms, value } from './support/build';
 
@@ -102,10 +101,10 @@ const perHead = [0.2, 0.35, 0.5, 0.65];
 describe('tiny attention graphs against a loop reference', () => {
   const cases: { title: string; shape: Shape; options: PatchOptions; s: number[]; n: 'keys' | 'causal' }[] = [
     { title: '4-D, no mask, scalar s, keys', shape: { t: 7 }, options: { s: 0.4 }, s: [0.4, 0.4, 0.4, 0.4], n: 'keys' },
-    { title: '4-D, padding mask, per-head s, --n keys', shape: { t: 6, mask: 'padding' }, options: { n: 'keys', scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'keys' },
-    { title: '3-D [B·H,T,T], per-head s (tiled over batch)', shape: { t: 5, rank: 3 }, options: { scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'keys' },
+    { title: '4-D, padding mask, per-head s, --n keys', shape: { t: 6, mask: 'padding' }, options: { n: 'keys', s: perHead }, s: perHead, n: 'keys' },
+    { title: '3-D [B·H,T,T], per-head s (tiled over batch)', shape: { t: 5, rank: 3 }, options: { s: perHead }, s: perHead, n: 'keys' },
     { title: 'Trilu causal mask, auto → causal', shape: { t: 6, mask: 'causal-trilu' }, options: { s: 0.5 }, s: [0.5, 0.5, 0.5, 0.5], n: 'causal' },
-    { title: 'Where causal mask with finfo.min, per-head, auto → causal', shape: { t: 9, mask: 'causal-where' }, options: { scale: parseScaleJson({ s: perHead }, 't') }, s: perHead, n: 'causal' },
+    { title: 'Where causal mask with finfo.min, per-head, auto → causal', shape: { t: 9, mask: 'causal-where' }, options: { s: perHead }, s: perHead, n: 'causal' },
     { title: 'opset 11 Softmax with axis=3', shape: { t: 4, opset: 11, softmaxAxis: 3 }, options: { s: 0.3 }, s: [0.3, 0.3, 0.3, 0.3], n: 'keys' },
   ];
   for (const c of cases) {

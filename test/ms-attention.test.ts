@@ -12,7 +12,6 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { parseModel, readModel, serializeModel } from '../src/io/model-file';
-import { parseScaleJson } from '../src/policy/scale';
 import { revertModel } from '../src/rewrite/revert';
 import { patchModel } from '../src/rewrite/patch';
 import { FIXTURES, loadRef } from './support/ref';
@@ -93,11 +92,11 @@ describe('attention sharpness of com.microsoft Attention', () => {
 describe('an expanded site, patched again', () => {
   it('is found by its record: a second patch is refused, --update-s replaces s, revert after it gives back the original', async () => {
     const original = readModel(path.join(DIR, 'gpt2_causal_past.onnx'));
-    const once = parseModel(serializeModel(patchModel(original, { scale: parseScaleJson({ s: [0.3, 0.4] }, 't') }).model), 'patched');
+    const once = parseModel(serializeModel(patchModel(original, { s: [0.3, 0.4] }).model), 'patched');
     assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
-    const updated = patchModel(once, { scale: parseScaleJson({ s: [0.6, 0.2] }, 't'), updateS: true });
+    const updated = patchModel(once, { s: [0.6, 0.2], updateS: true });
     assert.deepEqual(updated.report.sites.map((s) => s.s), [[0.6, 0.2]]);
-    const fresh = patchModel(original, { scale: parseScaleJson({ s: [0.6, 0.2] }, 't') }).model;
+    const fresh = patchModel(original, { s: [0.6, 0.2] }).model;
     const c = loadRef('gpt2_causal_past', DIR).cases[1];
     const [a, b] = [await outputsOf(updated.model, c), await outputsOf(fresh, c)];
     assert.deepEqual(Array.from(a.output.data), Array.from(b.output.data));

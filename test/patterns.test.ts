@@ -9,7 +9,6 @@ import { describe, it } from 'node:test';
 import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { makeTensor } from '../src/graph/tensor';
 import { Graph } from '../src/graph/graph';
-import { parseScaleJson } from '../src/policy/scale';
 import { Builder } from '../src/rewrite/builder';
 import { Journal } from '../src/rewrite/journal';
 import { applyFactor } from '../src/rewrite/dtype';
@@ -58,7 +57,7 @@ function causalAdd(S: number, name: string): { nodes: NodeProto[]; inits: Tensor
 const patterns: Pattern[] = [
   {
     title: 'keras2onnx: Einsum(key, query) → Add(−10000 padding mask) → Softmax → Einsum(probs, value), scaled query',
-    S: 6, n: 'keys', options: { n: 'keys', scale: parseScaleJson({ s: perHead }, 't') }, factor: keysFactor(perHead),
+    S: 6, n: 'keys', options: { n: 'keys', s: perHead }, factor: keysFactor(perHead),
     build(S) {
       const q = floats(B * S * N * H, 1, 1.5), k = floats(B * S * N * H, 2, 1.5), v = floats(B * S * N * H, 3);
       const mask = Float32Array.from({ length: B * S }, (_, x) => (x % S >= S - 2 && x >= S ? -10000 : 0));
@@ -100,7 +99,7 @@ const patterns: Pattern[] = [
   },
   {
     title: 'T5: no 1/√d, Add(relative position bias + causal mask) → Softmax; the position bias is not scaled',
-    S: 6, n: 'causal', options: { scale: parseScaleJson({ s: perHead }, 't') }, factor: causalFactor(perHead),
+    S: 6, n: 'causal', options: { s: perHead }, factor: causalFactor(perHead),
     build(S) {
       const t = qkv(S, 20);
       const rel = floats(N * S * S, 25, 2);
@@ -118,7 +117,7 @@ const patterns: Pattern[] = [
   },
   {
     title: 'baddbmm on 3-D logits: Add(Mul(MatMul, α), Mul(ALiBi bias, β)) → Softmax → MatMul; α scales, the bias is not scaled',
-    S: 5, n: 'keys', options: { n: 'keys', scale: parseScaleJson({ s: perHead }, 't') }, factor: keysFactor(perHead),
+    S: 5, n: 'keys', options: { n: 'keys', s: perHead }, factor: keysFactor(perHead),
     build(S) {
       const t = qkv(S, 30);
       const alibi = new Float32Array(B * N * S * S);

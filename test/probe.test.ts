@@ -17,7 +17,7 @@ import { TORCH } from './support/ref';
 import { moveFactorToLogits, reverseHeadsOfS, scaleS, useSOf } from './support/tamper';
 
 const fixture = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.onnx`));
-const PER_HEAD = { kind: 'per-head' as const, s: [0.2, 0.3, 0.4, 0.5] };
+const PER_HEAD = [0.2, 0.3, 0.4, 0.5];
 
 /** Rewrites the values of every initializer whose name matches `pattern`. */
 function editInitializers(m: ModelProto, pattern: RegExp, edit: (values: number[]) => number[]): void {
@@ -44,7 +44,7 @@ function assertFails(c: CheckResult, ...patterns: RegExp[]): void {
 describe('semantic probe', () => {
   it('passes on keys n with per-head s over a padded batch (bert_encoder)', async () => {
     const original = fixture('bert_encoder');
-    const c = await probe(original, patchModel(original, { n: 'keys', scale: PER_HEAD }).model);
+    const c = await probe(original, patchModel(original, { n: 'keys', s: PER_HEAD }).model);
     assert.equal(c.status, 'PASSED', c.summary);
     assert.match(c.summary, /padded/);
     assert.equal(c.sites!.length, 2);
@@ -57,7 +57,7 @@ describe('semantic probe', () => {
 
   it('passes on per-head s tiled over 3-D [B·H, Tq, Tk] logits (encoder_3d)', async () => {
     const original = fixture('encoder_3d');
-    const c = await probe(original, patchModel(original, { n: 'keys', scale: PER_HEAD }).model);
+    const c = await probe(original, patchModel(original, { n: 'keys', s: PER_HEAD }).model);
     assert.equal(c.status, 'PASSED', c.summary);
   });
 
@@ -94,7 +94,7 @@ describe('semantic probe', () => {
 
   it('catches per-head s in reverse order, naming the head and the expected ratio', async () => {
     const original = fixture('bert_encoder');
-    const patched = patchModel(original, { n: 'keys', scale: PER_HEAD }).model;
+    const patched = patchModel(original, { n: 'keys', s: PER_HEAD }).model;
     // The graph applies each layer's s reversed along heads; the initializers still hold them in order.
     for (const layer of [0, 1]) reverseHeadsOfS(patched, layer);
     const c = await probe(original, patched);
@@ -123,7 +123,7 @@ describe('semantic probe', () => {
 
   it('catches another layer\'s s', async () => {
     const original = fixture('llama_gqa');
-    const patched = patchModel(original, { scale: { kind: 'per-layer', s: [[0.2, 0.2, 0.2, 0.2], [0.45, 0.45, 0.45, 0.45]] } }).model;
+    const patched = patchModel(original, { s: [[0.2, 0.2, 0.2, 0.2], [0.45, 0.45, 0.45, 0.45]] }).model;
     useSOf(patched, 0, 1);
     const c = await probe(original, patched);
     assertFails(c, /^layer 0 /, /matches s of layer 1/);

@@ -38,7 +38,7 @@ function workdir(): { dir: string; original: string; patched: string; broken: st
   const patched = path.join(dir, 'llama.ssmax.onnx');
   writeModel(patched, patchModel(m, { trainLen: 64 }).model);
   // Wrong: s reaches each layer's factor reversed along the heads (the initializers themselves unchanged).
-  const broken = patchModel(m, { scale: { kind: 'per-head', s: [0.2, 0.25, 0.3, 0.35] } }).model;
+  const broken = patchModel(m, { s: [0.2, 0.25, 0.3, 0.35] }).model;
   reverseHeadsOfS(broken, 0);
   reverseHeadsOfS(broken, 1);
   writeModel(path.join(dir, 'broken.onnx'), broken);

@@ -180,7 +180,7 @@ describe('the trace of a candidate', () => {
     assert.deepEqual(capped.skipped.map((k) => [k.rule, k.stoppedAt, k.forcible, k.layer]), [['fused/ms-gqa', 'GroupQueryAttention', true, 0]]);
     assert.match(capped.skipped[0].reason, /^GroupQueryAttention: softcap=30\.5/);
     const forced = findAttentionSoftmax(fusedModel(ms('GroupQueryAttention', ['q', 'k', 'v'], { num_heads: H, kv_num_heads: H, softcap: 30.5 })),
-      undefined, { force: ['GroupQueryAttention'] });
+      { force: ['GroupQueryAttention'] });
     assert.deepEqual(forced.fused.map((s) => [s.rule, s.forced]), [['fused/ms-gqa', true]]);
     const packed = findAttentionSoftmax(fusedModel(ms('PackedAttention', ['q', 'k', 'v'], { num_heads: H })));
     assert.deepEqual(packed.skipped.map((k) => [k.rule, k.stoppedAt, Boolean(k.forcible)]), [['fused/unsupported', 'PackedAttention', false]]);

@@ -9,7 +9,6 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
 import { DataType, FunctionProto, GraphProto, ModelProto, NodeProto } from '../src/io/onnx';
-import { parseScaleJson } from '../src/policy/scale';
 import { patchModel } from '../src/rewrite/patch';
 import { withUnitFactor } from '../src/verify/verify';
 import { attention, bnsd, f32, floats, maxDiff, runOnce, ssmaxFactor } from './support/attention';
@@ -48,7 +47,7 @@ describe('attention in subgraphs', () => {
   it('If: both branches patched, numbered per graph; a per-layer s file gives row 0 to layer 0 of each', async () => {
     const { q, k, v, feeds } = qkvFeeds(1);
     const s = [[0.3, 0.7]];
-    const { model: patched, report } = patchModel(ifModel(), { scale: parseScaleJson({ s }, 't') });
+    const { model: patched, report } = patchModel(ifModel(), { s });
     assert.deepEqual(report.sites.map((x) => [x.scope, x.layer, x.node]), [['main/If.then_branch', 0, 'then_Softmax'], ['main/If.else_branch', 0, 'else_Softmax']]);
     for (const [cond, qq, kk] of [[true, q, k], [false, k, q]] as const) {
       const got = await runOnce(patched, { ...feeds, cond: { type: 'bool', dims: [], data: Uint8Array.from([cond ? 1 : 0]) } }, 'out');
@@ -177,7 +176,7 @@ describe('attention inside model-local functions', () => {
 
   it('one function, two call sites: two layers, each with its own per-head s', async () => {
     const s = [[0.3, 0.5], [0.7, 0.4]];
-    const { model: patched, report } = patchModel(twoLayers(), { scale: parseScaleJson({ s }, 't') });
+    const { model: patched, report } = patchModel(twoLayers(), { s });
     assert.deepEqual(report.sites.map((x) => [x.layer, x.scope, x.kind, x.heads]), [[0, 'main', 'call local:SelfAttention', N], [1, 'main', 'call local:SelfAttention', N]]);
     const fn = patched.functions[0];
     assert.equal(fn.input.length, 5, 's comes in through one new function input');
@@ -192,7 +191,7 @@ describe('attention inside model-local functions', () => {
     const once = patchModel(twoLayers(), { s: 0.3 }).model;
     const s = [[0.6, 0.2], [0.5, 0.5]];
     assert.throws(() => patchModel(once, { s: 0.6 }), /already patched/);
-    assert.throws(() => patchModel(once, { scale: parseScaleJson({ s }, 't'), updateS: true }), /cannot change s from shape \[\] to \[2,1,1\]/);
+    assert.throws(() => patchModel(once, { s, updateS: true }), /cannot change s from shape \[\] to \[2,1,1\]/);
     const updated = patchModel(once, { s: 0.45, updateS: true });
     const fresh = patchModel(twoLayers(), { s: 0.45 }).model;
     const x = floats(B * S * D, 19, 1.5);

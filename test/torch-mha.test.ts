@@ -10,7 +10,6 @@ import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
-import { parseScaleJson } from '../src/policy/scale';
 import { patchModel } from '../src/rewrite/patch';
 import { decode, loadRef, TORCH } from './support/ref';
 import { outputsOf } from './support/refrun';
@@ -32,13 +31,13 @@ for (const [name, modes] of Object.entries(EXPECT)) {
     const ref = loadRef(name);
     const original = readModel(path.join(TORCH, ref.model));
     it('every site: 4 heads read from the symbolic shape, n counted from the merged masks', () => {
-      const { report } = patchModel(original, { scale: parseScaleJson({ s: [0.3, 0.45, 0.6, 0.75] }, name) });
+      const { report } = patchModel(original, { s: [0.3, 0.45, 0.6, 0.75] });
       assert.deepEqual(report.sites.map((s) => s.n), modes, report.sites.map((s) => s.nReason).join('\n'));
       for (const s of report.sites) assert.equal(s.heads, 4, s.headsReason);
     });
     for (const c of ref.cases) {
       it(`${c.name}${c.patch ? ` s=${JSON.stringify(c.patch.s)}` : ''} matches PyTorch within ${TOLERANCE}`, async () => {
-        const model = c.patch ? patchModel(original, { scale: parseScaleJson({ s: c.patch.s }, c.name) }).model : original;
+        const model = c.patch ? patchModel(original, { s: c.patch.s }).model : original;
         const out = await outputsOf(model, c);
         const want = decode(c.outputs.output).data as Float32Array;
         let diff = 0;

@@ -25,7 +25,7 @@ function workdir(): { dir: string; original: string; patched: string; broken: st
   const model = readModel(original);
   const patched = path.join(dir, 'llama.ssmax.onnx');
   writeModel(patched, patchModel(model, { trainLen: 64 }).model);
-  const broken = patchModel(model, { scale: { kind: 'per-head', s: [0.2, 0.25, 0.3, 0.35] } }).model;
+  const broken = patchModel(model, { s: [0.2, 0.25, 0.3, 0.35] }).model;
   // The graph applies each layer's s reversed along heads (the initializers hold them in order).
   for (const layer of [0, 1]) reverseHeadsOfS(broken, layer);
   writeModel(path.join(dir, 'broken.onnx'), broken);

@@ -1,7 +1,7 @@
 /** `ssmax-patch patch MODEL` (also `ssmax-patch MODEL`): patch, warn, optionally verify, write, report. */
 import * as path from 'node:path';
 import { Command } from 'commander';
-import { explainNode } from '../detect/find-attention';
+import { Detection, explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
 import { ExternalDataMode, readModel, writeModelAsync, WriteOptions } from '../io/model-file';
@@ -9,11 +9,12 @@ import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
 import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
-import { patchModel, PatchReport } from '../rewrite/patch';
+import { patchModel, PatchOptions, PatchReport, PatchResult } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
-import type { VerifyOptions, VerifyReport } from '../verify/verify';
+import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
 import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { layersValue, presetValue, priorFileValue, priorValue, sFileValue } from './values';
 import { PatchDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
@@ -65,7 +66,6 @@ export function patchProgram(cmd: Command): Command {
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
     .option('--force-site <name>', 'patch refused attention anyway, accepting its stated deviation: a node name, a glob (* and ?) or all (repeatable)', collect)
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
-    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
     .option('--quiet', 'no progress line on stderr')
     .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing'));
 }
@@ -77,9 +77,9 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   if (o.explain !== undefined) return explain(args, o, run);
   const plan = planPatch(args, o, doc);
   const original = readModel(plan.input);
-  const { model, report } = patchOrExplain(original, o, plan, doc);
+  const { model, report, detection } = patchOrExplain(original, o, plan, doc);
   Object.assign(doc, report);
-  doc.warnings.push(...warningsFor(original, report, o, plan));
+  doc.warnings.push(...warningsFor(original, report, detection, o, plan));
   printWarnings(doc.warnings);
   const verification = o.verify ? await verifyBeforeWriting(original, model, report, o, plan, doc) : undefined;
   const written = doc.exitCode === 0 && !o.dryRun ? await writeModelAsync(plan.output, model, plan.write) : null;
@@ -113,7 +113,9 @@ interface PatchPlan {
   output: string;
   n: NOption;
   trainLen?: number;
-  verifyOptions: VerifyOptions;
+  /** The library's options from the flags and files (--force-site patterns are expanded once the model is read). */
+  values: PatchOptions;
+  verifyOptions: FileVerifyOptions;
   write: WriteOptions;
 }
 
@@ -125,27 +127,43 @@ function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): Patc
   Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
   const n = parseNOption(o.n);
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
+  const values = patchValues(o, n, trainLen);
   const verifyOptions = verifyOptionsFrom(o, trainLen);
   const needVerify = [o.report && '--report', o.plot && '--plot', o.junit && '--junit', o.strict && '--strict'].filter((x): x is string => Boolean(x));
   if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`);
   const write = writeOptions(o, input);
   if (o.verify) prepareVerification(o, [input, output]);
-  return { input, output, n, trainLen, verifyOptions, write };
+  return { input, output, n, trainLen, values, verifyOptions, write };
 }
 
-/** patchModel; when it refuses, the document still lists every skipped node and why, for --json. */
-function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): ReturnType<typeof patchModel> {
+/** Flags and files as the library's typed options. */
+function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefined): PatchOptions {
+  if (o.s !== undefined && o.sFile !== undefined) throw new InputError('--s and --s-file are exclusive: give one');
+  const s = o.sFile !== undefined ? sFileValue(o.sFile) : optionalReal(o.s, '--s');
+  const theta = o.priorFile !== undefined ? priorFileValue(o.priorFile) : undefined;
+  return {
+    n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: presetValue(o.preset ?? 'ssmax'),
+    prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
+    b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
+    layers: layersValue(o.layers),
+  };
+}
+
+/**
+ * patchModel, with detection run here once (twice with --force-site: before forcing, to expand its patterns, and
+ * with the forced sites) and reused for the warnings; when it refuses, the document still lists every skipped node
+ * and why, for --json.
+ */
+function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): PatchResult & { detection: Detection } {
+  let detection: Detection | undefined;
   try {
-    const force = expandForceSites(o.forceSite ?? [], original);
+    detection = detectSites(original);
+    const force = expandForceSites(o.forceSite ?? [], detection);
     for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
-    return patchModel(original, {
-      n: plan.n, s: optionalReal(o.s, '--s'), trainLen: plan.trainLen, sFile: o.sFile, updateS: o.updateS, force: force.names, preset: o.preset,
-      prior: o.prior, priorFile: o.priorFile,
-      b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-      layers: o.layers,
-    });
+    if (force.names.length) detection = detectSites(original, force.names);
+    return { ...patchModel(original, { ...plan.values, force: force.names, detection }), detection };
   } catch (e) {
-    doc.skipped = skippedOf(original);
+    doc.skipped = detection?.skipped ?? skippedOf(original);
     throw e;
   }
 }
@@ -162,13 +180,10 @@ async function verifyBeforeWriting(
   return verification;
 }
 
-function warningsFor(original: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan): Warning[] {
+function warningsFor(original: ModelProto, report: PatchReport, detection: Detection, o: PatchCliOptions, plan: PatchPlan): Warning[] {
   const warnings: Warning[] = [];
-  // Causality is only questioned where the user overrode auto; detection runs again on a copy for it.
-  if (plan.n !== 'auto' && !report.updated) {
-    const detection = detectSites(original, report.sites.map((s) => s.node));
-    warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
-  }
+  // Causality is only questioned where the user overrode auto.
+  if (plan.n !== 'auto' && !report.updated) warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
   if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
   if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));
   return warnings;

@@ -24,7 +24,6 @@ export function revertProgram(cmd: Command): Command {
     .option('--force', 'overwrite an existing output file')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
-    .option('--sort-nodes', 'accept nodes out of topological order and write them sorted')
     .option('--quiet', 'no progress line on stderr');
 }
 

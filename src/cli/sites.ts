@@ -4,15 +4,15 @@
  */
 import { Detection, findAttentionSoftmax, SkippedSoftmax } from '../detect/find-attention';
 import { InputError } from '../errors';
+import { validateGraph } from '../graph/validate';
 import type { ModelProto } from '../io/onnx';
 import { SiteCausality } from '../policy/warnings';
-import { cloneModel, PatchedSite, prepareGraph } from '../rewrite/patch';
+import { PatchedSite } from '../rewrite/patch';
 
-/** Detection on a sorted copy, as patchModel sees the graph; the model itself is not changed. */
+/** Detection as patchModel runs it (after the graph's structural checks), to be handed to it and reused here. */
 export function detectSites(model: ModelProto, force: string[] = []): Detection {
-  const copy = cloneModel(model);
-  prepareGraph(copy.graph!);
-  return findAttentionSoftmax(copy, undefined, { force });
+  validateGraph(model.graph!);
+  return findAttentionSoftmax(model, { force });
 }
 
 /** Detection for a report that is being assembled anyway: an unreadable graph gives nothing, not a second error. */
@@ -44,13 +44,13 @@ const isPattern = (p: string): boolean => p === 'all' || /[*?]/.test(p);
 
 /**
  * `--force-site all` forces every refused attention node, a glob (`*` any characters, `?` one) the refused nodes
- * whose names match. A glob that matches nothing is an error (probably a typo); plain names pass through and are
- * checked by patchModel. Detection runs only when there is a pattern. `empty` lists the patterns (`all`) that found
+ * whose names match (in `detection`, run without forcing). A glob that matches nothing is an error (probably a
+ * typo); plain names pass through and are checked by patchModel. `empty` lists the patterns (`all`) that found
  * nothing to force.
  */
-export function expandForceSites(patterns: string[], model: ModelProto): { names: string[]; empty: string[] } {
+export function expandForceSites(patterns: string[], detection: Detection): { names: string[]; empty: string[] } {
   if (!patterns.some(isPattern)) return { names: patterns, empty: [] };
-  const refusable = detectSites(model).skipped.filter((k) => k.forcible).map((k) => k.node);
+  const refusable = detection.skipped.filter((k) => k.forcible).map((k) => k.node);
   const names: string[] = [];
   const empty: string[] = [];
   for (const p of patterns) {

@@ -5,15 +5,15 @@
  * attributes at any depth, and function bodies. Layers are numbered in graph order within each graph.
  */
 import { InputError } from '../errors';
-import { Graph, nodeLabel } from '../graph/graph';
+import { nodeLabel } from '../graph/graph';
 import { defaultOpsetOf, modelScopes, Scope } from '../graph/scopes';
 import { topoOrder } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
-import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
+import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { FusedSite } from './fused';
 import { HeadInfo } from './heads';
 import { MaskVerdict } from './mask';
-import { CandidateTrace, Found, runRules } from './rules';
+import { CandidateTrace, Found, Rule, RULES, runRules } from './rules';
 import { PATCH_PREFIX, Step } from './trace';
 
 export type { CandidateTrace, RuleAttempt } from './rules';
@@ -69,19 +69,23 @@ export interface SkippedSoftmax {
 /** `traces`: per candidate node, every rule tried and where each stopped. */
 export interface Detection { sites: AttentionSite[]; fused: FusedSite[]; calls: CallSite[]; skipped: SkippedSoftmax[]; traces: CandidateTrace[] }
 
-/** `force`: node names whose refusal (a deviation from exact SSMax, an unprovable Softmax axis) the user accepts. */
-export interface DetectOptions { force?: string[] }
+/**
+ * `force`: node names whose refusal (a deviation from exact SSMax, an unprovable Softmax axis) the user accepts;
+ * `rules`: the detection rules in the order they are tried (default RULES).
+ */
+export interface DetectOptions { force?: readonly string[]; rules?: readonly Rule[] }
 
 export const defaultOpset = (model: ModelProto): number => defaultOpsetOf(model.opsetImport);
 
-/** Detection over the whole model (the `graph` argument is accepted for compatibility and not needed). */
-export const findAttentionSoftmax = (model: ModelProto, _graph?: Graph, options: DetectOptions = {}): Detection =>
+/** Detection over the whole model: every graph, subgraph and function body. */
+export const findAttentionSoftmax = (model: ModelProto, options: DetectOptions = {}): Detection =>
   detectAttention(model, modelScopes(model), options);
 
 type Entry = { kind: 'refused'; skip: SkippedSoftmax } | (Found & { rule: string });
 
 export function detectAttention(model: ModelProto, scopes: Scope[], options: DetectOptions = {}): Detection {
   const force = new Set(options.force ?? []);
+  const rules = options.rules ?? RULES;
   const out: Detection = { sites: [], fused: [], calls: [], skipped: [], traces: [] };
   const bodies = new Map<FunctionProto, (AttentionSite | FusedSite)[]>();
   const called = new Set<FunctionProto>();
@@ -92,7 +96,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
     const fn = scope.fn;
     const inner: (AttentionSite | FusedSite)[] = [];
     let layer = 0;
-    for (const e of scanScope(model, scope, force, out)) {
+    for (const e of scanScope(model, scope, { force, rules }, out)) {
       if (e.kind === 'refused') out.skipped.push(fn ? e.skip : { ...e.skip, layer: layer++ });
       else if (e.kind === 'softmax') (fn ? inner : out.sites).push({ ...e.site, rule: e.rule, scope: scope.path, layer: fn ? inner.length : layer++ });
       else if (e.kind === 'fused') (fn ? inner : out.fused).push({ ...e.site, rule: e.rule, scope: scope.path, layer: fn ? inner.length : layer++ });
@@ -123,10 +127,10 @@ function insideInserted(scope: Scope): boolean {
 }
 
 /** Runs the rules on every node of a scope, in topological order (a few files in the wild store nodes out of it). */
-function scanScope(model: ModelProto, scope: Scope, force: Set<string>, out: Detection): Entry[] {
+function scanScope(model: ModelProto, scope: Scope, using: { force: Set<string>; rules: readonly Rule[] }, out: Detection): Entry[] {
   const entries: Entry[] = [];
   for (const node of topoOrder(scope.graph.proto)) {
-    const result = runRules({ model, scope, forced: force.has(nodeLabel(node)) }, node);
+    const result = runRules(using.rules, { model, scope, forced: using.force.has(nodeLabel(node)) }, node);
     if (!result) continue;
     const { trace, stop } = result;
     out.traces.push(trace);
@@ -157,4 +161,37 @@ export function explainNode(model: ModelProto, name: string): Explanation[] {
     const k = d.skipped.find((s) => s.node === t.node && (s.scope ?? 'main') === t.scope);
     return { ...t, verdict: k ? `${k.attention ? 'refused' : 'skipped'}: ${k.reason}` : `attention (rule ${t.rule})` };
   });
+}
+
+/**
+ * A detection of `from` as a detection of `to`, a copy of it (cloneModel): every node, graph and function it names
+ * is replaced by its counterpart in the copy. Naming a node that is not `from`'s is an input error.
+ */
+export function rebindDetection(detection: Detection, from: ModelProto, to: ModelProto): Detection {
+  const counterpart = new Map<object, object>();
+  const pairNodes = (a: NodeProto[], b: NodeProto[]): void => a.forEach((n, i) => {
+    counterpart.set(n, b[i]);
+    n.attribute.forEach((at: AttributeProto, j) => {
+      if (at.g) pairGraphs(at.g, b[i].attribute[j].g!);
+      at.graphs?.forEach((g, k) => pairGraphs(g, b[i].attribute[j].graphs[k]));
+    });
+  });
+  const pairGraphs = (a: GraphProto, b: GraphProto): void => {
+    counterpart.set(a, b);
+    pairNodes(a.node, b.node);
+  };
+  pairGraphs(from.graph!, to.graph!);
+  from.functions.forEach((f, i) => {
+    counterpart.set(f, to.functions[i]);
+    pairNodes(f.node, to.functions[i].node);
+  });
+  const rebind = (v: unknown): unknown => {
+    if (typeof v !== 'object' || v === null) return v;
+    const mapped = counterpart.get(v);
+    if (mapped) return mapped;
+    if (Array.isArray(v)) return v.map(rebind);
+    if ('opType' in v && 'input' in v && 'output' in v) throw new InputError('the detection given to patchModel names a node of another model: run detectAttention on this model');
+    return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, rebind(x)]));
+  };
+  return rebind(detection) as Detection;
 }

@@ -51,8 +51,8 @@ export interface RuleAttempt { rule: string; matched: boolean; steps?: number; s
 export interface CandidateTrace { node: string; op: string; scope: string; rule: string; matched: boolean; attempts: RuleAttempt[] }
 
 /** Tries the rules that apply to `node` in list order until one matches; null when none applies. */
-export function runRules(ctx: RuleContext, node: NodeProto): { trace: CandidateTrace; found?: Found; stop?: Stop } | null {
-  const tried = RULES.filter((r) => r.applies(node, ctx));
+export function runRules(rules: readonly Rule[], ctx: RuleContext, node: NodeProto): { trace: CandidateTrace; found?: Found; stop?: Stop } | null {
+  const tried = rules.filter((r) => r.applies(node, ctx));
   if (tried.length === 0) return null;
   const op = node.domain && node.domain !== 'ai.onnx' ? `${node.domain}.${node.opType}` : node.opType;
   const trace: CandidateTrace = { node: nodeLabel(node), op, scope: ctx.scope.path, rule: '', matched: false, attempts: [] };

@@ -14,14 +14,18 @@ export type Preset =
   | { kind: 'llama4'; floorScale: number; attnScale: number }
   | { kind: 'none' };
 
-export type PresetName = Preset['kind'];
+export type PresetName = 'ssmax' | 'qwen-logn' | 'llama4' | 'none';
+export const PRESETS: readonly PresetName[] = ['ssmax', 'qwen-logn', 'llama4', 'none'];
 
 export interface PresetOptions {
   /** ssmax (default), qwen-logn, llama4, or none (a prior alone), with their parameters. */
-  preset?: string;
+  preset?: PresetName;
+  /** ssmax's bias variant: factor s·ln n + b. */
   b?: number;
   trainLen?: number;
+  /** llama4's floor_scale (default 8192). */
   floorScale?: number;
+  /** llama4's attn_scale (default 0.1). */
   attnScale?: number;
 }
 

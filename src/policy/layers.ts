@@ -1,22 +1,24 @@
-/** Which attention layers get the factor: all, a list ("3,7,11"), or every k-th ("every:4" → 3, 7, 11, ...). */
+/** Which attention layers get the factor: all, a list (3, 7, 11), or every k-th ({every: 4} → 3, 7, 11, ...). */
 import { InputError, opt } from '../errors';
+
+/** Layers to patch, 0-based in graph order: a list, or every k-th counting from 1 (Llama 4's NoPE layers for k = 4). */
+export type LayerSelection = readonly number[] | { every: number };
 
 export type LayerSpec = { kind: 'all' } | { kind: 'list'; layers: number[]; text: string } | { kind: 'every'; k: number; text: string };
 
-/** Checks the syntax before the model is read; which layers exist is known only later (selectLayers). */
-export function parseLayers(spec: string | undefined): LayerSpec {
-  if (spec === undefined) return { kind: 'all' };
-  const every = /^every:(\d+)$/.exec(spec.trim());
-  if (every) {
-    const k = Number(every[1]);
-    if (k < 1) throw new InputError(`${opt('layers', 'every:k')} needs k ≥ 1, got ${k}`);
-    return { kind: 'every', k, text: spec };
+/** Checks the selection before the model is read; which layers exist is known only later (selectLayers). */
+export function layerSpec(selection: LayerSelection | undefined): LayerSpec {
+  if (selection === undefined) return { kind: 'all' };
+  if (Array.isArray(selection)) {
+    const layers = [...selection] as unknown[];
+    if (layers.length === 0 || !layers.every((l) => Number.isSafeInteger(l) && (l as number) >= 0)) {
+      throw new InputError(`${opt('layers')} must list layer indices (integers ≥ 0), got ${JSON.stringify(selection)}`);
+    }
+    return { kind: 'list', layers: layers as number[], text: layers.join(',') };
   }
-  const layers = spec.split(',').map((t) => (/^\d+$/.test(t.trim()) ? Number(t) : NaN));
-  if (layers.some((l) => !Number.isSafeInteger(l))) {
-    throw new InputError(`${opt('layers')} must be a comma-separated list of layer indices or every:k, got '${spec}'`);
-  }
-  return { kind: 'list', layers, text: spec };
+  const k = (selection as { every?: unknown }).every;
+  if (typeof k !== 'number' || !Number.isSafeInteger(k) || k < 1) throw new InputError(`${opt('layers', 'every:k')} needs an integer k ≥ 1, got ${JSON.stringify(k)}`);
+  return { kind: 'every', k, text: `every:${k}` };
 }
 
 export function selectLayers(spec: LayerSpec, count: number): Set<number> {

@@ -6,24 +6,21 @@
  */
 import { InputError, opt } from '../errors';
 import { Preset, PresetOptions, resolvePreset } from './factor';
-import { LayerSpec, parseLayers } from './layers';
+import { LayerSelection, LayerSpec, layerSpec } from './layers';
 import { NOption, parseNOption } from './n-mode';
 import { PriorOptions, PriorSpec, resolvePrior } from './prior';
 import { resolveScaleSpec, ScaleOptions, ScaleSpec } from './scale';
 
-export interface PatchOptions extends ScaleOptions, PriorOptions, PresetOptions {
+/** What a patch does, as values: no file names and no command-line spellings (the CLI reads files and parses flags). */
+export interface PlanOptions extends ScaleOptions, PriorOptions, PresetOptions {
   /** How n is computed at each site (default auto). */
   n?: NOption;
-  /** Already parsed s (from a JSON file or an API caller); overrides s / trainLen / sFile. */
-  scale?: ScaleSpec;
   /** On an already patched model, replace s instead of refusing. */
   updateS?: boolean;
   /** Node names of refused sites to patch anyway (the deviation from exact SSMax is accepted knowingly). */
-  force?: string[];
-  /** Layers to patch: "3,7,11" or "every:4" (default all). */
-  layers?: string;
-  /** Accepted for compatibility and ignored: nodes out of topological order are always accepted and written sorted. */
-  sortNodes?: boolean;
+  force?: readonly string[];
+  /** Layers to patch (default all). */
+  layers?: LayerSelection;
 }
 
 export interface PatchPlan {
@@ -40,35 +37,35 @@ export interface PatchPlan {
   trainLen?: number;
 }
 
-export function resolvePlan(o: PatchOptions): PatchPlan {
+export function resolvePlan(o: PlanOptions): PatchPlan {
   const n = parseNOption(o.n ?? 'auto');
-  if (o.force !== undefined && (!Array.isArray(o.force) || o.force.some((f) => typeof f !== 'string' || f === ''))) {
+  if (o.force !== undefined && (!Array.isArray(o.force) || o.force.some((f: unknown) => typeof f !== 'string' || f === ''))) {
     throw new InputError(`${opt('force')} must be a list of node names`);
   }
   if (o.updateS) refuseIgnoredByUpdate(o);
   const preset = resolvePreset(o);
   const prior = resolvePrior(o);
   return {
-    preset, spec: scaleSpecOf(preset, prior, o), prior, n, layers: parseLayers(o.layers), force: o.force ?? [],
+    preset, spec: scaleSpecOf(preset, prior, o), prior, n, layers: layerSpec(o.layers), force: [...(o.force ?? [])],
     update: Boolean(o.updateS), trainLen: o.trainLen,
   };
 }
 
 /** s is needed for a factor; the none preset has none, and an update may change θ alone. */
-function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PatchOptions): ScaleSpec | undefined {
-  const sGiven = o.scale !== undefined || o.s !== undefined || o.sFile !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
+function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions): ScaleSpec | undefined {
+  const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
   if (preset.kind === 'none') {
     if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`);
-    if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')}, ${opt('trainLen')} and ${opt('sFile')} would be ignored`);
+    if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`);
     return undefined;
   }
   if (o.updateS && prior && !sGiven && preset.kind !== 'llama4') return undefined;
-  return o.scale ?? scaleSpecFor(preset, o);
+  return scaleSpecFor(preset, o);
 }
 
 /** An update replaces s and nothing else: options that shape the factor would be silently ignored. */
-function refuseIgnoredByUpdate(o: PatchOptions): void {
-  const ignored: [keyof PatchOptions, boolean][] = [
+function refuseIgnoredByUpdate(o: PlanOptions): void {
+  const ignored: [keyof PlanOptions, boolean][] = [
     ['layers', o.layers !== undefined], ['n', o.n !== undefined && o.n !== 'auto'], ['force', Boolean(o.force?.length)],
     ['b', o.b !== undefined], ['floorScale', o.floorScale !== undefined],
   ];
@@ -79,12 +76,12 @@ function refuseIgnoredByUpdate(o: PatchOptions): void {
 }
 
 /** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
-function scaleSpecFor(preset: Preset, options: PatchOptions): ScaleSpec {
-  if (preset.kind === 'qwen-logn' && (options.s !== undefined || options.sFile !== undefined)) {
-    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')} or ${opt('sFile')}`);
+function scaleSpecFor(preset: Preset, options: PlanOptions): ScaleSpec {
+  if (preset.kind === 'qwen-logn' && options.s !== undefined) {
+    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')}`);
   }
   if (preset.kind === 'llama4') {
-    if (options.s !== undefined || options.sFile !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')} or ${opt('sFile')}`);
+    if (options.s !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')}`);
     return { kind: 'scalar', s: preset.attnScale, from: opt('attnScale') };
   }
   return resolveScaleSpec(options);

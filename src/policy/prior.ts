@@ -8,13 +8,17 @@
  * θ comes per layer and head like s: one number, a list per head, or a list per layer of lists per head.
  */
 import { InputError, opt } from '../errors';
-import { readJsonFile } from './scale';
+import type { SValue } from './scale';
 
 export type PriorName = 'ggd' | 'alibi';
-export const THETAS = ['alpha', 'beta', 'mu'] as const;
-export type ThetaName = (typeof THETAS)[number];
+export const PRIORS: readonly PriorName[] = ['ggd', 'alibi'];
+export type ThetaName = 'alpha' | 'beta' | 'mu';
+export const THETAS: readonly ThetaName[] = ['alpha', 'beta', 'mu'];
 
-/** One θ as given: for every layer and head, per head, or per layer and head; absent: the prior's default. */
+/** θ as given: each of θα, θβ, θμ one value, one per head, or one row per layer of values per head; absent: the prior's default. */
+export type Theta = Partial<Record<ThetaName, SValue>>;
+
+/** One θ as given: for every layer and head, per head, or per layer and head. */
 export type ThetaSpec = { kind: 'scalar'; v: number } | { kind: 'per-head'; v: number[] } | { kind: 'per-layer'; v: number[][] };
 
 export interface PriorSpec {
@@ -28,36 +32,34 @@ export interface PriorSpec {
 export type LayerTheta = Record<ThetaName, number[]>;
 
 export interface PriorOptions {
-  prior?: string;
-  priorFile?: string;
-  /** Already parsed θ (`{"theta_alpha": …, "theta_beta": …, "theta_mu": …}`); overrides priorFile. */
-  priorTheta?: unknown;
+  /** Add a positional prior to the logits. */
+  prior?: PriorName;
+  /** θ of the prior (default: ggd neutral, θ = 0; alibi: ALiBi's slopes). */
+  theta?: Theta;
+  /** Where θ came from, for the patch record (e.g. the file the CLI read it from); default `given θ`. */
+  thetaSource?: string;
 }
 
 export function resolvePrior(o: PriorOptions): PriorSpec | undefined {
   if (o.prior === undefined) {
-    if (o.priorFile !== undefined || o.priorTheta !== undefined) throw new InputError(`θ for a prior given without ${opt('prior')}`);
+    if (o.theta !== undefined) throw new InputError(`θ for a prior given without ${opt('prior')}`);
     return undefined;
   }
-  if (o.prior !== 'ggd' && o.prior !== 'alibi') throw new InputError(`${opt('prior')} must be ggd or alibi, got '${o.prior}'`);
-  if (o.priorTheta !== undefined) return { kind: o.prior, theta: parseThetaJson(o.priorTheta, 'θ'), from: 'given θ' };
-  if (o.priorFile !== undefined) {
-    return { kind: o.prior, theta: parseThetaJson(readJsonFile(o.priorFile, 'priorFile'), opt('priorFile', o.priorFile)), from: o.priorFile };
-  }
+  if (!PRIORS.includes(o.prior)) throw new InputError(`${opt('prior')} must be ggd or alibi, got '${o.prior}'`);
+  if (o.theta !== undefined) return { kind: o.prior, theta: thetaSpecs(o.theta, 'θ'), from: o.thetaSource ?? 'given θ' };
   return { kind: o.prior, theta: {}, from: 'defaults' };
 }
 
-export function parseThetaJson(json: unknown, where: string): Partial<Record<ThetaName, ThetaSpec>> {
-  if (typeof json !== 'object' || json === null || Array.isArray(json)) {
-    throw new InputError(`${where}: expected {"theta_alpha": …, "theta_beta": …, "theta_mu": …}`);
-  }
-  const record = json as Record<string, unknown>;
-  const unknown = Object.keys(record).filter((k) => !THETAS.some((t) => k === `theta_${t}`));
-  if (unknown.length) throw new InputError(`${where}: unknown key '${unknown[0]}' (keys: theta_alpha, theta_beta, theta_mu)`);
+/** θ of a prior checked and laid out; `where` names it in errors. */
+export function thetaSpecs(theta: unknown, where: string): Partial<Record<ThetaName, ThetaSpec>> {
+  if (typeof theta !== 'object' || theta === null || Array.isArray(theta)) throw new InputError(`${where}: expected {alpha, beta, mu}`);
+  const record = theta as Record<string, unknown>;
+  const unknown = Object.keys(record).filter((k) => !(THETAS as readonly string[]).includes(k));
+  if (unknown.length) throw new InputError(`${where}: unknown θ '${unknown[0]}' (θ: alpha, beta, mu)`);
   const out: Partial<Record<ThetaName, ThetaSpec>> = {};
   for (const t of THETAS) {
-    const v = record[`theta_${t}`];
-    if (v !== undefined) out[t] = thetaSpec(v, `${where}: theta_${t}`);
+    const v = record[t];
+    if (v !== undefined) out[t] = thetaSpec(v, `${where}: θ${t}`);
   }
   return out;
 }

@@ -2,7 +2,8 @@
  * The patch itself: resolve the options into a plan, detect sites in every graph of the model, then either
  * update s of an existing patch or insert the factors site by site, sort, and record the journal.
  */
-import { defaultOpset, Detection, detectAttention, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
+import { defaultOpset, Detection, detectAttention, PATCH_PREFIX, rebindDetection, SkippedSoftmax } from '../detect/find-attention';
+import type { Rule } from '../detect/rules';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
@@ -10,7 +11,7 @@ import { validateGraph } from '../graph/validate';
 import { cloneModel, GraphProto, ModelProto, toNumber } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
-import { PatchOptions, PatchPlan, resolvePlan } from '../policy/plan';
+import { PatchPlan, PlanOptions, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
@@ -20,8 +21,17 @@ import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, upd
 import { VERSION } from '../version';
 
 export { cloneModel } from '../io/onnx';
-export type { PatchOptions } from '../policy/plan';
 export type { PatchedSite, PatchReport, PatchResult } from './report';
+
+export interface PatchOptions extends PlanOptions {
+  /**
+   * Detection already run on this model (detectAttention, with the same `force` and `rules`): patchModel then does
+   * not run it again. A detection of another model is an error.
+   */
+  detection?: Detection;
+  /** The detection rules, in the order they are tried (default: RULES; add one with `[...RULES, myRule]`). */
+  rules?: readonly Rule[];
+}
 
 /**
  * Checks the graph before anything walks it. What onnxruntime accepts is accepted and said in notes: nodes out of
@@ -42,7 +52,8 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const out = cloneModel(model);
   const notes = prepareGraph(out.graph!);
   const scopes = modelScopes(out);
-  const detection = detectAttention(out, scopes, { force: plan.force });
+  const detection = options.detection ? rebindDetection(options.detection, model, out)
+    : detectAttention(out, scopes, { force: plan.force, rules: options.rules });
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
   // A patch that expanded every site leaves no operator to detect: its record still says it is patched.

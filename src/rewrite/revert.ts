@@ -40,13 +40,10 @@ export interface RevertReport {
   note?: string;
 }
 
-/** `sortNodes` is accepted for compatibility: nodes out of order are always accepted now. */
-export interface RevertOptions {
-  sortNodes?: boolean;
-}
+export interface RevertResult { model: ModelProto; report: RevertReport }
 
 /** Reverts a copy of `model`; the argument is left unchanged. */
-export function revertModel(model: ModelProto, _options: RevertOptions = {}): { model: ModelProto; report: RevertReport } {
+export function revertModel(model: ModelProto): RevertResult {
   const out = cloneModel(model);
   prepareGraph(out.graph!);
   const record = readRecord(out);
