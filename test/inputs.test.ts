@@ -16,7 +16,7 @@ import { positionLimit } from '../src/verify/limits';
 import { describeInputs, resolveDim, ruledDims, RunShape } from '../src/verify/signature';
 import { readTensorFile } from '../src/verify/tensor-files';
 import { hostValues } from '../src/verify/tensors';
-import { verifyPatch, VerifyReport } from '../src/verify/verify';
+import { verifyForCli, verifyPatch, VerifyReport } from '../src/verify/verify';
 import { FIXTURES, TORCH } from './support/ref';
 import { castAttentionModel, crossAttentionModel, pixelAttentionModel } from './support/signatures';
 import { cliError, removeScratch, tmpdir } from './support/io';
@@ -164,7 +164,7 @@ describe('input files', () => {
   it('verifies with user inputs: their shapes fix batch and sequence for every run', async () => {
     const original = fixture('bert_encoder');
     const patched = patchModel(original, { trainLen: 32, n: 'keys' }).model;
-    const r = await verifyPatch(original, patched, {
+    const r = await verifyForCli(original, patched, {
       inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: path.join(INPUTS, 'mask.json') },
     });
     assert.deepEqual(r.runs.map((x) => x.id), ['batch=1 seq=20']);
@@ -173,10 +173,22 @@ describe('input files', () => {
     assert.equal(r.inputs.find((i) => i.name === 'input_ids')!.file, path.join(INPUTS, 'ids.npy'));
     const twoItems = path.join(tmpdir('ssmax-inputs-'), 'mask2.json');
     fs.writeFileSync(twoItems, '[[1, 1], [1, 0]]');
-    await assert.rejects(verifyPatch(original, patched, { inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: twoItems } }),
+    await assert.rejects(verifyForCli(original, patched, { inputFiles: { input_ids: path.join(INPUTS, 'ids.npy'), attention_mask: twoItems } }),
       cliError(/--input attention_mask: dim 0 \('batch'\) is 2, but --input input_ids sets it to 1/));
-    await assert.rejects(verifyPatch(original, patched, { inputFiles: { pixel_values: path.join(INPUTS, 'ids.npy') } }),
+    await assert.rejects(verifyForCli(original, patched, { inputFiles: { pixel_values: path.join(INPUTS, 'ids.npy') } }),
       cliError(/--input pixel_values: the model has no input 'pixel_values' \(inputs: input_ids, attention_mask\)/));
+  });
+
+  it('the library takes the same inputs as tensors, checked against the model\'s inputs', async () => {
+    const original = fixture('bert_encoder');
+    const patched = patchModel(original, { trainLen: 32, n: 'keys' }).model;
+    const ids = readTensorFile(path.join(INPUTS, 'ids.npy'), 'input_ids', DataType.INT64);
+    const mask = readTensorFile(path.join(INPUTS, 'mask.json'), 'attention_mask', DataType.INT64);
+    const r = await verifyPatch(original, patched, { inputs: { input_ids: ids, attention_mask: mask } });
+    assert.deepEqual(r.runs.map((x) => x.id), ['batch=1 seq=20']);
+    assert.equal(statusOf(r).probe, 'PASSED');
+    await assert.rejects(verifyPatch(original, patched, { inputs: { input_ids: { ...ids, type: 'int32', data: Int32Array.from(ids.data as BigInt64Array, Number) } } }),
+      /option inputs \(input_ids\): a int32 tensor, but the model declares int64/);
   });
 });
 

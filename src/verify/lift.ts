@@ -13,7 +13,7 @@ import { GraphProto, ModelProto } from '../io/onnx';
 import { cloneModel } from '../rewrite/patch';
 import { PatchRecord, readRecord, writeRecord } from '../rewrite/record';
 import { ProbeSiteResult } from './probe';
-import type { VerifyOptions, VerifyReport } from './verify';
+import type { FileVerifyOptions as VerifyOptions, VerifyReport } from './verify';
 
 /** Per site index: the lifted probe's result, or why the site could not be probed that way. */
 export type Lifted = Map<number, ProbeSiteResult | string>;
@@ -70,7 +70,7 @@ async function liftOne(original: ModelProto, patched: ModelProto, record: PatchR
   });
   let report: VerifyReport;
   try {
-    report = await verify(liftedOriginal, liftedPatched, { ...options, checks: ['probe'], strict: false, progress: undefined, lengths: undefined, trainLen: undefined, dims: undefined, inputFiles: undefined });
+    report = await verify(liftedOriginal, liftedPatched, { ...options, checks: ['probe'], strict: false, progress: undefined, lengths: undefined, trainLen: undefined, dims: undefined, inputFiles: undefined, inputs: undefined });
   } catch (e) {
     if (e instanceof InputError) return `${where}, lifted into a model of its own, cannot run on synthesised inputs: ${e.message}`;
     throw e;

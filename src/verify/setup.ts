@@ -16,9 +16,9 @@ import { positionLimit } from './limits';
 import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
-import { Feeds } from './tensors';
+import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
 import { Tolerance } from './compare';
-import type { VerifyOptions } from './verify';
+import type { FileVerifyOptions } from './verify';
 
 const INTEGER_TYPES = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.BOOL]);
 
@@ -64,14 +64,14 @@ export interface Setup {
   integerOutputs: boolean;
 }
 
-export function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptions): Setup {
+export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
   const record = readRecord(patched);
   if (!record) throw new InputError("the patched model has no ssmax-patch record (metadata_props 'ssmax_patch'): give a model written by ssmax-patch");
   checkPair(original, patched, record);
   const graph = new Graph(original.graph!);
   const specs = describeInputs(graph);
   const checks = new Set(options.checks ?? CHECK_IDS);
-  const given = readGivenInputs(specs, options.inputFiles ?? {});
+  const given = { ...readGivenInputs(specs, options.inputFiles ?? {}), ...checkGivenTensors(specs, options.inputs ?? {}) };
   const fixed = new Map(Object.entries(options.dims ?? {}));
   bindGivenDims(specs, given, fixed, new Map([...fixed.keys()].map((k) => [k, opt('dims', k)])));
   const pinned = pinnedShape(fixed);
@@ -161,6 +161,18 @@ function compareSets(what: string, original: Map<string, string>, patched: Map<s
   if (missing.length) mismatch(`the original's ${what}${missing.length > 1 ? 's' : ''} ${list(missing)} ${missing.length > 1 ? 'are' : 'is'} not in the patched model`);
   if (extra.length) mismatch(`the patched model's ${what}${extra.length > 1 ? 's' : ''} ${list(extra)} ${extra.length > 1 ? 'are' : 'is'} neither the original's nor added by the patch`);
   for (const [k, v] of original) if (patched.get(k) !== v) mismatch(`${what} '${k}' differs (type and shape ${v} in the original, ${patched.get(k)} in the patched model)`);
+}
+
+/** Tensors given by value: each of an input the model has, in the host type of its element type. */
+function checkGivenTensors(specs: InputSpec[], tensors: Record<string, HostTensor>): Feeds {
+  for (const [name, t] of Object.entries(tensors)) {
+    const spec = specs.find((s) => s.name === name);
+    if (!spec) throw new InputError(`${opt('inputs', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    const type = hostTypeOf(spec.elemType, name);
+    if (t.type !== type) throw new InputError(`${opt('inputs', name)}: a ${t.type} tensor, but the model declares ${elemTypeName(spec.elemType)} (${type})`);
+    if (t.data.length !== elementCount(t.dims)) throw new InputError(`${opt('inputs', name)}: ${t.data.length} values for dims [${t.dims.join(', ')}]`);
+  }
+  return tensors;
 }
 
 function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Feeds {

@@ -16,7 +16,7 @@ import { CheckResult, InputReport, RunReport, VerifyReport } from './report';
 import { SessionFactory } from './sessions';
 import { prepare, Setup } from './setup';
 import { ruledDims } from './signature';
-import { elemTypeName } from './tensors';
+import { elemTypeName, HostTensor } from './tensors';
 import { execute } from './execute';
 import { liftedProbes } from './lift';
 import { skippedCheck } from './checks/common';
@@ -47,23 +47,36 @@ export interface VerifyOptions {
   checks?: CheckId[];
   /** Sizes of named dims, e.g. {seq: 128, height: 224}. */
   dims?: Record<string, number>;
-  /** Input tensors from files (.npy, .json, .pb), by input name. */
-  inputFiles?: Record<string, string>;
+  /** Input tensors, by input name, in the element type the model declares (see readTensorFile for .npy, .json and .pb files). */
+  inputs?: Record<string, HostTensor>;
   /** Fail when anything is left unverified: a skipped check, a site not probed, attention the patch refused. */
   strict?: boolean;
   /** Called with a short progress line as each stage and run starts. */
   progress?: (line: string) => void;
-  /** How messages name options: `option maxLen` (default) or `--max-len` (the command line). */
-  audience?: 'api' | 'cli';
+}
+
+/** What the command line adds: the input files it names (read against the model's declared types, and named in the report). */
+export interface FileVerifyOptions extends VerifyOptions {
+  inputFiles?: Record<string, string>;
 }
 
 export async function verifyPatch(original: ModelProto, patched: ModelProto, options: VerifyOptions = {}): Promise<VerifyReport> {
+  return runVerification(original, patched, options, 'api');
+}
+
+/** verifyPatch for the command line: input files, and messages that name options as flags. */
+export async function verifyForCli(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Promise<VerifyReport> {
+  return runVerification(original, patched, options, 'cli');
+}
+
+async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli'): Promise<VerifyReport> {
   const started = performance.now();
   const setup = prepare(original, patched, options);
   const progress = options.progress ?? ((): void => undefined);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
   const labels = setup.sites.map((s) => s.label);
-  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, verifyPatch, labels) : undefined;
+  const again = (o: ModelProto, p: ModelProto, opts: FileVerifyOptions): Promise<VerifyReport> => runVerification(o, p, opts, audience);
+  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, again, labels) : undefined;
   const ctx: UnitContext = { setup, factory, lifted };
   const sharpness = new SharpnessCheck(ctx);
   // Retrofit first: it adds its runs to the plan before the others look at the runs.
@@ -88,7 +101,7 @@ export async function verifyPatch(original: ModelProto, patched: ModelProto, opt
     notes: setup.plan.notes, runs, checks, sharpness: sharpness.curve, sessions: factory.reports, totalMs: Math.round(performance.now() - started),
   };
   report.passed = checks.every((c) => c.status !== 'FAILED') && (!setup.strict || report.unverified.length === 0);
-  return rendered(report, options.audience ?? 'api');
+  return rendered(report, audience);
 }
 
 /** Everything a strict verification fails on: checks skipped for lack of evidence, sites not seen, refused attention. */
