@@ -1,27 +1,78 @@
-/** Library API of ssmax-patch: the same pipeline the CLI runs, stage by stage. */
+/**
+ * Library API of ssmax-patch: the same pipeline the CLI runs, stage by stage. Every type reachable from here is
+ * exported from here (api-extractor checks it: `npm run api`).
+ */
+
+// Model I/O.
 export { readModel, parseModel, writeModel, serializeModel } from './io/model-file';
-export type { WriteOptions, WriteReport, ExternalDataMode, ParseOptions, SerializeOptions } from './io/model-file';
+export type { WriteOptions, WriteReport, ExternalDataMode, ParseOptions, SerializeOptions, Placement } from './io/model-file';
 export { terminalProgress } from './io/progress';
-export type { Progress } from './io/progress';
-export type { ModelProto, GraphProto, NodeProto, TensorProto } from './io/onnx';
+export type { Progress, ProgressOptions } from './io/progress';
+export { cloneModel } from './io/onnx';
+export type {
+  ModelProto, GraphProto, NodeProto, TensorProto, AttributeProto, FunctionProto, ValueInfoProto, TypeProto, Dimension, OperatorSetId, StringStringEntry,
+  Int64,
+} from './io/onnx';
+
+// The graph index.
 export { Graph } from './graph/graph';
+export type { GraphOptions, NameRegistry } from './graph/graph';
 export { topoSort } from './graph/toposort';
 export { validateGraph } from './graph/validate';
-export { findAttentionSoftmax, detectAttention, explainNode } from './detect/find-attention';
-export type { AttentionSite, CallSite, Detection, SkippedSoftmax, CandidateTrace, RuleAttempt, Explanation } from './detect/find-attention';
-export type { FusedSite } from './detect/fused';
+export type { GraphFindings } from './graph/validate';
 export { modelScopes } from './graph/scopes';
 export type { Scope } from './graph/scopes';
-export { resolveScaleSpec, parseScaleJson, scaleFromTrainLen } from './policy/scale';
-export type { ScaleSpec, LayerScale } from './policy/scale';
+export type { Shapes } from './graph/shapes';
+export type { Query, Visit } from './graph/query';
+export type { ConstTensor } from './graph/tensor';
+export type { Poly } from './graph/poly';
+
+// Attention detection, as named rules.
+export { findAttentionSoftmax, detectAttention, explainNode } from './detect/find-attention';
+export type { AttentionSite, CallSite, Detection, DetectOptions, SkippedSoftmax, Explanation } from './detect/find-attention';
+export { RULES } from './detect/rules';
+export type { Rule, RuleContext, Found, Stop, CandidateTrace, RuleAttempt } from './detect/rules';
+export type { FusedSite, FusedMatch, FusedOp, NPlan, QueryPlan, Term } from './detect/fused';
+export type { HeadInfo } from './detect/heads';
+export type { MaskVerdict } from './detect/mask';
+export type { Step } from './detect/trace';
+
+// The factor, s and n.
+export { scaleFromTrainLen } from './policy/scale';
+export type { SValue, LayerScale } from './policy/scale';
+export type { PresetName } from './policy/factor';
+export type { PriorName, Theta, ThetaName } from './policy/prior';
+export type { LayerSelection } from './policy/layers';
 export type { NOption, NMode } from './policy/n-mode';
+
+// The patch and its record.
 export { patchModel } from './rewrite/patch';
 export type { PatchOptions, PatchReport, PatchResult, PatchedSite } from './rewrite/patch';
+export type { Target } from './rewrite/insert-scale';
+export type { PlanOptions } from './policy/plan';
+export type { ScaleOptions } from './policy/scale';
+export type { PriorOptions } from './policy/prior';
+export type { PresetOptions } from './policy/factor';
 export { readRecord } from './rewrite/record';
+export type { PatchRecord, SiteRecord } from './rewrite/record';
+export type { ScopeEdits, Rewire } from './rewrite/journal';
 export { revertModel } from './rewrite/revert';
-export type { RevertReport, RevertedSite, RevertOptions } from './rewrite/revert';
+export type { RevertReport, RevertedSite, RevertResult } from './rewrite/revert';
 export { findFactors } from './rewrite/existing';
+export type { Factor } from './rewrite/existing';
+
+// Verification on onnxruntime.
 export { verifyPatch, withUnitFactor } from './verify/verify';
-export type { VerifyOptions, VerifyReport, CheckResult, CheckId } from './verify/verify';
+export type { VerifyOptions } from './verify/verify';
+export type { VerifyReport, CheckResult, RunResult, Status, InputReport, RunReport, SessionReport, SkipKind } from './verify/report';
+export type { ProbeSiteResult } from './verify/probe';
+export type { InputRole } from './verify/signature';
+export type { CheckId } from './verify/plan';
+export type { Tolerance, OutputStats } from './verify/compare';
+export type { SharpnessCurve, SharpnessPoint } from './verify/sharpness';
+export { readTensorFile } from './verify/tensor-files';
+export type { HostTensor, HostType, HostData } from './verify/tensors';
 export { sharpnessSvg } from './verify/plot';
+export type { PlotLabels } from './verify/plot';
+
 export { InputError, VerificationError, SsmaxError } from './errors';

@@ -13,7 +13,7 @@ import { trainLenWarnings } from '../policy/warnings';
 import { readRecord } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
 import { noCurveSvg, sharpnessSvg } from '../verify/plot';
-import { VerifyOptions, VerifyReport, verifyPatch } from '../verify/verify';
+import { FileVerifyOptions, VerifyReport, verifyForCli } from '../verify/verify';
 import type { ModelProto } from '../io/onnx';
 import { formatVerify } from './format';
 import { junitXml } from './junit';
@@ -63,7 +63,7 @@ function pairs(list: string[], flag: string, what: string): [string, string][] {
 }
 
 /** Parses the shared options; every bad value is an InputError naming its option. */
-export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): VerifyOptions {
+export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): FileVerifyOptions {
   const lengths = o.lengths === undefined ? undefined : listValue(o.lengths, '--lengths').map((v) => optionalInteger(v, '--lengths', 2)!);
   const checks = o.checks === undefined ? undefined : listValue(o.checks, '--checks');
   for (const c of checks ?? []) {
@@ -74,7 +74,7 @@ export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): Verif
   return {
     trainLen, lengths, maxLen: optionalInteger(o.maxLen, '--max-len', 2), batch: optionalInteger(o.batch, '--batch', 1),
     checks: checks as CheckId[] | undefined, atol: optionalReal(o.atol, '--atol', 0), rtol: optionalReal(o.rtol, '--rtol', 0), dims, inputFiles,
-    strict: Boolean(o.strict), audience: 'cli',
+    strict: Boolean(o.strict),
   };
 }
 
@@ -103,10 +103,10 @@ export function verifyProgress(quiet = false, stream: { isTTY?: boolean; write(s
 }
 
 /** verifyPatch with a progress line on the terminal, cleared when it ends. */
-export async function verifyWithProgress(original: ModelProto, patched: ModelProto, options: VerifyOptions, quiet = false): Promise<VerifyReport> {
+export async function verifyWithProgress(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, quiet = false): Promise<VerifyReport> {
   const progress = verifyProgress(quiet);
   try {
-    return await verifyPatch(original, patched, { ...options, progress });
+    return await verifyForCli(original, patched, { ...options, progress });
   } finally {
     progress();
   }
