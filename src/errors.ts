@@ -3,7 +3,7 @@
  * messages name options through opt(), so an API caller reads `option trainLen` and a CLI user `--train-len`.
  */
 const OPTIONS: Record<string, [string, string]> = {
-  s: ['s', '--s'], trainLen: ['trainLen', '--train-len'], sFile: ['sFile', '--s-file'], n: ['n', '--n'], updateS: ['updateS', '--update-s'],
+  s: ['s', '--s'], sOrFile: ['s', '--s or --s-file'], trainLen: ['trainLen', '--train-len'], sFile: ['sFile', '--s-file'], n: ['n', '--n'], updateS: ['updateS', '--update-s'],
   force: ['force', '--force-site'], preset: ['preset', '--preset'], b: ['b', '--b'], floorScale: ['floorScale', '--floor-scale'],
   attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'],
   dims: ['dims', '--dim'], inputFiles: ['inputFiles', '--input'], inputs: ['inputs', '--input'], maxLen: ['maxLen', '--max-len'], lengths: ['lengths', '--lengths'],

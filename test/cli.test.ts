@@ -84,7 +84,7 @@ describe('ssmax-patch CLI', () => {
     }, /not (a readable|an) ONNX model/],
     ['a model with no attention Softmax', (d) => [path.join(d, 'cls-head.onnx'), '--s', '0.3'], /no (attention )?Softmax/],
     ['an unknown option', (d) => [path.join(d, 'bert.onnx'), '--frobnicate'], /unknown option/],
-    ['no s given', (d) => [path.join(d, 'bert.onnx')], /give one of --s, --train-len or --s-file/],
+    ['no s given', (d) => [path.join(d, 'bert.onnx')], /give --s or --s-file or --train-len/],
     ['a non-positive s', (d) => [path.join(d, 'bert.onnx'), '--s', '-1'], /positive/],
     ['an s-file with the wrong head count', (d) => {
       fs.writeFileSync(path.join(d, 's.json'), JSON.stringify({ s: [0.1, 0.2, 0.3] }));

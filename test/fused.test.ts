@@ -562,7 +562,7 @@ describe('fused sites: --n, per-head s checks, shared buffers, --update-s', () =
   });
 
   it('per-head s is checked against num_heads', () => {
-    assert.throws(() => patchModel(gqaPrompt(), { s: [0.1, 0.2, 0.3] }), /s file gives 3 heads for layer 0, the model has 4 heads there/);
+    assert.throws(() => patchModel(gqaPrompt(), { s: [0.1, 0.2, 0.3] }), /s gives 3 heads for layer 0, the model has 4 heads there/);
   });
 
   it('a shared past/present buffer without past_sequence_length is refused: its length is not the sequence length', () => {

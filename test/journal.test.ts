@@ -23,10 +23,11 @@ describe('options are resolved before the model is touched', () => {
   const m = model('gpt2_decoder');
   const cases: [string, object, RegExp, RegExp][] = [
     ['an unknown n mode', { n: 'bogus' as NOption, s: 0.3 }, /option n must be one of auto, keys, causal, padding, causal-padding, mask; got 'bogus'/, /--n must be/],
-    ['an empty layer list', { s: 0.3, layers: '' }, /option layers must be a comma-separated list/, /--layers must be/],
-    ['layers in exponent notation', { s: 0.3, layers: '1e0' }, /option layers must be/, /--layers must be/],
+    ['an empty layer list', { s: 0.3, layers: [] }, /option layers must list layer indices/, /--layers must list layer indices/],
+    ['layers as the command line\'s text', { s: 0.3, layers: '1e0' }, /option layers must be a list of layer indices or \{ every: k \}, got "1e0"/, /--layers must be/],
+    ['a layer that is no integer', { s: 0.3, layers: [1.5] }, /option layers must list layer indices/, /--layers must list/],
     ['force that is not a list of names', { s: 0.3, force: 'x' as unknown as string[] }, /option force must be a list of node names/, /--force-site must be/],
-    ['an update that would ignore --layers and --n', { s: 0.3, updateS: true, layers: '0', n: 'keys' }, /option updateS replaces s in place .*option layers, option n would be ignored/, /--update-s replaces s .*--layers, --n would be ignored/],
+    ['an update that would ignore --layers and --n', { s: 0.3, updateS: true, layers: [0], n: 'keys' }, /option updateS replaces s in place .*option layers, option n would be ignored/, /--update-s replaces s .*--layers, --n would be ignored/],
   ];
   for (const [what, options, api, cli] of cases) {
     it(`${what}: the library names its option, the CLI the flag`, () => {

@@ -12,9 +12,11 @@ import { readModel } from '../src/io/model-file';
 import { encodeModel } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Runner } from '../src/verify/run';
+import { layersValue } from '../src/cli/values';
 import { decode, RefCase, TORCH } from './support/ref';
 
-interface PresetCase extends Omit<RefCase, 'patch'> { model: string; patch: PatchOptions }
+/** The reference's patch, with --layers as the command line spells it. */
+interface PresetCase extends Omit<RefCase, 'patch'> { model: string; patch: Omit<PatchOptions, 'layers'> & { layers?: string } }
 
 const cases = (JSON.parse(fs.readFileSync(path.join(TORCH, 'presets.ref.json'), 'utf8')) as { cases: PresetCase[] }).cases;
 
@@ -22,7 +24,7 @@ describe('presets against PyTorch references', () => {
   for (const c of cases) {
     it(`${c.name}: ${JSON.stringify(c.patch)}`, async () => {
       const original = readModel(path.join(TORCH, c.model));
-      const { model, report } = patchModel(original, c.patch);
+      const { model, report } = patchModel(original, { ...c.patch, layers: layersValue(c.patch.layers) });
       if (c.patch.layers) assert.deepEqual(report.sites.map((s) => s.layer), [1]);
       const runner = await Runner.create(encodeModel(model), c.name);
       const feeds = Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)]));

@@ -44,7 +44,7 @@ describe('attention in subgraphs', () => {
     return m;
   }
 
-  it('If: both branches patched, numbered per graph; a per-layer s file gives row 0 to layer 0 of each', async () => {
+  it('If: both branches patched, numbered per graph; a per-layer s gives row 0 to layer 0 of each', async () => {
     const { q, k, v, feeds } = qkvFeeds(1);
     const s = [[0.3, 0.7]];
     const { model: patched, report } = patchModel(ifModel(), { s });

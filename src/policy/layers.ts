@@ -9,6 +9,9 @@ export type LayerSpec = { kind: 'all' } | { kind: 'list'; layers: number[]; text
 /** Checks the selection before the model is read; which layers exist is known only later (selectLayers). */
 export function layerSpec(selection: LayerSelection | undefined): LayerSpec {
   if (selection === undefined) return { kind: 'all' };
+  if (typeof selection !== 'object' || selection === null) {
+    throw new InputError(`${opt('layers')} must be a list of layer indices or { every: k }, got ${JSON.stringify(selection)}`);
+  }
   if (Array.isArray(selection)) {
     const layers = [...selection] as unknown[];
     if (layers.length === 0 || !layers.every((l) => Number.isSafeInteger(l) && (l as number) >= 0)) {

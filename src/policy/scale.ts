@@ -32,7 +32,7 @@ export function scaleFromTrainLen(trainLen: number): number {
  * (recorded for verification; a warning says when s·ln L is far from 1).
  */
 export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
-  if (options.s === undefined && options.trainLen === undefined) throw new InputError(`give ${opt('s')} or ${opt('trainLen')}`);
+  if (options.s === undefined && options.trainLen === undefined) throw new InputError(`give ${opt('sOrFile')} or ${opt('trainLen')}`);
   if (options.trainLen !== undefined && (!Number.isInteger(options.trainLen) || options.trainLen < 2)) {
     throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`);
   }
