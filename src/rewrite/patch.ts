@@ -2,7 +2,7 @@
  * The patch itself: resolve the options into a plan, detect sites in every graph of the model, then either
  * update s of an existing patch or insert the factors site by site, sort, and record the journal.
  */
-import { defaultOpset, Detection, detectAttention, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
+import { defaultOpset, Detection, detectAttention, SkippedSoftmax } from '../detect/find-attention';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
@@ -12,6 +12,7 @@ import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchOptions, PatchPlan, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
+import { isPatchNode } from './identity';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchResult } from './report';
@@ -66,7 +67,7 @@ function existingPatch(scopes: Scope[], all: AnySite[], record: PatchRecord | nu
   if (record?.journal) return { count: record.sites.length, how: '', record };
   const named = all.filter(patchedBy).length;
   if (named) return { count: named, how: '' };
-  const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX)).length;
+  const renamed = findFactors(scopes[0].graph).filter((f) => !isPatchNode(f.apply)).length;
   return renamed ? { count: renamed, how: ', renamed by another tool' } : null;
 }
 
@@ -81,7 +82,7 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   }
   const named = all.filter(patchedBy);
   if (named.length) return updateByNames(model, scopes, detection, named, plan);
-  const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX));
+  const renamed = findFactors(scopes[0].graph).filter((f) => !isPatchNode(f.apply));
   return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 

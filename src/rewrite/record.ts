@@ -2,11 +2,10 @@
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
+import { isScaleName, RECORD_KEY } from './identity';
 import { ScopeEdits } from './journal';
 import type { PresetName } from '../policy/factor';
 import type { PriorName, ThetaName } from '../policy/prior';
-
-export const RECORD_KEY = 'ssmax_patch';
 
 export interface SiteRecord {
   layer: number;
@@ -87,7 +86,7 @@ export function readRecord(model: ModelProto): PatchRecord | null {
 
 /**
  * The s tensor feeding an inserted factor, found by walking up from the node that applies it: an initializer
- * (or, in a function body, a Constant) named `.../s`, the `ssmax_s*` input through which a function gets s, or,
+ * (or, in a function body, a Constant) named as the patch names s, the input through which a function gets s, or,
  * when another tool renamed things, the only floating-point initializer the factor uses.
  */
 export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.input[1], logits = apply.input[0]): string | null {
@@ -100,8 +99,8 @@ export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.i
     seen.add(name);
     const init = graph.initializers.get(name);
     const node = graph.producer.get(name);
-    if ((init || node?.opType === 'Constant') && /\/s(_\d+)?$/.test(name)) return name;
-    if (graph.inputs.has(name) && /^ssmax_s/.test(name)) return name;
+    if ((init || node?.opType === 'Constant') && isScaleName(name, 'constant')) return name;
+    if (graph.inputs.has(name) && isScaleName(name, 'input')) return name;
     if (init && [DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16].includes(init.dataType as 1)) floats.push(name);
     if (node) queue.push(...node.input);
   }

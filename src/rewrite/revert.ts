@@ -12,6 +12,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
+import { APPLY_NAME } from './identity';
 import { orderKeys, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
@@ -163,7 +164,7 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
   const graph = new Graph(out.graph!);
   const factors = findFactors(graph);
   if (factors.length === 0) {
-    throw new InputError('no SSMax patch in this model (no ssmax/L<k>/apply node and no SSMax factor before a Softmax): nothing to revert');
+    throw new InputError(`no SSMax patch in this model (no ${APPLY_NAME} node and no SSMax factor before a Softmax): nothing to revert`);
   }
   const sites = factors.map((f, i) => describe(graph, f, i));
   for (const f of factors) rewire(graph, f);

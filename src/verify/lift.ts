@@ -11,7 +11,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { readsOf } from '../graph/toposort';
 import { GraphProto, ModelProto } from '../io/onnx';
 import { cloneModel } from '../rewrite/patch';
-import { PatchRecord, readRecord, writeRecord } from '../rewrite/record';
+import { PatchRecord, readRecord, removeRecord, writeRecord } from '../rewrite/record';
 import { ProbeSiteResult } from './probe';
 import type { VerifyOptions, VerifyReport } from './verify';
 
@@ -100,7 +100,7 @@ function lifted(model: ModelProto, path: string): ModelProto | null {
     if (t) g.initializer.push(t);
   }
   copy.graph = g;
-  copy.metadataProps = model.metadataProps.filter((p) => p.key !== 'ssmax_patch');
+  removeRecord(copy);
   return copy;
 }
 

@@ -9,6 +9,7 @@ import { Graph } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
+import { RECORD_KEY } from '../rewrite/identity';
 import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
 import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
@@ -66,7 +67,7 @@ export interface Setup {
 
 export function prepare(original: ModelProto, patched: ModelProto, options: VerifyOptions): Setup {
   const record = readRecord(patched);
-  if (!record) throw new InputError("the patched model has no ssmax-patch record (metadata_props 'ssmax_patch'): give a model written by ssmax-patch");
+  if (!record) throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'): give a model written by ssmax-patch`);
   checkPair(original, patched, record);
   const graph = new Graph(original.graph!);
   const specs = describeInputs(graph);

@@ -11,6 +11,7 @@ import { FusedSite } from '../detect/fused';
 import { Graph, nodeLabel } from '../graph/graph';
 import { calledFunction, functionKey, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
+import { hasPart, Part, PART } from '../rewrite/identity';
 import { nodeKey, ScopeEdits } from '../rewrite/journal';
 import { PatchRecord, SiteRecord } from '../rewrite/record';
 import { THETAS, ThetaName } from '../policy/prior';
@@ -169,11 +170,11 @@ function locateExpanded(scope: Scope, record: PatchRecord, r: SiteRecord, site: 
   const graph = scope.graph;
   const own = entriesOf(record, scope.path, `L${r.layer}`);
   const names = new Set(own.flatMap((e) => e.nodes));
-  const named = (suffix: string): NodeProto | undefined => graph.nodes.find((n) => names.has(n.name) && n.name.endsWith(`/${suffix}`));
+  const named = (part: Part): NodeProto | undefined => graph.nodes.find((n) => names.has(n.name) && hasPart(n.name, part));
   // ONNX Attention: the factor on the capped logits and the prior added to them, as a plain-op site with its own Softmax.
   const onnx = r.kind !== 'com.microsoft.Attention';
-  const softmax = onnx ? named('probs') ?? fail('the Softmax of its expansion is not in the graph') : undefined;
-  const prior = r.prior ? expandedPrior(graph, named, onnx ? 'logits_prior' : 'attention_bias_prior') : undefined;
+  const softmax = onnx ? named(PART.probs) ?? fail('the Softmax of its expansion is not in the graph') : undefined;
+  const prior = r.prior ? expandedPrior(graph, named, onnx ? PART.logitsPrior : PART.attentionBiasPrior) : undefined;
   const logits = softmax ? { softmax: nodeLabel(softmax) } : {};
   if (r.apply === undefined) {
     if (!prior) fail('the record names neither a factor nor a prior');
@@ -193,10 +194,10 @@ export function readsLogits(site: VerifySite): boolean {
 }
 
 /** The expansion's prior: c·B (prior_cast, prior_scaled or prior) and the Add that joins it to the logits or the mask's bias, if any. */
-function expandedPrior(graph: Graph, named: (suffix: string) => NodeProto | undefined, joinName: string): SiteTensors['prior'] {
+function expandedPrior(graph: Graph, named: (part: Part) => NodeProto | undefined, joinName: Part): SiteTensors['prior'] {
   // The last of them the graph still reads: a model edited since may bypass the factor's Mul.
   const read = (n: NodeProto | undefined): NodeProto | undefined => (n && graph.consumersOf(n.output[0]).length ? n : undefined);
-  const made = read(named('prior_cast')) ?? read(named('prior_scaled')) ?? named('prior') ?? fail('the nodes that make its prior are not in the graph');
+  const made = read(named(PART.priorCast)) ?? read(named(PART.priorScaled)) ?? named(PART.prior) ?? fail('the nodes that make its prior are not in the graph');
   const out = made.output[0];
   const join = named(joinName);
   if (join && join.input.includes(out)) {
