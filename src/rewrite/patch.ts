@@ -47,7 +47,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
   // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
-  if (all.length === 0 && !record?.journal) throw new InputError(noAttentionMessage(detection));
+  if (all.length === 0 && !record) throw new InputError(noAttentionMessage(detection));
   const existing = existingPatch(scopes, all, record);
   if (existing) {
     if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`);
@@ -60,11 +60,11 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
 }
 
 /**
- * An earlier patch, from the record's journal, or from the graph itself when the record is gone: by the node
- * names this tool gives, or, renamed by another tool, by the structure of its factors.
+ * An earlier patch, from its record, or from the graph itself when another tool stripped the record: by the node
+ * names this tool gives (identity.ts), or, renamed too, by the structure of its factors.
  */
 function existingPatch(scopes: Scope[], all: AnySite[], record: PatchRecord | null): { count: number; how: string; record?: PatchRecord } | null {
-  if (record?.journal) return { count: record.sites.length, how: '', record };
+  if (record) return { count: record.sites.length, how: '', record };
   const named = all.filter(patchedBy).length;
   if (named) return { count: named, how: '' };
   const renamed = findFactors(scopes[0].graph).filter((f) => !isPatchNode(f.apply)).length;

@@ -48,8 +48,8 @@ export interface PatchRecord {
   floorScale?: number;
   attnScale?: number;
   sites: SiteRecord[];
-  /** Every edit the patch made, scope by scope (absent in records written before the journal). */
-  journal?: ScopeEdits[];
+  /** Every edit the patch made, scope by scope. */
+  journal: ScopeEdits[];
 }
 
 /** The preset a record was written with, parameters included (what patchModel records of its plan). */
@@ -74,14 +74,21 @@ export function removeRecord(model: ModelProto): boolean {
   return had;
 }
 
+/**
+ * The patch record, or null when the model has none, or none this tool can use: not JSON, or without its sites and
+ * journal. Without one, revert and --update-s find the patch from the graph (existing.ts).
+ */
 export function readRecord(model: ModelProto): PatchRecord | null {
   const entry = model.metadataProps.find((p) => p.key === RECORD_KEY);
   if (!entry) return null;
+  let value: unknown;
   try {
-    return JSON.parse(entry.value) as PatchRecord;
+    value = JSON.parse(entry.value);
   } catch {
     return null;
   }
+  const r = value as Partial<PatchRecord> | null;
+  return r && typeof r === 'object' && Array.isArray(r.sites) && Array.isArray(r.journal) ? r as PatchRecord : null;
 }
 
 /**

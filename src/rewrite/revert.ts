@@ -2,8 +2,8 @@
  * Removes an SSMax patch. A model whose record carries the patch journal gets every edit undone in reverse, in
  * every scope (graphs, subgraphs, functions, fused sites): each rewired input reads what it read before, and
  * every inserted node, initializer and input goes. On a model this tool patched, the result is the original
- * model, node order and bytes included. Without a journal (a record written by an older version, or no record),
- * the patch is found from the main graph's structure instead.
+ * model, node order and bytes included. Without the record (another tool stripped it), or when the model was
+ * edited since so that the journal no longer fits, the patch is found from the main graph's structure instead.
  */
 import { InputError } from '../errors';
 import { removeUnread } from '../graph/cleanup';
@@ -51,7 +51,7 @@ export function revertModel(model: ModelProto, _options: RevertOptions = {}): { 
   const out = cloneModel(model);
   prepareGraph(out.graph!);
   const record = readRecord(out);
-  if (!record?.journal?.length) return revertByStructure(out);
+  if (!record?.journal.length) return revertByStructure(out);
   try {
     const sites = undoJournal(out, record, record.journal);
     removeRecord(out);

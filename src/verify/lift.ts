@@ -66,7 +66,7 @@ async function liftOne(original: ModelProto, patched: ModelProto, record: PatchR
   const kept = record.sites.map((s, i) => ({ s, i })).filter(({ s }) => inner(s.scope) !== null);
   writeRecord(liftedPatched, {
     ...record, sites: kept.map(({ s }) => ({ ...s, scope: inner(s.scope)! })),
-    journal: record.journal?.flatMap((e) => (e.scope.startsWith('function ') ? [e] : inner(e.scope) !== null ? [{ ...e, scope: inner(e.scope)! }] : [])),
+    journal: record.journal.flatMap((e) => (e.scope.startsWith('function ') ? [e] : inner(e.scope) !== null ? [{ ...e, scope: inner(e.scope)! }] : [])),
   });
   let report: VerifyReport;
   try {

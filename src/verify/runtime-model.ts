@@ -26,7 +26,7 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
   const scopes = modelScopes(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const applies: { scope: Scope; apply: NodeProto }[] = [];
-  if (record?.journal) {
+  if (record) {
     // A site the model no longer has as its journal says is left as it is: the probe fails it, naming it.
     for (const site of findSites(model, scopes, record, null)) {
       const t = site.tensors;

@@ -108,7 +108,7 @@ function thetaValues(graph: Graph, names: Record<ThetaName, string>): Record<The
 }
 
 function entriesOf(record: PatchRecord, scope: string, owner?: string): ScopeEdits[] {
-  return (record.journal ?? []).filter((e) => e.scope === scope && (owner === undefined || e.owner === owner));
+  return record.journal.filter((e) => e.scope === scope && (owner === undefined || e.owner === owner));
 }
 
 function nodeIn(graph: Graph, key: string): NodeProto | undefined {
@@ -118,10 +118,6 @@ function nodeIn(graph: Graph, key: string): NodeProto | undefined {
 function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchRecord, r: SiteRecord, site: VerifySite): void {
   const scope = r.scope ?? 'main';
   const own = byPath.get(scope)!;
-  if (!record.journal) {
-    site.tensors = legacyTensors(own.graph, r);
-    return;
-  }
   let body = scope;
   const call = callOf(model, own, entriesOf(record, scope, `L${r.layer}`), r);
   if (call) {
@@ -243,19 +239,6 @@ function softmaxOf(graph: Graph, r: SiteRecord, call: boolean): string {
   const label = call ? r.softmax.split(' → ').slice(1).join(' → ') : r.softmax;
   if (!graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === label)) fail(`its Softmax '${label}' is not in the graph`);
   return label;
-}
-
-/** Records written before the journal: the factor's Mul by its recorded name, in the main graph only. */
-function legacyTensors(graph: Graph, r: SiteRecord): SiteTensors {
-  if (r.apply === undefined) fail('the record names no factor, and the model has no journal');
-  const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
-  const readers = graph.consumersOf(apply.output[0]);
-  const narrow = readers.length === 1 && readers[0].opType === 'Cast' ? readers[0] : null;
-  const product = narrow ? narrow.output[0] : apply.output[0];
-  const consumer = graph.consumersOf(product)[0] ?? fail(`nothing reads its factor's product '${product}'`);
-  const widen = graph.producer.get(apply.input[0]);
-  const before = widen?.opType === 'Cast' && widen.name.startsWith(r.apply) ? widen.input[0] : apply.input[0];
-  return { scope: 'main', before, consumer: nodeKey(consumer), input: consumer.input.indexOf(product), apply: r.apply, ...(r.kind ? {} : { softmax: r.softmax }) };
 }
 
 /** Detection's fused site for a fused record (or a call whose body holds a fused operator). */
