@@ -6,9 +6,11 @@
  * scope: lookups of a name it does not define fall back to the parent Graph. All graphs of one model share one
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
-import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { memo } from '../memo';
 import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
+// Re-exported: readers of a node that need no Graph live in node.ts, which the modules this one loads can import.
+export { attr, attrFloat, attrInt, attrInts, subgraphsOf } from './node';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
@@ -253,24 +255,6 @@ export function nodeLabel(node: NodeProto): string {
   return node.name || `${node.opType}(${node.output[0] ?? ''})`;
 }
 
-export function attr(node: NodeProto, name: string): AttributeProto | undefined {
-  return node.attribute.find((a) => a.name === name);
-}
-
-export function attrInt(node: NodeProto, name: string): number | undefined {
-  const a = attr(node, name);
-  return a && (a.type === AttributeType.INT || a.i !== undefined) ? toNumber(a.i) : undefined;
-}
-
-export function attrInts(node: NodeProto, name: string): number[] | undefined {
-  const a = attr(node, name);
-  return a ? a.ints.map(toNumber) : undefined;
-}
-
-export function attrFloat(node: NodeProto, name: string): number | undefined {
-  return attr(node, name)?.f;
-}
-
 function constantNodeValue(node: NodeProto): ConstTensor | null {
   const a = node.attribute[0];
   if (!a) return null;
@@ -280,9 +264,4 @@ function constantNodeValue(node: NodeProto): ConstTensor | null {
   if (a.name === 'value_int') return { dims: [], dataType: 7, values: [toNumber(a.i)] };
   if (a.name === 'value_ints') return { dims: [a.ints.length], dataType: 7, values: a.ints.map(toNumber) };
   return null;
-}
-
-/** Every graph held in a node's attributes (If branches, Loop/Scan bodies, contrib-op subgraphs). */
-export function subgraphsOf(node: NodeProto): GraphProto[] {
-  return node.attribute.flatMap((a) => [...(a.g ? [a.g] : []), ...(a.graphs ?? [])]);
 }

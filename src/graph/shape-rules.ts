@@ -5,7 +5,8 @@
  * pass gives every unknown dim a fresh symbol. The table in ops.ts says which rule each op uses.
  */
 import { NodeProto } from '../io/onnx';
-import { attrInt, attrInts, Graph } from './graph';
+import type { Graph } from './graph';
+import { attrInt, attrInts } from './node';
 import { add, broadcast, constantOf, div, mul, num, Poly, product, sliceLength } from './poly';
 
 /** What is known of one tensor: its shape, and for small integer tensors (rank ≤ 1) their values. */
