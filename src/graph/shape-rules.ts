@@ -173,7 +173,7 @@ export const slice: ShapeRule = (node, ins, graph) => {
   const axes = node.input[3] ? graph.constValue(node.input[3])?.values : undefined;
   const steps = node.input[4] ? graph.constValue(node.input[4])?.values : undefined;
   if (!starts || !ends || (steps && steps.some((x) => x !== 1))) return [{ shape: unknownDims(s?.length) }];
-  if (ins[0].value && s?.length === 1 && (!axes || axes[0] === 0)) {
+  if (ins[0].value && s?.length === 1 && (!axes || axes[0] === 0) && starts.length && ends.length) {
     const [st, en] = [constantOf(starts[0]), constantOf(ends[0])];
     if (st !== undefined && en !== undefined) return [{ shape: [num(ins[0].value.slice(st, en).length)], value: ins[0].value.slice(st, en) }];
   }
@@ -203,6 +203,7 @@ export const split: ShapeRule = (node, ins, graph) => {
   const s = ins[0]?.shape;
   if (!s) return [];
   const a = normAxis(attrInt(node, 'axis') ?? 0, s.length);
+  if (a < 0 || a >= s.length) return [];
   const sizes = listOf(node, graph, 'split', 1);
   const each = sizes ? undefined : div(s[a], num(node.output.length));
   return node.output.map((_, k) => ({ shape: s.map((d, i) => (i === a ? (sizes ? num(sizes[k]) : each) : d)) }));
