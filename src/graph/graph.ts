@@ -94,7 +94,7 @@ export class Graph {
     this.inputs = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
     this.outputs = new Set(this.proto.output.map((v) => v.name));
     for (const t of this.proto.initializer) this.initializers.set(t.name, t);
-    for (const v of [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo]) this.valueInfo.set(v.name, v);
+    for (const v of this.declarations()) this.valueInfo.set(v.name, v);
     for (const node of this.proto.node) {
       if (node.name) this.registry.nodes.add(node.name);
       for (const out of node.output) if (out) this.producer.set(out, node);
@@ -147,6 +147,43 @@ export class Graph {
     this.query.forget();
   }
 
+  /** Every node that reads `from` reads `to` instead. */
+  redirect(from: string, to: string): void {
+    for (const node of [...this.consumersOf(from)]) {
+      for (const [i, name] of node.input.entries()) if (name === from) this.setInput(node, i, to);
+    }
+  }
+
+  /** Keeps the first `length` inputs of `node` (those after are optional ones left out again). */
+  truncateInputs(node: NodeProto, length: number): void {
+    const dropped = node.input.splice(length);
+    for (const name of new Set(dropped)) if (name && !node.input.includes(name)) this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
+    this.query.forget();
+  }
+
+  /** Points output `index` of `node` at `name` (a new tensor it produces), padding skipped optional outputs with ''. */
+  setOutput(node: NodeProto, index: number, name: string): void {
+    while (node.output.length <= index) node.output.push('');
+    const old = node.output[index];
+    node.output[index] = name;
+    if (old && this.producer.get(old) === node && !node.output.includes(old)) this.producer.delete(old);
+    if (name) {
+      this.producer.set(name, node);
+      this.registry.tensors.add(name);
+    }
+    this.query.forget();
+  }
+
+  /** Puts the graph's nodes in the given order: the same nodes, each once. */
+  reorderNodes(order: readonly NodeProto[]): void {
+    const now = new Set(this.proto.node);
+    if (order.length !== now.size || new Set(order).size !== order.length || order.some((n) => !now.has(n))) {
+      throw new Error('reorderNodes: the order is not of the graph\'s nodes, each once');
+    }
+    this.proto.node = [...order];
+    this.query.forget();
+  }
+
   removeNodes(nodes: ReadonlySet<NodeProto>): void {
     this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
     for (const node of nodes) {
@@ -193,6 +230,32 @@ export class Graph {
     this.proto.input = this.proto.input.filter((v) => v.name !== name);
     this.inputs.delete(name);
     this.query.forget();
+  }
+
+  /** Declares a new graph output (its value_info entry, if the graph has one, still tells its type). */
+  addOutput(v: ValueInfoProto): void {
+    this.proto.output.push(v);
+    this.outputs.add(v.name);
+    this.indexDeclarations(new Set([v.name]));
+    this.query.forget();
+  }
+
+  /** Removes the value_info entries of these tensors (an input or output declaration of one still stands). */
+  removeValueInfo(names: ReadonlySet<string>): void {
+    this.proto.valueInfo = this.proto.valueInfo.filter((v) => !names.has(v.name));
+    this.indexDeclarations(names);
+    this.query.forget();
+  }
+
+  /** Inputs, outputs and value_info, in the order in which a later declaration of a name overrides an earlier one. */
+  private declarations(): ValueInfoProto[] {
+    return [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo];
+  }
+
+  /** The declarations of these names in the index, as reindex() finds them. */
+  private indexDeclarations(names: ReadonlySet<string>): void {
+    for (const name of names) this.valueInfo.delete(name);
+    for (const v of this.declarations()) if (names.has(v.name)) this.valueInfo.set(v.name, v);
   }
 
   private addConsumer(name: string, node: NodeProto): void {

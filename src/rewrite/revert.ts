@@ -116,7 +116,7 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
     const node = byOutput.get(r.node);
     if (!node || node.input[r.input] !== r.to) stale(`input ${r.input} of the node producing '${r.node}' no longer reads '${r.to}'`);
     graph.setInput(node, r.input, r.from);
-    if (node.input.length > r.length) node.input.length = r.length;
+    if (node.input.length > r.length) graph.truncateInputs(node, r.length);
   }
   const names = new Set(edits.nodes);
   const inserted = new Set(graph.nodes.filter((n) => names.has(n.name)));
@@ -133,7 +133,7 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
   for (const node of back) graph.insertNode(node);
   const kept = new Set(back.flatMap((n) => n.output));
   const gone = new Set([...[...produced].filter((o) => !kept.has(o)), ...edits.initializers, ...edits.inputs]);
-  graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !gone.has(v.name));
+  graph.removeValueInfo(gone);
 }
 
 /** Puts the original nodes back in the order the journal noted before the patch's sort moved some of them. */
@@ -141,8 +141,10 @@ function restoreOrder(graph: Graph, order: string[]): void {
   const keys = orderKeys(graph.nodes);
   const byKey = new Map(graph.nodes.map((n, i) => [keys[i], n]));
   const nodes = order.map((k) => byKey.get(k));
-  if (nodes.length !== graph.nodes.length || nodes.some((n) => !n)) stale('the nodes the journal lists in their original order are not the model\'s');
-  graph.proto.node = nodes as NodeProto[];
+  if (nodes.length !== graph.nodes.length || nodes.some((n) => !n) || new Set(nodes).size !== nodes.length) {
+    stale('the nodes the journal lists in their original order are not the model\'s');
+  }
+  graph.reorderNodes(nodes as NodeProto[]);
 }
 
 /** Every name a node reads is still defined: nothing the model kept depended on what the patch added. */
@@ -168,7 +170,6 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
   }
   const sites = factors.map((f, i) => describe(graph, f, i));
   for (const f of factors) rewire(graph, f);
-  graph.reindex();
   // Shared computations of n go with the last factor that reads them; anything else still reads stays.
   const { initializers } = removeUnread(graph, new Set(factors.flatMap((f) => f.nodes)));
   for (const [i, f] of factors.entries()) {
@@ -192,5 +193,5 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
   if (graph.outputs.has(product)) throw new InputError(`cannot revert: the scaled logits '${product}' are a graph output`);
-  for (const c of graph.consumersOf(product)) c.input = c.input.map((name) => (name === product ? f.logits : name));
+  graph.redirect(product, f.logits);
 }

@@ -97,7 +97,7 @@ function lifted(model: ModelProto, path: string): ModelProto | null {
   const g = scope.graph.proto;
   for (const name of capturedNames(g)) {
     const t = scope.graph.initializers.get(name);
-    if (t) g.initializer.push(t);
+    if (t) scope.graph.addInitializer(t);
   }
   copy.graph = g;
   removeRecord(copy);
