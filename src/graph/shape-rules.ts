@@ -53,7 +53,8 @@ export const elementwise: ShapeRule = (node, ins) => {
   let value: Poly[] | undefined;
   if (f && a && b && (a.length === b.length || a.length === 1 || b.length === 1)) {
     const at = (v: Poly[], i: number): Poly => v[v.length === 1 ? 0 : i];
-    const vals = Array.from({ length: Math.max(a.length, b.length) }, (_, i) => f(at(a, i), at(b, i)));
+    // A single value broadcasts to the other's length, an empty list's too.
+    const vals = Array.from({ length: a.length === 1 ? b.length : a.length }, (_, i) => f(at(a, i), at(b, i)));
     if (vals.every(Boolean)) value = vals as Poly[];
   }
   return [{ shape, value }];
@@ -79,7 +80,11 @@ export const gather: ShapeRule = (node, [data, idx], graph) => {
   const axis = normAxis(attrInt(node, 'axis') ?? 0, s?.length ?? 0);
   const indices = graph.constValue(node.input[1]);
   let value: Poly[] | undefined;
-  if (data?.value && indices && axis === 0) value = indices.values.map((i) => data.value![i < 0 ? data.value!.length + i : i]);
+  if (data?.value && indices && axis === 0) {
+    const picked = indices.values.map((i) => data.value![i < 0 ? data.value!.length + i : i]);
+    // An index past the values (a shape declared shorter than it is) leaves them unknown.
+    if (picked.every(Boolean)) value = picked;
+  }
   return [{ shape: s && is ? [...s.slice(0, axis), ...is, ...s.slice(axis + 1)] : undefined, value }];
 };
 
