@@ -16,6 +16,7 @@ import { patchModel } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
 import { Runner } from '../src/verify/run';
+import { PREFIX as VERIFY_PREFIX } from '../src/verify/nodes';
 import { verifyPatch } from '../src/verify/verify';
 import { feedsOf, FIXTURES, loadRef, TORCH } from './support/ref';
 
@@ -55,6 +56,15 @@ describe('the names the patch gives are the names identity.ts recognises', () =>
       }
     });
   }
+});
+
+describe('verification\'s names', () => {
+  it('are never taken for the patch\'s', () => {
+    for (const base of ['L0/apply', 'L0/s', 's', 'x/last_rows']) {
+      const name = `${VERIFY_PREFIX}${base}`;
+      assert.ok(!isPatchNode({ name }) && !isApplyNode({ name }) && applyLayer(name) === null && !isScaleName(name, 'input'), name);
+    }
+  });
 });
 
 describe('a record without its journal is not read', () => {

@@ -9,10 +9,11 @@
 import { GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { memo } from '../memo';
 import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
-// Re-exported: readers of a node that need no Graph live in node.ts, which the modules this one loads can import.
-export { attr, attrFloat, attrInt, attrInts, subgraphsOf } from './node';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
+
+// Readers of a node that need no Graph live in node.ts, so that the modules this one loads can import them.
+export { attr, attrFloat, attrInt, attrInts, subgraphsOf } from './node';
 
 /** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
 export interface NameRegistry {
@@ -142,7 +143,7 @@ export class Graph {
     while (node.input.length <= index) node.input.push('');
     const old = node.input[index];
     node.input[index] = name;
-    if (old && !node.input.includes(old)) this.consumers.set(old, this.consumersOf(old).filter((n) => n !== node));
+    if (old && !node.input.includes(old)) this.removeConsumer(old, node);
     this.addConsumer(name, node);
     this.query.forget();
   }
@@ -157,7 +158,7 @@ export class Graph {
   /** Keeps the first `length` inputs of `node` (those after are optional ones left out again). */
   truncateInputs(node: NodeProto, length: number): void {
     const dropped = node.input.splice(length);
-    for (const name of new Set(dropped)) if (name && !node.input.includes(name)) this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
+    for (const name of new Set(dropped)) if (name && !node.input.includes(name)) this.removeConsumer(name, node);
     this.query.forget();
   }
 
@@ -188,7 +189,7 @@ export class Graph {
     this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
     for (const node of nodes) {
       for (const out of node.output) if (this.producer.get(out) === node) this.producer.delete(out);
-      for (const name of new Set(node.input)) if (name) this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
+      for (const name of new Set(node.input)) if (name) this.removeConsumer(name, node);
     }
     this.query.forget();
   }
@@ -262,6 +263,10 @@ export class Graph {
     if (!name) return;
     const list = this.consumersOf(name);
     if (!list.includes(node)) this.consumers.set(name, [...list, node]);
+  }
+
+  private removeConsumer(name: string, node: NodeProto): void {
+    this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
   }
 
   /** A name not yet used by any tensor or node of this graph. */

@@ -81,7 +81,7 @@ export function isScaleName(name: string, kind: 'constant' | 'input'): boolean {
   return kind === 'constant' ? SCALE_END.test(name) : name.startsWith(`${INPUT_PREFIX}${PART.scale}`);
 }
 
-/** True when `name` ends in the given part (`.../probs`). */
+/** True when `name` ends in the given part (`.../probs`, not `.../probs_1`). */
 export function hasPart(name: string, part: Part): boolean {
   return name.endsWith(`/${part}`);
 }
