@@ -1,6 +1,7 @@
 /** Human-readable report lines: one line per site, per skipped Softmax, per check. */
 import { Explanation } from '../detect/find-attention';
 import { WriteReport } from '../io/model-file';
+import { RECORD_KEY } from '../rewrite/identity';
 import { PatchReport } from '../rewrite/patch';
 import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
@@ -64,7 +65,7 @@ export function formatRevert(report: RevertReport): string[] {
     const where = s.scope ? `  [${s.scope}]` : '';
     lines.push(`  L${s.layer}  ${s.apply}${s.softmax ? ` → ${s.softmax}` : ''}${where}  ${sv}  removed ${s.removedNodes} nodes, ${s.removedInitializers.length} initializers`);
   }
-  if (!report.hadRecord) lines.push('(the model had no ssmax_patch metadata record: found from the graph)');
+  if (!report.hadRecord) lines.push(`(the model had no ${RECORD_KEY} metadata record: found from the graph)`);
   else if (report.note) lines.push(`(the patch journal could not be replayed (${report.note}): found from the graph)`);
   return lines;
 }

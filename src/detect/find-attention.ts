@@ -10,14 +10,14 @@ import { defaultOpsetOf, modelScopes, Scope } from '../graph/scopes';
 import { topoOrder } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
 import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto } from '../io/onnx';
+import { isPatchNode } from '../rewrite/identity';
 import { FusedSite } from './fused';
 import { HeadInfo } from './heads';
 import { MaskVerdict } from './mask';
 import { CandidateTrace, Found, Rule, RULES, runRules } from './rules';
-import { PATCH_PREFIX, Step } from './trace';
+import { Step } from './trace';
 
 export type { CandidateTrace, RuleAttempt } from './rules';
-export { PATCH_PREFIX } from './trace';
 
 export interface AttentionSite {
   /** 0-based, in graph order within its scope. */
@@ -122,7 +122,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
 
 /** True for a graph held by a node the patch inserted (at any depth). */
 function insideInserted(scope: Scope): boolean {
-  for (let owner = scope.owner; owner; owner = owner.scope.owner) if (owner.node.name.startsWith(PATCH_PREFIX)) return true;
+  for (let owner = scope.owner; owner; owner = owner.scope.owner) if (isPatchNode(owner.node)) return true;
   return false;
 }
 

@@ -9,10 +9,10 @@ import { attrFloat, attrInt, attrInts } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { Shapes } from '../graph/shapes';
 import { NodeProto } from '../io/onnx';
+import { isApplyNode, isPatchNode } from '../rewrite/identity';
 import { declaredDim, HeadInfo } from './heads';
 import { classifyMasks, MaskVerdict } from './mask';
 import type { Rule } from './rules';
-import { PATCH_PREFIX } from './trace';
 
 /** Where the query is and how its rows and heads are laid out. */
 export type QueryPlan =
@@ -113,8 +113,8 @@ const fusedRule = (name: string, applies: Rule['applies'], matcher: Matcher): Ru
     if (m.deviation && !ctx.forced) return { at: node, reason: `${m.op.replace(`${MS}.`, '')}: ${m.deviation}`, steps: 1, attention: true, forcible: true };
     const query = node.input[m.query.layout === 'weights' ? m.query.weights : m.query.input];
     // An earlier run's factor on the query: the first inserted `apply` node up its chain of inserted nodes.
-    const patchedBy = ctx.scope.graph.query.first('ssmax-apply', query, (_t, p) => (!p?.name.startsWith(PATCH_PREFIX) ? null
-      : /\/apply(_\d+)?$/.test(p.name) ? p : undefined));
+    const patchedBy = ctx.scope.graph.query.first('ssmax-apply', query, (_t, p) => (!p || !isPatchNode(p) ? null
+      : isApplyNode(p) ? p : undefined));
     const queryType = ctx.scope.shapes.type(query) ?? fusedElementType(ctx.scope.shapes, node);
     return { kind: 'fused', site: { ...m, queryType, forced: Boolean(m.deviation), patchedBy } };
   },

@@ -6,10 +6,11 @@
  */
 import { attrInt, Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
+import { isApplyNode, isPatchNode } from '../rewrite/identity';
 import { HeadInfo, inferHeads } from './heads';
 import { classifyMasks, maskOperands } from './mask';
 import type { Found, Rule, RuleContext, Stop } from './rules';
-import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, PATCH_PREFIX, Step } from './trace';
+import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, Step } from './trace';
 
 /** `products`: the product ops the rule accepts (any when absent); `flat`: the opset < 13 form, whose axis ≠ −1. */
 const softmaxRule = (name: string, flat: boolean, products?: string[]): Rule => ({
@@ -46,12 +47,12 @@ function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | un
   const logitsRank = shapes.rank(point.logits) ?? rank;
   // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
   const patched = [graph.producer.get(product.input[0]), ...source.path.map((s) => s.node)]
-    .filter((n): n is NodeProto => Boolean(n?.name.startsWith(PATCH_PREFIX)));
+    .filter((n): n is NodeProto => Boolean(n && isPatchNode(n)));
   const after = source.path.slice(point.offset);
   return { kind: 'softmax', site: {
     softmax, qkMatMul: product, valueMatMul, logits: point.logits, consumer: point.consumer, afterLogits: after, logitsRank,
     logitsType: shapes.type(point.logits), heads: headsOf(ctx, product, logitsRank, point.logits),
-    mask: classifyMasks(graph, maskOperands(after)), patchedBy: patched.find((n) => /\/apply(_\d+)?$/.test(n.name)) ?? patched[0],
+    mask: classifyMasks(graph, maskOperands(after)), patchedBy: patched.find(isApplyNode) ?? patched[0],
     ...(axisProblem ? { forced: axisProblem } : {}), ...(groupAxis !== undefined ? { groupAxis } : {}),
   } };
 }
@@ -86,7 +87,7 @@ function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits
   for (; offset < path.length - 1; offset++) {
     const { node, index } = path[offset];
     const scaling = ((node.opType === 'Div' && index === 0) || node.opType === 'Mul') && graph.query.isStatic(node.input[1 - index]);
-    if (!(scaling || ['Cast', 'Identity', 'Tanh'].includes(node.opType)) || node.name.startsWith(PATCH_PREFIX)) break;
+    if (!(scaling || ['Cast', 'Identity', 'Tanh'].includes(node.opType)) || isPatchNode(node)) break;
   }
   return { logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset };
 }

@@ -3,9 +3,6 @@ import { attrInt, Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
 import { NodeProto } from '../io/onnx';
 
-/** Names of the nodes an earlier run inserted start with this. */
-export const PATCH_PREFIX = 'ssmax/';
-
 /** One step of the path from the QK MatMul to the Softmax: `node` reads the logits at input `index`. */
 export interface Step { node: NodeProto; index: number }
 

@@ -30,6 +30,6 @@ export function removeUnread(graph: Graph, candidates: ReadonlySet<NodeProto>): 
     graph.removeInitializer(name);
     if (graph.proto.input.some((v) => v.name === name)) graph.removeInput(name);
   }
-  graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !produced.has(v.name));
+  graph.removeValueInfo(produced);
   return { nodes: removed, initializers };
 }

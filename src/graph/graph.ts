@@ -6,11 +6,14 @@
  * scope: lookups of a name it does not define fall back to the parent Graph. All graphs of one model share one
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
  */
-import { AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { memo } from '../memo';
 import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
+
+// Readers of a node that need no Graph live in node.ts, so that the modules this one loads can import them.
+export { attr, attrFloat, attrInt, attrInts, subgraphsOf } from './node';
 
 /** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
 export interface NameRegistry {
@@ -92,7 +95,7 @@ export class Graph {
     this.inputs = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
     this.outputs = new Set(this.proto.output.map((v) => v.name));
     for (const t of this.proto.initializer) this.initializers.set(t.name, t);
-    for (const v of [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo]) this.valueInfo.set(v.name, v);
+    for (const v of this.declarations()) this.valueInfo.set(v.name, v);
     for (const node of this.proto.node) {
       if (node.name) this.registry.nodes.add(node.name);
       for (const out of node.output) if (out) this.producer.set(out, node);
@@ -140,8 +143,45 @@ export class Graph {
     while (node.input.length <= index) node.input.push('');
     const old = node.input[index];
     node.input[index] = name;
-    if (old && !node.input.includes(old)) this.consumers.set(old, this.consumersOf(old).filter((n) => n !== node));
+    if (old && !node.input.includes(old)) this.removeConsumer(old, node);
     this.addConsumer(name, node);
+    this.query.forget();
+  }
+
+  /** Every node that reads `from` reads `to` instead. */
+  redirect(from: string, to: string): void {
+    for (const node of [...this.consumersOf(from)]) {
+      for (const [i, name] of node.input.entries()) if (name === from) this.setInput(node, i, to);
+    }
+  }
+
+  /** Keeps the first `length` inputs of `node` (those after are optional ones left out again). */
+  truncateInputs(node: NodeProto, length: number): void {
+    const dropped = node.input.splice(length);
+    for (const name of new Set(dropped)) if (name && !node.input.includes(name)) this.removeConsumer(name, node);
+    this.query.forget();
+  }
+
+  /** Points output `index` of `node` at `name` (a new tensor it produces), padding skipped optional outputs with ''. */
+  setOutput(node: NodeProto, index: number, name: string): void {
+    while (node.output.length <= index) node.output.push('');
+    const old = node.output[index];
+    node.output[index] = name;
+    if (old && this.producer.get(old) === node && !node.output.includes(old)) this.producer.delete(old);
+    if (name) {
+      this.producer.set(name, node);
+      this.registry.tensors.add(name);
+    }
+    this.query.forget();
+  }
+
+  /** Puts the graph's nodes in the given order: the same nodes, each once. */
+  reorderNodes(order: readonly NodeProto[]): void {
+    const now = new Set(this.proto.node);
+    if (order.length !== now.size || new Set(order).size !== order.length || order.some((n) => !now.has(n))) {
+      throw new Error('reorderNodes: the order is not of the graph\'s nodes, each once');
+    }
+    this.proto.node = [...order];
     this.query.forget();
   }
 
@@ -149,7 +189,7 @@ export class Graph {
     this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
     for (const node of nodes) {
       for (const out of node.output) if (this.producer.get(out) === node) this.producer.delete(out);
-      for (const name of new Set(node.input)) if (name) this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
+      for (const name of new Set(node.input)) if (name) this.removeConsumer(name, node);
     }
     this.query.forget();
   }
@@ -193,10 +233,40 @@ export class Graph {
     this.query.forget();
   }
 
+  /** Declares a new graph output (its value_info entry, if the graph has one, still tells its type). */
+  addOutput(v: ValueInfoProto): void {
+    this.proto.output.push(v);
+    this.outputs.add(v.name);
+    this.indexDeclarations(new Set([v.name]));
+    this.query.forget();
+  }
+
+  /** Removes the value_info entries of these tensors (an input or output declaration of one still stands). */
+  removeValueInfo(names: ReadonlySet<string>): void {
+    this.proto.valueInfo = this.proto.valueInfo.filter((v) => !names.has(v.name));
+    this.indexDeclarations(names);
+    this.query.forget();
+  }
+
+  /** Inputs, outputs and value_info, in the order in which a later declaration of a name overrides an earlier one. */
+  private declarations(): ValueInfoProto[] {
+    return [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo];
+  }
+
+  /** The declarations of these names in the index, as reindex() finds them. */
+  private indexDeclarations(names: ReadonlySet<string>): void {
+    for (const name of names) this.valueInfo.delete(name);
+    for (const v of this.declarations()) if (names.has(v.name)) this.valueInfo.set(v.name, v);
+  }
+
   private addConsumer(name: string, node: NodeProto): void {
     if (!name) return;
     const list = this.consumersOf(name);
     if (!list.includes(node)) this.consumers.set(name, [...list, node]);
+  }
+
+  private removeConsumer(name: string, node: NodeProto): void {
+    this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
   }
 
   /** A name not yet used by any tensor or node of this graph. */
@@ -253,24 +323,6 @@ export function nodeLabel(node: NodeProto): string {
   return node.name || `${node.opType}(${node.output[0] ?? ''})`;
 }
 
-export function attr(node: NodeProto, name: string): AttributeProto | undefined {
-  return node.attribute.find((a) => a.name === name);
-}
-
-export function attrInt(node: NodeProto, name: string): number | undefined {
-  const a = attr(node, name);
-  return a && (a.type === AttributeType.INT || a.i !== undefined) ? toNumber(a.i) : undefined;
-}
-
-export function attrInts(node: NodeProto, name: string): number[] | undefined {
-  const a = attr(node, name);
-  return a ? a.ints.map(toNumber) : undefined;
-}
-
-export function attrFloat(node: NodeProto, name: string): number | undefined {
-  return attr(node, name)?.f;
-}
-
 function constantNodeValue(node: NodeProto): ConstTensor | null {
   const a = node.attribute[0];
   if (!a) return null;
@@ -280,9 +332,4 @@ function constantNodeValue(node: NodeProto): ConstTensor | null {
   if (a.name === 'value_int') return { dims: [], dataType: 7, values: [toNumber(a.i)] };
   if (a.name === 'value_ints') return { dims: [a.ints.length], dataType: 7, values: a.ints.map(toNumber) };
   return null;
-}
-
-/** Every graph held in a node's attributes (If branches, Loop/Scan bodies, contrib-op subgraphs). */
-export function subgraphsOf(node: NodeProto): GraphProto[] {
-  return node.attribute.flatMap((a) => [...(a.g ? [a.g] : []), ...(a.graphs ?? [])]);
 }

@@ -15,7 +15,8 @@
  * well-typed patch look mis-typed), no role.
  */
 import { DataType, NodeProto } from '../io/onnx';
-import { attr, attrInt, Graph } from './graph';
+import type { Graph } from './graph';
+import { attr, attrInt } from './node';
 import * as R from './shape-rules';
 
 export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: Graph) => number | undefined);

@@ -16,11 +16,18 @@ const split = (key: string): string[] => (key ? key.split('*') : []);
 const MAX_TERMS = 32;
 const MAX_DEGREE = 12;
 
+/** A dim past those sizes: the shape pass leaves it unknown. */
+export class DimOverflow extends RangeError {
+  constructor() {
+    super('symbolic dim too large');
+  }
+}
+
 export const num = (n: number): Poly => new Map(n === 0 ? [] : [['', n]]);
 export const sym = (name: string): Poly => new Map([[name, 1]]);
 
 export function add(a: Poly, b: Poly, sign = 1): Poly {
-  if (a.size + b.size > 4 * MAX_TERMS) throw new RangeError('symbolic dim too large');
+  if (a.size + b.size > 4 * MAX_TERMS) throw new DimOverflow();
   const out = new Map(a);
   for (const [k, c] of b) {
     const v = (out.get(k) ?? 0) + sign * c;
@@ -31,12 +38,12 @@ export function add(a: Poly, b: Poly, sign = 1): Poly {
 }
 
 export function mul(a: Poly, b: Poly): Poly {
-  if (a.size * b.size > MAX_TERMS) throw new RangeError('symbolic dim too large');
+  if (a.size * b.size > MAX_TERMS) throw new DimOverflow();
   let out: Poly = new Map();
   for (const [ka, ca] of a) {
     for (const [kb, cb] of b) {
       const symbols = [...split(ka), ...split(kb)];
-      if (symbols.length > MAX_DEGREE || !Number.isSafeInteger(ca * cb)) throw new RangeError('symbolic dim too large');
+      if (symbols.length > MAX_DEGREE || !Number.isSafeInteger(ca * cb)) throw new DimOverflow();
       out = add(out, new Map([[mono(symbols), ca * cb]]));
     }
   }

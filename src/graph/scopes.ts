@@ -96,6 +96,7 @@ function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], r
       topoSort(shim);
       fn.node = shim.node;
       fn.input = shim.input.map((v) => v.name);
+      fn.output = shim.output.map((v) => v.name);
     },
   };
 }

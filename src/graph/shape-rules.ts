@@ -5,7 +5,8 @@
  * pass gives every unknown dim a fresh symbol. The table in ops.ts says which rule each op uses.
  */
 import { NodeProto } from '../io/onnx';
-import { attrInt, attrInts, Graph } from './graph';
+import type { Graph } from './graph';
+import { attrInt, attrInts } from './node';
 import { add, broadcast, constantOf, div, mul, num, Poly, product, sliceLength } from './poly';
 
 /** What is known of one tensor: its shape, and for small integer tensors (rank ≤ 1) their values. */
@@ -52,7 +53,8 @@ export const elementwise: ShapeRule = (node, ins) => {
   let value: Poly[] | undefined;
   if (f && a && b && (a.length === b.length || a.length === 1 || b.length === 1)) {
     const at = (v: Poly[], i: number): Poly => v[v.length === 1 ? 0 : i];
-    const vals = Array.from({ length: Math.max(a.length, b.length) }, (_, i) => f(at(a, i), at(b, i)));
+    // A single value broadcasts to the other's length, an empty list's too.
+    const vals = Array.from({ length: a.length === 1 ? b.length : a.length }, (_, i) => f(at(a, i), at(b, i)));
     if (vals.every(Boolean)) value = vals as Poly[];
   }
   return [{ shape, value }];
@@ -78,7 +80,11 @@ export const gather: ShapeRule = (node, [data, idx], graph) => {
   const axis = normAxis(attrInt(node, 'axis') ?? 0, s?.length ?? 0);
   const indices = graph.constValue(node.input[1]);
   let value: Poly[] | undefined;
-  if (data?.value && indices && axis === 0) value = indices.values.map((i) => data.value![i < 0 ? data.value!.length + i : i]);
+  if (data?.value && indices && axis === 0) {
+    const picked = indices.values.map((i) => data.value![i < 0 ? data.value!.length + i : i]);
+    // An index past the values (a shape declared shorter than it is) leaves them unknown.
+    if (picked.every(Boolean)) value = picked;
+  }
   return [{ shape: s && is ? [...s.slice(0, axis), ...is, ...s.slice(axis + 1)] : undefined, value }];
 };
 
@@ -172,7 +178,7 @@ export const slice: ShapeRule = (node, ins, graph) => {
   const axes = node.input[3] ? graph.constValue(node.input[3])?.values : undefined;
   const steps = node.input[4] ? graph.constValue(node.input[4])?.values : undefined;
   if (!starts || !ends || (steps && steps.some((x) => x !== 1))) return [{ shape: unknownDims(s?.length) }];
-  if (ins[0].value && s?.length === 1 && (!axes || axes[0] === 0)) {
+  if (ins[0].value && s?.length === 1 && (!axes || axes[0] === 0) && starts.length && ends.length) {
     const [st, en] = [constantOf(starts[0]), constantOf(ends[0])];
     if (st !== undefined && en !== undefined) return [{ shape: [num(ins[0].value.slice(st, en).length)], value: ins[0].value.slice(st, en) }];
   }
@@ -202,6 +208,7 @@ export const split: ShapeRule = (node, ins, graph) => {
   const s = ins[0]?.shape;
   if (!s) return [];
   const a = normAxis(attrInt(node, 'axis') ?? 0, s.length);
+  if (a < 0 || a >= s.length) return [];
   const sizes = listOf(node, graph, 'split', 1);
   const each = sizes ? undefined : div(s[a], num(node.output.length));
   return node.output.map((_, k) => ({ shape: s.map((d, i) => (i === a ? (sizes ? num(sizes[k]) : each) : d)) }));

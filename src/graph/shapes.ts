@@ -9,7 +9,7 @@
 import { DataType, NodeProto, toNumber } from '../io/onnx';
 import { Graph } from './graph';
 import { OpInfo, opInfo } from './ops';
-import { num, Poly, sym } from './poly';
+import { DimOverflow, num, Poly, sym } from './poly';
 import { OutSym, Sym } from './shape-rules';
 import { topoOrder } from './toposort';
 
@@ -88,8 +88,10 @@ export class Shapes {
     let out: OutSym[] = [];
     try {
       out = info.shape ? info.shape(node, node.input.map((i) => this.get(i)), this.graph) : [];
-    } catch {
-      out = []; // a dim grew too large (poly.ts): unknown, not wrong
+    } catch (e) {
+      // A dim grew too large (poly.ts): unknown, not wrong. Anything else is a bug in the rule, not an unknown shape.
+      if (!(e instanceof DimOverflow)) throw e;
+      out = [];
     }
     node.output.forEach((o, i) => {
       if (!o) return;

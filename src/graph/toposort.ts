@@ -3,7 +3,7 @@
  * reports one in a model as read as an input error; one in a graph the patch edited is a bug (an internal error).
  */
 import { GraphProto, NodeProto } from '../io/onnx';
-import { subgraphsOf } from './graph';
+import { subgraphsOf } from './node';
 
 /** Names a node reads, including names its subgraphs capture from the enclosing scope. */
 export function readsOf(node: NodeProto): string[] {

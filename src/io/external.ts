@@ -10,7 +10,7 @@ import { memo } from '../memo';
 import { EXTERNAL, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, TensorProto } from './onnx';
 import { externalContext } from './origin';
-import { ModelFormatError } from './read';
+import { ModelFormatError } from './format-error';
 import { readExact } from './source';
 
 export interface ExternalRef {

@@ -9,13 +9,11 @@ import { createHash } from 'node:crypto';
 import { EXTERNAL, isKnownDataType, rawByteLength, toNumber } from './constants';
 import type { AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto } from './onnx';
 import { forAttributes } from './external';
+import { ModelFormatError } from './format-error';
 import { definePayload, ModelContext, PAYLOAD_FIELDS, setExternalContext, setOrigin, StubOrigin } from './origin';
 import { allowedWireTypes, checkWireTree, decodeAs, encodeAs, encodeField, fieldName, TypeName } from './proto';
 import { MemorySource, Reader, Source } from './source';
 import { concatBytes, Entry, scanFields, WireError } from './wire';
-
-/** The file is not an ONNX model, or not one this tool reads; the message says why, in one line. */
-export class ModelFormatError extends Error {}
 
 export const MIN_IR_VERSION = 3;
 export const MAX_IR_VERSION = 13;

@@ -38,7 +38,7 @@ export class Builder {
     const proto: GraphProto = { node: [], name: this.graph.uniqueName(`${this.prefix}${name}`), initializer: [], input: [], output: [], valueInfo: [] };
     const editor = new Editor(this.graph.child(proto), emptyEdits(proto.name, 'branch'));
     const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.constantNodes));
-    proto.output = [elemType ? { name: output, type: { tensorType: { elemType } } } : { name: output }];
+    editor.graph.addOutput(elemType ? { name: output, type: { tensorType: { elemType } } } : { name: output });
     return proto;
   }
 

@@ -5,6 +5,7 @@
  */
 import { DataType } from '../io/onnx';
 import { Builder } from './builder';
+import { PART } from './identity';
 
 export interface Applied {
   output: string;
@@ -14,16 +15,16 @@ export interface Applied {
   apply: string;
 }
 
-/** `Mul(x, factor)` in x's precision, the Mul named `<prefix>apply`; `factor` is fp32. */
+/** `Mul(x, factor)` in x's precision, the Mul named `<prefix>apply` (identity.ts); `factor` is fp32. */
 export function applyFactor(b: Builder, x: string, factor: string, xType: number | undefined, opset: number): Applied {
   const mul = (lhs: string, rhs: string): { output: string; apply: string } => {
-    const output = b.op('Mul', [lhs, rhs], {}, 'apply');
+    const output = b.op('Mul', [lhs, rhs], {}, PART.apply);
     return { output, apply: b.last!.name };
   };
   if (xType === DataType.FLOAT16 || xType === DataType.BFLOAT16) {
-    const wide = b.op('Cast', [x], { to: DataType.FLOAT }, 'apply_in');
+    const wide = b.op('Cast', [x], { to: DataType.FLOAT }, PART.applyIn);
     const m = mul(wide, factor);
-    return { output: b.op('Cast', [m.output], { to: xType }, 'apply_out'), factorType: DataType.FLOAT, apply: m.apply };
+    return { output: b.op('Cast', [m.output], { to: xType }, PART.applyOut), factorType: DataType.FLOAT, apply: m.apply };
   }
   if (xType === DataType.DOUBLE) {
     return { ...mul(x, b.op('Cast', [factor], { to: DataType.DOUBLE }, 'factor_cast')), factorType: DataType.DOUBLE };

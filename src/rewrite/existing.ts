@@ -1,12 +1,14 @@
 /**
- * Finds SSMax factors already in a graph, from the graph itself rather than from the metadata record: the
- * apply nodes this tool names `ssmax/L<k>/apply`, and, when names were changed by another tool, the structure
+ * Finds SSMax factors already in a graph, from the graph itself rather than from the metadata record (for a model
+ * whose record another tool stripped): the apply nodes this tool names (identity.ts), and, when names were changed
+ * too, the structure
  * every factor has: Mul(x, f) where f is a small computation (from shapes, constants and masks) through a Log,
  * and the product reaches a Softmax, directly (x = the logits) or as the left operand of the QK MatMul (x = the
  * query).
  */
 import { Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
+import { applyLayer, isApplyCast, isPatchNode } from './identity';
 
 export interface Factor {
   /** The Mul that applies the factor. */
@@ -21,11 +23,10 @@ export interface Factor {
   nodes: NodeProto[];
   /** The Softmax the scaled value reaches, if any. */
   softmax: NodeProto | null;
-  /** Layer from the node name (ssmax/L<k>/apply), when it has one. */
+  /** Layer from the apply node's name (identity.ts), when it has one. */
   layer: number | null;
 }
 
-const APPLY = /^ssmax\/L(\d+)\/apply(_\d+)?$/;
 const MAX_FACTOR_NODES = 64;
 const carriers = new Set(['Add', 'Sub', 'Where', 'Cast', 'Div', 'Mul', 'Reshape', 'Identity', 'Squeeze', 'Unsqueeze', 'Max', 'Min', 'Tanh']);
 
@@ -35,16 +36,17 @@ export function findFactors(graph: Graph): Factor[] {
 }
 
 function asFactor(graph: Graph, mul: NodeProto): Factor | null {
-  const named = APPLY.exec(mul.name);
+  const layer = applyLayer(mul.name);
+  const named = layer !== null;
   for (const i of named ? [0] : [0, 1]) {
     const x = mul.input[i];
     const factor = mul.input[1 - i];
     if (!x || !factor) continue;
-    const nodes = ancestry(graph, factor, x, Boolean(named));
+    const nodes = ancestry(graph, factor, x, named);
     if (!nodes || !nodes.some((n) => n.opType === 'Log')) continue;
     const widen = single(graph.producer.get(x), 'Cast');
     const narrow = single(graph.consumersOf(mul.output[0])[0], 'Cast');
-    const inCast = widen && graph.consumersOf(x).length === 1 && (named ? /\/apply_in/.test(widen.name) : true) ? widen : null;
+    const inCast = widen && graph.consumersOf(x).length === 1 && (named ? isApplyCast(widen.name) : true) ? widen : null;
     const outCast = narrow && inCast && graph.consumersOf(mul.output[0]).length === 1 ? narrow : null;
     const product = outCast ? outCast.output[0] : mul.output[0];
     const softmax = reachedSoftmax(graph, product, 0);
@@ -54,7 +56,7 @@ function asFactor(graph: Graph, mul: NodeProto): Factor | null {
     const casts = [inCast, outCast].filter((n): n is NodeProto => Boolean(n));
     return {
       apply: mul, logits: inCast ? inCast.input[0] : x, product, factor, nodes: [...nodes, ...casts, mul], softmax,
-      layer: named ? Number(named[1]) : null,
+      layer,
     };
   }
   return null;
@@ -78,7 +80,7 @@ function ancestry(graph: Graph, name: string, stop: string, named: boolean): Nod
     if (!n || n === stop || seen.has(n)) continue;
     seen.add(n);
     const p = graph.producer.get(n);
-    if (!p || (named && !p.name.startsWith('ssmax/'))) continue;
+    if (!p || (named && !isPatchNode(p))) continue;
     if (!nodes.has(p)) {
       nodes.add(p);
       if (nodes.size > MAX_FACTOR_NODES) return null;

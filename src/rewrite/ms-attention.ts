@@ -27,6 +27,7 @@ import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { factorBnsd, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
+import { PART } from './identity';
 import { memo } from '../memo';
 import { fusedPrior, ThetaTensors } from './prior';
 import { Preset } from '../policy/factor';
@@ -77,7 +78,7 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
   if (p.theta) {
     const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f, opset), dtype);
-    bias = bias ? b.op('Add', [bias, prior], {}, 'attention_bias_prior') : prior;
+    bias = bias ? b.op('Add', [bias, prior], {}, PART.attentionBiasPrior) : prior;
   }
   const kv = cache(b, node, k, v, heads);
   const S = shared.shapes.dim(node.input[0], 1);
@@ -149,7 +150,7 @@ function singleRow(b: Builder, q: string, stacked: string, bias: string | undefi
   const both = b.op('MatMul', [stacked, qT], {}, 'kq_both');
   let logits = b.op('Reshape', [b.op('Gather', [both, b.int64('index0', [0], true)], { axis: 0 }, 'kq'), b.int64('row_view', [0, 0, 1, -1])], {}, 'qk');
   if (bias) logits = b.op('Add', [logits, bias], {}, 'qk_masked');
-  const probs = unsqueeze(b, b.op('Softmax', [logits], { axis: 3 }, 'probs'), [0], opset, 'probs_5d');
+  const probs = unsqueeze(b, b.op('Softmax', [logits], { axis: 3 }, PART.probs), [0], opset, 'probs_5d');
   const context = b.op('Gather', [b.op('MatMul', [probs, stacked], {}, 'pv_both'), b.int64('index1', [1], true)], { axis: 0 }, 'pv');
   return b.op('Reshape', [context, b.int64('merge_row', [0, 1, -1])], {}, 'attention');
 }

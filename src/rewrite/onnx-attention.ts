@@ -26,6 +26,7 @@ import { Builder } from './builder';
 import { applyFactor } from './dtype';
 import { presetFactor } from './factor';
 import { InsertedFused, Rows } from './fused';
+import { PART } from './identity';
 import { ExpansionParams } from './ms-attention';
 import { fusedPrior } from './prior';
 
@@ -61,10 +62,10 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   if (p.theta) {
     const dim = (x: string, axis: number, name: string): string => b.op('Gather', [b.op('Shape', [x]), b.int64(`axis${axis}`, [axis], true)], {}, name);
     const S = dim(q, 2, 'q_len'), T = dim(keys, 2, 'kv_len');
-    content = b.op('Add', [content, fusedPrior(b, p.theta, { S, T, past: b.op('Sub', [T, S], {}, 'past') }, factor, precision)], {}, 'logits_prior');
+    content = b.op('Add', [content, fusedPrior(b, p.theta, { S, T, past: b.op('Sub', [T, S], {}, 'past') }, factor, precision)], {}, PART.logitsPrior);
   }
   const logits = bias ? b.op('Add', [content, bias], {}, 'logits') : content;
-  let probs = b.op('Softmax', [logits], { axis: -1 }, 'probs');
+  let probs = b.op('Softmax', [logits], { axis: -1 }, PART.probs);
   if (bias) {
     const hidden = b.op('Equal', [b.op('ReduceMax', [bias, b.int64('last_axis', [-1])], { keepdims: 1 }, 'bias_row_max'), b.constant('minus_inf', precision, [], [-Infinity])], {}, 'row_all_masked');
     probs = b.op('Where', [hidden, b.constant('zero_p', precision, [], [0]), probs], {}, 'probs_safe');

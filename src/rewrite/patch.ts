@@ -2,7 +2,7 @@
  * The patch itself: resolve the options into a plan, detect sites in every graph of the model, then either
  * update s of an existing patch or insert the factors site by site, sort, and record the journal.
  */
-import { defaultOpset, Detection, detectAttention, PATCH_PREFIX, rebindDetection, SkippedSoftmax } from '../detect/find-attention';
+import { defaultOpset, Detection, detectAttention, rebindDetection, SkippedSoftmax } from '../detect/find-attention';
 import type { Rule } from '../detect/rules';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
@@ -13,6 +13,7 @@ import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchPlan, PlanOptions, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
+import { isPatchNode } from './identity';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchResult } from './report';
@@ -57,7 +58,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
   // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
-  if (all.length === 0 && !record?.journal) throw new InputError(noAttentionMessage(detection));
+  if (all.length === 0 && !record) throw new InputError(noAttentionMessage(detection));
   const existing = existingPatch(scopes, all, record);
   if (existing) {
     if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`);
@@ -70,14 +71,14 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
 }
 
 /**
- * An earlier patch, from the record's journal, or from the graph itself when the record is gone: by the node
- * names this tool gives, or, renamed by another tool, by the structure of its factors.
+ * An earlier patch, from its record, or from the graph itself when another tool stripped the record: by the node
+ * names this tool gives (identity.ts), or, renamed too, by the structure of its factors.
  */
 function existingPatch(scopes: Scope[], all: AnySite[], record: PatchRecord | null): { count: number; how: string; record?: PatchRecord } | null {
-  if (record?.journal) return { count: record.sites.length, how: '', record };
+  if (record) return { count: record.sites.length, how: '', record };
   const named = all.filter(patchedBy).length;
   if (named) return { count: named, how: '' };
-  const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX)).length;
+  const renamed = findFactors(scopes[0].graph).filter((f) => !isPatchNode(f.apply)).length;
   return renamed ? { count: renamed, how: ', renamed by another tool' } : null;
 }
 
@@ -92,7 +93,7 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   }
   const named = all.filter(patchedBy);
   if (named.length) return updateByNames(model, scopes, detection, named, plan);
-  const renamed = findFactors(scopes[0].graph).filter((f) => !f.apply.name.startsWith(PATCH_PREFIX));
+  const renamed = findFactors(scopes[0].graph).filter((f) => !isPatchNode(f.apply));
   return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 

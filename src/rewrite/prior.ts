@@ -12,6 +12,7 @@ import { InputError } from '../errors';
 import { DataType } from '../io/onnx';
 import { LayerTheta, THETAS, ThetaName } from '../policy/prior';
 import { Builder } from './builder';
+import { PART } from './identity';
 import { ScaleContext, tileOverBatch } from './insert-scale';
 import { Positions } from './n-source';
 
@@ -68,9 +69,9 @@ export function fusedPrior(b: Builder, theta: ThetaTensors, at: BiasPositions, f
   // start at its own position.
   const table = b.op('Transpose', [priorTable(b, theta, d)], { perm: [1, 0] }, 'prior_table_mh');
   const gathered = b.op('Gather', [table, b.op('Cast', [index], { to: DataType.INT32 }, 'd_index_i32')], { axis: 0 }, 'prior_bsth');
-  let bias = b.op('Transpose', [gathered], { perm: [0, 3, 1, 2] }, 'prior');
-  if (factor) bias = b.op('Mul', [bias, factor], {}, 'prior_scaled');
-  return dtype === DataType.FLOAT ? bias : b.op('Cast', [bias], { to: dtype }, 'prior_cast');
+  let bias = b.op('Transpose', [gathered], { perm: [0, 3, 1, 2] }, PART.prior);
+  if (factor) bias = b.op('Mul', [bias, factor], {}, PART.priorScaled);
+  return dtype === DataType.FLOAT ? bias : b.op('Cast', [bias], { to: dtype }, PART.priorCast);
 }
 
 /**
@@ -90,7 +91,7 @@ function layoutPrior(b: Builder, table: string, pos: Positions): string {
   const pairs = b.branch('prior_pairs', (sb) =>
     sb.op('Transpose', [sb.op('Gather', [byPosition, pos.blocks], { axis: 0 }, 'prior_ijh')], { perm: [2, 0, 1] }, 'prior_laid'), DataType.FLOAT);
   const laid = b.op('If', [pos.blocked], { then_branch: { graph: blocks }, else_branch: { graph: pairs } }, 'prior_layout');
-  return b.op('Reshape', [laid, pos.shape], {}, 'prior');
+  return b.op('Reshape', [laid, pos.shape], {}, PART.prior);
 }
 
 /**
@@ -108,8 +109,8 @@ export function insertPrior(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   const consumer = site.consumer;
   const current = consumer.node.input[consumer.index];
   if (site.logitsRank === 3) bias = tileOverBatch(b, bias, current, heads);
-  if (factor && !factor.perHead) bias = b.op('Mul', [bias, factor.tensor], {}, 'prior_scaled');
-  if (site.logitsType !== undefined && site.logitsType !== DataType.FLOAT) bias = b.op('Cast', [bias], { to: site.logitsType }, 'prior_cast');
-  else if (site.logitsType === undefined && ctx.opset >= 15) bias = b.op('CastLike', [bias, current], {}, 'prior_cast');
+  if (factor && !factor.perHead) bias = b.op('Mul', [bias, factor.tensor], {}, PART.priorScaled);
+  if (site.logitsType !== undefined && site.logitsType !== DataType.FLOAT) bias = b.op('Cast', [bias], { to: site.logitsType }, PART.priorCast);
+  else if (site.logitsType === undefined && ctx.opset >= 15) bias = b.op('CastLike', [bias, current], {}, PART.priorCast);
   b.editor.setInput(consumer.node, consumer.index, b.op('Add', [current, bias], {}, 'prior_add'));
 }

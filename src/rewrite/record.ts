@@ -2,11 +2,10 @@
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
+import { isScaleName, RECORD_KEY } from './identity';
 import { ScopeEdits } from './journal';
 import type { PresetName } from '../policy/factor';
 import type { PriorName, ThetaName } from '../policy/prior';
-
-export const RECORD_KEY = 'ssmax_patch';
 
 export interface SiteRecord {
   layer: number;
@@ -49,8 +48,8 @@ export interface PatchRecord {
   floorScale?: number;
   attnScale?: number;
   sites: SiteRecord[];
-  /** Every edit the patch made, scope by scope (absent in records written before the journal). */
-  journal?: ScopeEdits[];
+  /** Every edit the patch made, scope by scope. */
+  journal: ScopeEdits[];
 }
 
 /** The preset a record was written with, parameters included (what patchModel records of its plan). */
@@ -75,19 +74,26 @@ export function removeRecord(model: ModelProto): boolean {
   return had;
 }
 
+/**
+ * The patch record, or null when the model has none, or none this tool can use: not JSON, or without its sites and
+ * journal. Without one, revert and --update-s find the patch from the graph (existing.ts).
+ */
 export function readRecord(model: ModelProto): PatchRecord | null {
   const entry = model.metadataProps.find((p) => p.key === RECORD_KEY);
   if (!entry) return null;
+  let value: unknown;
   try {
-    return JSON.parse(entry.value) as PatchRecord;
+    value = JSON.parse(entry.value);
   } catch {
     return null;
   }
+  const r = value as Partial<PatchRecord> | null;
+  return r && typeof r === 'object' && Array.isArray(r.sites) && Array.isArray(r.journal) ? r as PatchRecord : null;
 }
 
 /**
  * The s tensor feeding an inserted factor, found by walking up from the node that applies it: an initializer
- * (or, in a function body, a Constant) named `.../s`, the `ssmax_s*` input through which a function gets s, or,
+ * (or, in a function body, a Constant) named as the patch names s, the input through which a function gets s, or,
  * when another tool renamed things, the only floating-point initializer the factor uses.
  */
 export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.input[1], logits = apply.input[0]): string | null {
@@ -100,8 +106,8 @@ export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.i
     seen.add(name);
     const init = graph.initializers.get(name);
     const node = graph.producer.get(name);
-    if ((init || node?.opType === 'Constant') && /\/s(_\d+)?$/.test(name)) return name;
-    if (graph.inputs.has(name) && /^ssmax_s/.test(name)) return name;
+    if ((init || node?.opType === 'Constant') && isScaleName(name, 'constant')) return name;
+    if (graph.inputs.has(name) && isScaleName(name, 'input')) return name;
     if (init && [DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16].includes(init.dataType as 1)) floats.push(name);
     if (node) queue.push(...node.input);
   }

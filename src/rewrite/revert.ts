@@ -2,8 +2,8 @@
  * Removes an SSMax patch. A model whose record carries the patch journal gets every edit undone in reverse, in
  * every scope (graphs, subgraphs, functions, fused sites): each rewired input reads what it read before, and
  * every inserted node, initializer and input goes. On a model this tool patched, the result is the original
- * model, node order and bytes included. Without a journal (a record written by an older version, or no record),
- * the patch is found from the main graph's structure instead.
+ * model, node order and bytes included. Without the record (another tool stripped it), or when the model was
+ * edited since so that the journal no longer fits, the patch is found from the main graph's structure instead.
  */
 import { InputError } from '../errors';
 import { removeUnread } from '../graph/cleanup';
@@ -12,6 +12,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
+import { APPLY_NAME } from './identity';
 import { orderKeys, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
@@ -47,7 +48,7 @@ export function revertModel(model: ModelProto): RevertResult {
   const out = cloneModel(model);
   prepareGraph(out.graph!);
   const record = readRecord(out);
-  if (!record?.journal?.length) return revertByStructure(out);
+  if (!record?.journal.length) return revertByStructure(out);
   try {
     const sites = undoJournal(out, record, record.journal);
     removeRecord(out);
@@ -112,7 +113,7 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
     const node = byOutput.get(r.node);
     if (!node || node.input[r.input] !== r.to) stale(`input ${r.input} of the node producing '${r.node}' no longer reads '${r.to}'`);
     graph.setInput(node, r.input, r.from);
-    if (node.input.length > r.length) node.input.length = r.length;
+    if (node.input.length > r.length) graph.truncateInputs(node, r.length);
   }
   const names = new Set(edits.nodes);
   const inserted = new Set(graph.nodes.filter((n) => names.has(n.name)));
@@ -129,7 +130,7 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
   for (const node of back) graph.insertNode(node);
   const kept = new Set(back.flatMap((n) => n.output));
   const gone = new Set([...[...produced].filter((o) => !kept.has(o)), ...edits.initializers, ...edits.inputs]);
-  graph.proto.valueInfo = graph.proto.valueInfo.filter((v) => !gone.has(v.name));
+  graph.removeValueInfo(gone);
 }
 
 /** Puts the original nodes back in the order the journal noted before the patch's sort moved some of them. */
@@ -137,8 +138,10 @@ function restoreOrder(graph: Graph, order: string[]): void {
   const keys = orderKeys(graph.nodes);
   const byKey = new Map(graph.nodes.map((n, i) => [keys[i], n]));
   const nodes = order.map((k) => byKey.get(k));
-  if (nodes.length !== graph.nodes.length || nodes.some((n) => !n)) stale('the nodes the journal lists in their original order are not the model\'s');
-  graph.proto.node = nodes as NodeProto[];
+  if (nodes.length !== graph.nodes.length || nodes.some((n) => !n) || new Set(nodes).size !== nodes.length) {
+    stale('the nodes the journal lists in their original order are not the model\'s');
+  }
+  graph.reorderNodes(nodes as NodeProto[]);
 }
 
 /** Every name a node reads is still defined: nothing the model kept depended on what the patch added. */
@@ -160,11 +163,10 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
   const graph = new Graph(out.graph!);
   const factors = findFactors(graph);
   if (factors.length === 0) {
-    throw new InputError('no SSMax patch in this model (no ssmax/L<k>/apply node and no SSMax factor before a Softmax): nothing to revert');
+    throw new InputError(`no SSMax patch in this model (no ${APPLY_NAME} node and no SSMax factor before a Softmax): nothing to revert`);
   }
   const sites = factors.map((f, i) => describe(graph, f, i));
   for (const f of factors) rewire(graph, f);
-  graph.reindex();
   // Shared computations of n go with the last factor that reads them; anything else still reads stays.
   const { initializers } = removeUnread(graph, new Set(factors.flatMap((f) => f.nodes)));
   for (const [i, f] of factors.entries()) {
@@ -188,5 +190,5 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
   if (graph.outputs.has(product)) throw new InputError(`cannot revert: the scaled logits '${product}' are a graph output`);
-  for (const c of graph.consumersOf(product)) c.input = c.input.map((name) => (name === product ? f.logits : name));
+  graph.redirect(product, f.logits);
 }

@@ -3,7 +3,7 @@
  * masks), a fused operator (the factor on its query input), or a call of a model-local function whose body
  * holds attention (the body patched once, with s coming in through a new function input).
  */
-import { AttentionSite, CallSite, Detection, PATCH_PREFIX, SkippedSoftmax } from '../detect/find-attention';
+import { AttentionSite, CallSite, Detection, SkippedSoftmax } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
 import { maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
@@ -19,6 +19,7 @@ import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFo
 import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
+import { callInputName, namePrefix, PART } from './identity';
 import { Journal, ScopeEdits } from './journal';
 import { memo } from '../memo';
 import { NSources } from './n-source';
@@ -81,7 +82,7 @@ export class SitePatcher {
   private builder(scope: Scope, layer: number | 'shared'): Builder {
     // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
     const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && this.irVersion < 4);
-    const prefix = layer === 'shared' ? `${PATCH_PREFIX}shared/` : `${PATCH_PREFIX}L${layer}/`;
+    const prefix = namePrefix(layer);
     const editor = this.journal.editor(scope.path, scope.graph, layer === 'shared' ? layer : `L${layer}`);
     return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), constantNodes);
   }
@@ -90,7 +91,7 @@ export class SitePatcher {
   private constants(b: Builder, p: SiteParams): BodyInputs {
     const s = p.s;
     return {
-      s: s === undefined ? undefined : b.constant('s', DataType.FLOAT, Array.isArray(s) ? [s.length, 1, 1] : [], Array.isArray(s) ? s : [s]),
+      s: s === undefined ? undefined : b.constant(PART.scale, DataType.FLOAT, Array.isArray(s) ? [s.length, 1, 1] : [], Array.isArray(s) ? s : [s]),
       theta: p.theta ? thetaConstants(b, p.theta) : undefined,
     };
   }
@@ -211,12 +212,12 @@ export class SitePatcher {
   private patchBody(fnScope: Scope, call: CallSite, p: SiteParams): PatchedBody {
     const bb = this.builder(fnScope, call.inner.layer);
     const input = (name: string): string => {
-      const v = fnScope.graph.uniqueName(`ssmax_${name}_${call.inner.layer}`);
+      const v = fnScope.graph.uniqueName(callInputName(name, call.inner.layer));
       bb.editor.addInput({ name: v });
       return v;
     };
     const inputs: BodyInputs = {};
-    if (p.s !== undefined) inputs.s = input('s');
+    if (p.s !== undefined) inputs.s = input(PART.scale);
     if (p.theta) inputs.theta = Object.fromEntries(THETAS.map((t) => [t, input(`theta_${t}`)])) as ThetaTensors;
     // Function inputs are untyped: a Reshape gives s its rank, so shapes downstream of the factor stay known.
     const ranked: BodyInputs = {

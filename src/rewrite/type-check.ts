@@ -3,10 +3,10 @@
  * with a fresh type pass before anything is written: a mis-typed patch (an fp32 factor on an fp16 tensor, say) is
  * an internal error, never a file no runtime loads.
  */
-import { PATCH_PREFIX } from '../detect/trace';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
+import { isPatchNode } from './identity';
 
 /** Input positions that must share one element type, per op (ops not listed are not checked). */
 const SAME: Record<string, number[]> = {
@@ -28,7 +28,7 @@ const FIXED: Record<string, Record<number, number[]>> = {
 export function checkInsertedTypes(model: ModelProto): void {
   for (const scope of modelScopes(model)) {
     for (const node of scope.graph.nodes) {
-      if (!node.name.startsWith(PATCH_PREFIX) || (node.domain && node.domain !== 'com.microsoft')) continue;
+      if (!isPatchNode(node) || (node.domain && node.domain !== 'com.microsoft')) continue;
       const problem = typeProblem(node, (name) => scope.shapes.type(name));
       if (problem) throw new Error(`internal error: inserted node '${nodeLabel(node)}' (${node.opType}) ${problem} in ${scope.path}`);
     }

@@ -75,10 +75,7 @@ export class Exposer {
   }
 
   private graphOutput(scope: Scope, tensor: string): string {
-    if (!scope.graph.outputs.has(tensor)) {
-      scope.graph.proto.output.push({ name: tensor, type: { tensorType: { elemType: DataType.FLOAT } } });
-      scope.graph.outputs.add(tensor);
-    }
+    if (!scope.graph.outputs.has(tensor)) scope.graph.addOutput({ name: tensor, type: { tensorType: { elemType: DataType.FLOAT } } });
     return tensor;
   }
 
@@ -88,9 +85,9 @@ export class Exposer {
     const key = `${fnScope.path}|${tensor}`;
     let position = this.fnOutputs.get(key);
     if (position === undefined) {
-      fn.output.push(tensor);
-      fnScope.graph.proto.output.push({ name: tensor });
-      position = fn.output.length - 1;
+      // The function's own output list follows when the scope is committed (finish).
+      fnScope.graph.addOutput({ name: tensor });
+      position = fnScope.graph.proto.output.length - 1;
       this.fnOutputs.set(key, position);
       this.touched.add(fnScope);
       for (const s of this.scopes) for (const n of s.graph.nodes) if (calledFunction(this.model, n) === fn) this.callOutput(s, n, position, name);
@@ -105,10 +102,7 @@ export class Exposer {
 
   /** Every call of a function gets an output at `position` (function outputs are positional). */
   private callOutput(scope: Scope, node: NodeProto, position: number, name: string): void {
-    while (node.output.length < position) node.output.push('');
-    const out = scope.graph.uniqueName(`${PREFIX}${name}/${nodeLabel(node)}`);
-    node.output[position] = out;
-    scope.graph.producer.set(out, node);
+    scope.graph.setOutput(node, position, scope.graph.uniqueName(`${PREFIX}${name}/${nodeLabel(node)}`));
     this.touched.add(scope);
   }
 
@@ -125,8 +119,7 @@ export class Exposer {
     if (op === 'If') this.otherBranch(owner.node, attr, name);
     if (op === 'Scan') extendScanAttributes(owner.node);
     const out = owner.scope.graph.uniqueName(`${PREFIX}${name}/${nodeLabel(owner.node)}`);
-    owner.node.output.push(out);
-    owner.scope.graph.producer.set(out, owner.node);
+    owner.scope.graph.setOutput(owner.node, owner.node.output.length, out);
     this.touched.add(owner.scope);
     this.floats.add(out);
     return this.expose(owner.scope.path, out, name, call);

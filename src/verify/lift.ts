@@ -11,7 +11,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { readsOf } from '../graph/toposort';
 import { GraphProto, ModelProto } from '../io/onnx';
 import { cloneModel } from '../rewrite/patch';
-import { PatchRecord, readRecord, writeRecord } from '../rewrite/record';
+import { PatchRecord, readRecord, removeRecord, writeRecord } from '../rewrite/record';
 import { ProbeSiteResult } from './probe';
 import type { FileVerifyOptions as VerifyOptions, VerifyReport } from './verify';
 
@@ -66,7 +66,7 @@ async function liftOne(original: ModelProto, patched: ModelProto, record: PatchR
   const kept = record.sites.map((s, i) => ({ s, i })).filter(({ s }) => inner(s.scope) !== null);
   writeRecord(liftedPatched, {
     ...record, sites: kept.map(({ s }) => ({ ...s, scope: inner(s.scope)! })),
-    journal: record.journal?.flatMap((e) => (e.scope.startsWith('function ') ? [e] : inner(e.scope) !== null ? [{ ...e, scope: inner(e.scope)! }] : [])),
+    journal: record.journal.flatMap((e) => (e.scope.startsWith('function ') ? [e] : inner(e.scope) !== null ? [{ ...e, scope: inner(e.scope)! }] : [])),
   });
   let report: VerifyReport;
   try {
@@ -97,10 +97,10 @@ function lifted(model: ModelProto, path: string): ModelProto | null {
   const g = scope.graph.proto;
   for (const name of capturedNames(g)) {
     const t = scope.graph.initializers.get(name);
-    if (t) g.initializer.push(t);
+    if (t) scope.graph.addInitializer(t);
   }
   copy.graph = g;
-  copy.metadataProps = model.metadataProps.filter((p) => p.key !== 'ssmax_patch');
+  removeRecord(copy);
   return copy;
 }
 

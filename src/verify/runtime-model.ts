@@ -26,7 +26,7 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
   const scopes = modelScopes(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const applies: { scope: Scope; apply: NodeProto }[] = [];
-  if (record?.journal) {
+  if (record) {
     // A site the model no longer has as its journal says is left as it is: the probe fails it, naming it.
     for (const site of findSites(model, scopes, record, null)) {
       const t = site.tensors;
@@ -69,12 +69,7 @@ function replaceFactor(scope: Scope, apply: NodeProto): void {
     one = [f, node('CastLike', [f.output[0], apply.input[0]], graph.uniqueName(`${PREFIX}${apply.name}/unit_factor`))];
   }
   for (const n of one) graph.insertNode(n);
-  redirect(graph, factor, one[one.length - 1].output[0]);
-}
-
-/** Every reader of `from` reads `to` instead. */
-function redirect(graph: Graph, from: string, to: string): void {
-  for (const n of [...graph.consumersOf(from)]) n.input.forEach((x, i) => { if (x === from) graph.setInput(n, i, to); });
+  graph.redirect(factor, one[one.length - 1].output[0]);
 }
 
 /**
@@ -129,7 +124,7 @@ export function carryBf16AsFloat(model: ModelProto): void {
     const t = input.type?.tensorType;
     if (!t || t.elemType !== DataType.BFLOAT16 || graph.initializers.has(input.name)) continue;
     const inner = graph.uniqueName(`${PREFIX}${input.name}/bf16`);
-    redirect(graph, input.name, inner);
+    graph.redirect(input.name, inner);
     for (const o of graph.proto.output) if (o.name === input.name) o.name = inner;
     t.elemType = DataType.FLOAT;
     graph.insertNode(node('Cast', [input.name], inner, { to: DataType.BFLOAT16 }));
@@ -147,7 +142,6 @@ export function carryBf16AsFloat(model: ModelProto): void {
 
 function renameProduced(graph: Graph, from: string, to: string): void {
   const producer = graph.producer.get(from);
-  if (producer) producer.output = producer.output.map((x) => (x === from ? to : x));
-  for (const n of graph.consumersOf(from)) n.input = n.input.map((x) => (x === from ? to : x));
-  graph.reindex();
+  if (producer) for (const [i, name] of producer.output.entries()) if (name === from) graph.setOutput(producer, i, to);
+  graph.redirect(from, to);
 }

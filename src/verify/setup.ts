@@ -9,6 +9,7 @@ import { Graph } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
+import { RECORD_KEY } from '../rewrite/identity';
 import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
 import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
@@ -66,7 +67,7 @@ export interface Setup {
 
 export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
   const record = readRecord(patched);
-  if (!record) throw new InputError("the patched model has no ssmax-patch record (metadata_props 'ssmax_patch'): give a model written by ssmax-patch");
+  if (!record) throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}' with its sites and journal): give a model written by ssmax-patch`);
   checkPair(original, patched, record);
   const graph = new Graph(original.graph!);
   const specs = describeInputs(graph);
@@ -139,7 +140,7 @@ function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecor
  * initializers (names, types and dims). Anything else is another model's patch.
  */
 function checkPair(original: ModelProto, patched: ModelProto, record: PatchRecord): void {
-  const main = (record.journal ?? []).filter((e) => e.scope === 'main');
+  const main = record.journal.filter((e) => e.scope === 'main');
   const added = new Set(main.flatMap((e) => [...e.initializers, ...e.inputs]));
   const o = original.graph!, p = patched.graph!;
   const mismatch = (what: string): never => {
@@ -149,7 +150,6 @@ function checkPair(original: ModelProto, patched: ModelProto, record: PatchRecor
     new Map(list.filter((v) => !added.has(v.name)).map((v) => [v.name, v.type?.tensorType ? String(v.type.tensorType.elemType) : 'not a tensor']));
   compareSets('input', values(o.input), values(p.input), mismatch);
   compareSets('output', values(o.output), values(p.output), mismatch);
-  if (!record.journal) return;
   const inits = (list: TensorProto[]): Map<string, string> => new Map(list.filter((t) => !added.has(t.name)).map((t) => [t.name, `${t.dataType}[${t.dims.map(toNumber).join(', ')}]`]));
   compareSets('initializer', inits(o.initializer), inits(p.initializer), mismatch);
 }

@@ -11,6 +11,7 @@ import { FusedSite } from '../detect/fused';
 import { Graph, nodeLabel } from '../graph/graph';
 import { calledFunction, functionKey, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
+import { hasPart, Part, PART } from '../rewrite/identity';
 import { nodeKey, ScopeEdits } from '../rewrite/journal';
 import { PatchRecord, SiteRecord } from '../rewrite/record';
 import { THETAS, ThetaName } from '../policy/prior';
@@ -107,7 +108,7 @@ function thetaValues(graph: Graph, names: Record<ThetaName, string>): Record<The
 }
 
 function entriesOf(record: PatchRecord, scope: string, owner?: string): ScopeEdits[] {
-  return (record.journal ?? []).filter((e) => e.scope === scope && (owner === undefined || e.owner === owner));
+  return record.journal.filter((e) => e.scope === scope && (owner === undefined || e.owner === owner));
 }
 
 function nodeIn(graph: Graph, key: string): NodeProto | undefined {
@@ -117,10 +118,6 @@ function nodeIn(graph: Graph, key: string): NodeProto | undefined {
 function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchRecord, r: SiteRecord, site: VerifySite): void {
   const scope = r.scope ?? 'main';
   const own = byPath.get(scope)!;
-  if (!record.journal) {
-    site.tensors = legacyTensors(own.graph, r);
-    return;
-  }
   let body = scope;
   const call = callOf(model, own, entriesOf(record, scope, `L${r.layer}`), r);
   if (call) {
@@ -169,11 +166,11 @@ function locateExpanded(scope: Scope, record: PatchRecord, r: SiteRecord, site: 
   const graph = scope.graph;
   const own = entriesOf(record, scope.path, `L${r.layer}`);
   const names = new Set(own.flatMap((e) => e.nodes));
-  const named = (suffix: string): NodeProto | undefined => graph.nodes.find((n) => names.has(n.name) && n.name.endsWith(`/${suffix}`));
+  const named = (part: Part): NodeProto | undefined => graph.nodes.find((n) => names.has(n.name) && hasPart(n.name, part));
   // ONNX Attention: the factor on the capped logits and the prior added to them, as a plain-op site with its own Softmax.
   const onnx = r.kind !== 'com.microsoft.Attention';
-  const softmax = onnx ? named('probs') ?? fail('the Softmax of its expansion is not in the graph') : undefined;
-  const prior = r.prior ? expandedPrior(graph, named, onnx ? 'logits_prior' : 'attention_bias_prior') : undefined;
+  const softmax = onnx ? named(PART.probs) ?? fail('the Softmax of its expansion is not in the graph') : undefined;
+  const prior = r.prior ? expandedPrior(graph, named, onnx ? PART.logitsPrior : PART.attentionBiasPrior) : undefined;
   const logits = softmax ? { softmax: nodeLabel(softmax) } : {};
   if (r.apply === undefined) {
     if (!prior) fail('the record names neither a factor nor a prior');
@@ -193,10 +190,10 @@ export function readsLogits(site: VerifySite): boolean {
 }
 
 /** The expansion's prior: c·B (prior_cast, prior_scaled or prior) and the Add that joins it to the logits or the mask's bias, if any. */
-function expandedPrior(graph: Graph, named: (suffix: string) => NodeProto | undefined, joinName: string): SiteTensors['prior'] {
+function expandedPrior(graph: Graph, named: (part: Part) => NodeProto | undefined, joinName: Part): SiteTensors['prior'] {
   // The last of them the graph still reads: a model edited since may bypass the factor's Mul.
   const read = (n: NodeProto | undefined): NodeProto | undefined => (n && graph.consumersOf(n.output[0]).length ? n : undefined);
-  const made = read(named('prior_cast')) ?? read(named('prior_scaled')) ?? named('prior') ?? fail('the nodes that make its prior are not in the graph');
+  const made = read(named(PART.priorCast)) ?? read(named(PART.priorScaled)) ?? named(PART.prior) ?? fail('the nodes that make its prior are not in the graph');
   const out = made.output[0];
   const join = named(joinName);
   if (join && join.input.includes(out)) {
@@ -242,19 +239,6 @@ function softmaxOf(graph: Graph, r: SiteRecord, call: boolean): string {
   const label = call ? r.softmax.split(' → ').slice(1).join(' → ') : r.softmax;
   if (!graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === label)) fail(`its Softmax '${label}' is not in the graph`);
   return label;
-}
-
-/** Records written before the journal: the factor's Mul by its recorded name, in the main graph only. */
-function legacyTensors(graph: Graph, r: SiteRecord): SiteTensors {
-  if (r.apply === undefined) fail('the record names no factor, and the model has no journal');
-  const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
-  const readers = graph.consumersOf(apply.output[0]);
-  const narrow = readers.length === 1 && readers[0].opType === 'Cast' ? readers[0] : null;
-  const product = narrow ? narrow.output[0] : apply.output[0];
-  const consumer = graph.consumersOf(product)[0] ?? fail(`nothing reads its factor's product '${product}'`);
-  const widen = graph.producer.get(apply.input[0]);
-  const before = widen?.opType === 'Cast' && widen.name.startsWith(r.apply) ? widen.input[0] : apply.input[0];
-  return { scope: 'main', before, consumer: nodeKey(consumer), input: consumer.input.indexOf(product), apply: r.apply, ...(r.kind ? {} : { softmax: r.softmax }) };
 }
 
 /** Detection's fused site for a fused record (or a call whose body holds a fused operator). */
