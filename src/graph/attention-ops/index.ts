@@ -26,6 +26,8 @@ export const REFUSED_OPS: readonly RefusedOp[] = [PACKED_ATTENTION, PACKED_MULTI
 /** How reports name a patched operator. */
 export type FusedOp = (typeof PATCHED_OPS)[number]['id'];
 
+const ALL: readonly AttentionOp[] = [...PATCHED_OPS, ...REFUSED_OPS];
+
 /** The spec of a patched operator by its id. */
 export function opSpec(id: FusedOp): PatchedOp {
   return PATCHED_OPS.find((s) => s.id === id)!;
@@ -35,6 +37,11 @@ export function opSpec(id: FusedOp): PatchedOp {
 export function isOp(spec: AttentionOp, node: NodeProto): boolean {
   const domain = node.domain === 'ai.onnx' ? '' : node.domain;
   return domain === spec.domain && node.opType === spec.opType;
+}
+
+/** The spec of a node's operator, when it is one of these. */
+export function specOf(node: NodeProto): AttentionOp | undefined {
+  return ALL.find((s) => isOp(s, node));
 }
 
 /** The spec of a node's operator, when the tool patches it. */
@@ -57,6 +64,11 @@ export function inputOf<I extends string>(spec: { id: string; inputs: Readonly<R
 /** The tensor a node writes in an output role ('' when it writes none). */
 export function outputOf<O extends string>(spec: { outputs: Readonly<Record<O, number>> }, node: NodeProto, role: O): string {
   return node.output[spec.outputs[role]] ?? '';
+}
+
+/** The role of an input position, if the operator has one there. */
+export function roleAt(spec: AttentionOp, position: number): string | undefined {
+  return Object.entries(spec.inputs).find(([, at]) => at === position)?.[0];
 }
 
 /** A node's input list from tensors by role: '' for the roles left out before the last one given. */
