@@ -5,6 +5,7 @@
  * with n from the operator's n plan evaluated on the run's actual input shapes and lengths.
  */
 import { FusedSite } from '../detect/fused';
+import { HIDDEN_BELOW } from '../detect/mask-uses';
 import { inputAt, NPlan, opSpec, queryInput, QueryPlan, Term } from '../graph/attention-ops';
 import { planFor } from '../rewrite/fused';
 import { NMode } from '../policy/n-mode';
@@ -35,9 +36,6 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
 }
-
-/** Masks leave entries at or below this (−inf, finfo.min, −10000); position biases stay above. */
-const MASKED = -9000;
 
 export interface LogitsInput {
   run: string;
@@ -97,7 +95,7 @@ function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
   const counts = new Int32Array(masked.length / tk);
   for (let row = 0; row < counts.length; row++) {
     let n = 0;
-    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > MASKED) n++;
+    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > HIDDEN_BELOW) n++;
     counts[row] = n;
   }
   return counts;
