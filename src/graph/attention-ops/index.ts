@@ -15,7 +15,7 @@ import { AttentionOp, PatchedOp, RefusedOp } from './types';
 
 export { MS_ATTENTION, MULTI_HEAD_ATTENTION, ONNX_ATTENTION };
 export { queryInput } from './types';
-export type { AttentionOp, AxisTerm, HeadInfo, MaskVerdict, NodeView, NPlan, PatchedOp, QueryPlan, Term } from './types';
+export type { AttentionOp, AxisTerm, HeadInfo, MaskVerdict, NodeView, NPlan, OpMatch, PatchedOp, QueryPlan, Term } from './types';
 
 /** The operators the tool patches, in the order their detection rules are tried. */
 export const PATCHED_OPS = [MULTI_HEAD_ATTENTION, GROUP_QUERY_ATTENTION, DECODER_MASKED_MULTI_HEAD_ATTENTION, MS_ATTENTION, ONNX_ATTENTION] as const;
