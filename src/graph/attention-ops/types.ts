@@ -6,7 +6,7 @@
  * read these specs; nothing else names an input of these operators by its position.
  *
  * A spec is data and small pure functions: it reads a node only through the NodeView detection gives it, so it
- * imports nothing at run time.
+ * imports nothing.
  */
 /** `axis`: the axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], merged with batch). */
 export interface HeadInfo { heads?: number; axis?: number; reason: string }
@@ -108,8 +108,8 @@ export interface QkOutput<O extends string> {
 export type LengthFill<I extends string> = 'total' | 'total-1' | 'past' | { keysOf: I };
 
 /**
- * What the operator's documentation requires of its inputs, for input synthesis. `lengths` is what verification
- * synthesises today; the rest is recorded for the synthesis to come (each entry says where it is from).
+ * What input synthesis must respect. `lengths`, `keyEnds` and `minPast` are what verification uses today; the rest
+ * is recorded from the operator's documentation for the synthesis to come.
  */
 export interface Contracts<I extends string> {
   /** Lengths inputs verification synthesises, with their values (other lengths inputs are refused, never guessed). */
