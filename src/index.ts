@@ -32,9 +32,12 @@ export { findAttentionSoftmax, detectAttention, explainNode } from './detect/fin
 export type { AttentionSite, CallSite, Detection, DetectOptions, SkippedSoftmax, Explanation } from './detect/find-attention';
 export { RULES } from './detect/rules';
 export type { Rule, RuleContext, Found, Stop, CandidateTrace, RuleAttempt } from './detect/rules';
-export type { FusedSite, FusedMatch, FusedOp, NPlan, QueryPlan, Term } from './detect/fused';
-export type { HeadInfo } from './detect/heads';
-export type { MaskVerdict } from './detect/mask';
+export type { FusedSite, FusedMatch } from './detect/fused';
+export { PATCHED_OPS, REFUSED_OPS } from './graph/attention-ops';
+export type {
+  FusedOp, NPlan, QueryPlan, Term, AxisTerm, HeadInfo, MaskVerdict, AttentionOp, PatchedOp, RefusedOp, OpBase, QkOutput, QkReading, OpMatch,
+  NodeView, Contracts, LengthFill,
+} from './graph/attention-ops';
 export type { Step } from './detect/trace';
 
 // The factor, s and n.

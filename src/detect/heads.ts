@@ -7,9 +7,9 @@ import { opInfo } from '../graph/ops';
 import { constantOf, div, Poly } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { NodeProto, toNumber } from '../io/onnx';
+import type { HeadInfo } from '../graph/attention-ops/types';
 
-/** `axis`: the axis of the logits that indexes heads (1 for [B,H,Tq,Tk]; 0 for [B·H,Tq,Tk], merged with batch). */
-export interface HeadInfo { heads?: number; axis?: number; reason: string }
+export type { HeadInfo } from '../graph/attention-ops/types';
 
 /** Known elements of a 1-D shape tensor (undefined where computed at run time). */
 export function shapeElements(graph: Graph, name: string): (number | undefined)[] | undefined {

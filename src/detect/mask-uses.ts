@@ -8,7 +8,10 @@ import { Shapes } from '../graph/shapes';
 import { causalEvidence } from './mask';
 import { Step } from './trace';
 
-/** Additive entries at or below this hide a key; position biases (ALiBi, T5) stay above it. */
+/**
+ * Additive entries at or below this hide a key (−inf, finfo.min, −10000); position biases (ALiBi, T5) stay above it.
+ * The one threshold: n from masks in the patch (n-source.ts, ONNX Attention's expansion) and in verification (views.ts).
+ */
 export const HIDDEN_BELOW = -9000;
 
 export type MaskRule = 'additive' | 'subtractive' | 'keep-where' | 'drop-where';

@@ -5,8 +5,9 @@
 import { Graph, nodeLabel } from '../graph/graph';
 import { ConstTensor } from '../graph/tensor';
 import { Step } from './trace';
+import type { MaskVerdict } from '../graph/attention-ops/types';
 
-export interface MaskVerdict { causal: boolean; reason: string }
+export type { MaskVerdict } from '../graph/attention-ops/types';
 
 const comparisons = new Set(['Less', 'Greater', 'LessOrEqual', 'GreaterOrEqual']);
 

@@ -8,7 +8,7 @@ import { nodeLabel } from '../graph/graph';
 import { calledFunction, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import type { AttentionSite } from './find-attention';
-import { FusedMatch, msAttention, msDmmha, msGqa, msMultiHead, onnxAttention, unsupportedFused } from './fused';
+import { FusedMatch, fusedRules, unsupportedFused } from './fused';
 import { einsumQk, matmulQk, opset11Reshape } from './softmax';
 
 /** `forced`: the user accepts this node's refusal (--force-site). */
@@ -42,8 +42,7 @@ const callFunction: Rule = {
 };
 
 /** Every rule, in the order they are tried on a node. */
-export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, msMultiHead, msGqa, msDmmha, msAttention, onnxAttention,
-  unsupportedFused, biasSoftmax, callFunction];
+export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, ...fusedRules, unsupportedFused, biasSoftmax, callFunction];
 
 export interface RuleAttempt { rule: string; matched: boolean; steps?: number; stoppedAt?: string; reason?: string }
 

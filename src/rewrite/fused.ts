@@ -2,7 +2,7 @@
  * SSMax for fused attention operators: the factor c_i = s·ln n_i multiplies query row i before the operator
  * (scaling a query row scales that row's logits; RoPE inside the kernel is a rotation, so it commutes).
  *
- *   n       from the operator's inputs (see NPlan in detect/fused.ts), as ln n of shape [Bn, Sn]
+ *   n       from the operator's inputs (see NPlan in graph/attention-ops), as ln n of shape [Bn, Sn]
  *           (Bn = 1 or batch, Sn = 1 or query length);
  *   c       s·ln n, with per-head s laid out along the query's head axis;
  *   query   [B,S,N·H] (×c per row, per head via a [B,S,N,H] view), [B,N,S,H], packed [B,S,N,3,H] (only the
@@ -11,7 +11,8 @@
  * A `bias` the kernel adds to the query after our factor would not be scaled: the query part of the bias is
  * added here before the factor, and the operator gets the bias with that part set to zero.
  */
-import { FusedSite, NPlan, Term } from '../detect/fused';
+import { FusedSite } from '../detect/fused';
+import { inputAt, inputOf, NPlan, opSpec, PatchedOp, Term } from '../graph/attention-ops';
 import { Shapes } from '../graph/shapes';
 import { makeTensor } from '../graph/tensor';
 import { DataType, TensorProto } from '../io/onnx';
@@ -61,20 +62,21 @@ function weightsPlan(expandable: boolean, n: NPlan, mode: NMode | 'mask'): NPlan
   return mode === 'causal' ? { kind: 'mask-index', causal: true, unidirectional: false, tk } : n;
 }
 
-/** One line on how n is computed, for the report. */
-export function describePlan(plan: NPlan): string {
-  const terms = (t: Term[]): string => t.map((x) => ('value' in x ? `value of input ${x.input}` : `input ${x.input} dim ${x.axis}`)).join(' + ') || '0';
+/** One line on how n is computed, for the report (inputs by position, as the operator's schema numbers them). */
+export function describePlan(plan: NPlan, spec: PatchedOp): string {
+  const at = (role: string): number => inputAt(spec, role);
+  const terms = (t: Term[]): string => t.map((x) => ('value' in x ? `value of input ${at(x.role)}` : `input ${at(x.role)} dim ${x.axis}`)).join(' + ') || '0';
   switch (plan.kind) {
     case 'keys': return `n = Tk = ${terms(plan.tk)}`;
     case 'causal': return `n_i = Tk − S + i + 1, Tk = ${terms(plan.tk)}`;
     case 'causal-offset': return `n_i = P + i + 1, P = ${terms(plan.offset)}`;
     case 'lengths': {
-      const total = `T_b = input ${plan.lengths}${plan.plusOne ? ' + 1' : ''}`;
+      const total = `T_b = input ${at(plan.lengths)}${plan.plusOne ? ' + 1' : ''}`;
       const rows = plan.causal ? `n_{b,i} = T_b − S + i + 1${plan.promptTotal !== undefined ? ' (i + 1 on the first prompt)' : ''}` : 'n_b = T_b';
       return `${rows}, ${total}${plan.window !== undefined ? `, at most ${plan.window}` : ''}`;
     }
     case 'mask-index': {
-      const seen = [plan.mask !== undefined ? `left visible by mask_index (input ${plan.mask}, rank ${plan.maskRank})` : '',
+      const seen = [plan.mask !== undefined ? `left visible by mask_index (input ${at(plan.mask)}, rank ${plan.maskRank})` : '',
         plan.causal ? 'at or before the row\'s position P + i' : ''].filter(Boolean).join(' and ');
       return `n_{b,i} = keys ${seen || 'in the cache and the input'}, counted outside the node (expanded)`;
     }
@@ -96,22 +98,16 @@ export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: Laye
   const q = site.query;
   let applied: Applied;
   switch (q.layout) {
-    case 'bsd': applied = scaleQuery(b, site, site.node.input[q.input], f, q.bias, opset); break;
+    case 'bsd': applied = scaleQuery(b, site, inputOf(opSpec(site.op), site.node, q.input), f, q.bias, opset); break;
     case 'packed': applied = scalePacked(b, site, q, f, opset); break;
     case 'bnsd': applied = scaleBnsd(b, site, q.input, f, opset); break;
     case 'bsn3h': applied = scaleBsn3h(b, site, q.input, f, opset); break;
     case 'weights': applied = scaleWeights(b, site, q, f, opset); break;
   }
   // scaleWeights rewires the weights itself, before it scales their bias.
-  if (q.layout !== 'weights') b.editor.setInput(site.node, q.input, applied.output);
+  if (q.layout !== 'weights') b.editor.setInput(site.node, inputAt(opSpec(site.op), q.input), applied.output);
   return { factor: applied.output, apply: applied.apply, factorType: applied.factorType, rows: f.rows };
 }
-
-/** The additive bias input of each fused operator: where a prior goes. */
-const BIAS_INPUT: Record<FusedSite['op'], number> = {
-  'com.microsoft.MultiHeadAttention': 5, 'com.microsoft.GroupQueryAttention': 10, 'com.microsoft.DecoderMaskedMultiHeadAttention': 4,
-  'com.microsoft.Attention': 5, Attention: 3,
-};
 
 /**
  * A positional prior on a fused operator through its additive bias input (attention_bias; ONNX Attention's attn_mask,
@@ -123,9 +119,10 @@ export function addFusedPrior(b: Builder, site: FusedSite, plan: NPlan, f: Parti
   const dtype = (site.query.layout === 'weights' ? undefined : site.queryType) ?? DataType.FLOAT;
   const factor = f.rows && f.s ? factorBnsd(b, f as RowFactor, opset) : undefined;
   const prior = fusedPrior(b, theta, priorPositions(b, site, plan), factor, dtype);
-  const index = BIAS_INPUT[site.op];
+  const spec = opSpec(site.op);
+  const index = inputAt(spec, spec.prior.input);
   let existing = site.node.input[index] || undefined;
-  if (existing && site.op === 'Attention' && shapes.type(existing) === DataType.BOOL) {
+  if (existing && spec.prior.bool && shapes.type(existing) === DataType.BOOL) {
     existing = b.op('Where', [existing, b.constant('kept', dtype, [], [0]), b.constant('hidden', dtype, [], [-Infinity])], {}, 'attn_mask_additive');
   }
   b.editor.setInput(site.node, index, existing ? b.op('Add', [existing, prior], {}, 'bias_prior') : prior);
@@ -141,7 +138,7 @@ export function factorBnsd(b: Builder, f: RowFactor, opset: number): string {
 
 /** A scalar int64 from a term: a dimension of one of the node's inputs, or the value of a scalar input. */
 function termValue(b: Builder, site: FusedSite, t: Term): string {
-  const name = site.node.input[t.input];
+  const name = inputOf(opSpec(site.op), site.node, t.role);
   if ('value' in t) return b.op('Reshape', [b.op('Cast', [name], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'len');
   return b.op('Gather', [b.op('Shape', [name]), b.int64(`axis${t.axis}`, [t.axis], true)], {}, 'len');
 }
@@ -200,7 +197,7 @@ type LengthsPlan = Extract<NPlan, { kind: 'lengths' }>;
 
 /** T_b: the keys item b has in total (GroupQueryAttention: seqlens_k + 1; ONNX Attention: nonpad_kv_seqlen). */
 function totalOf(b: Builder, site: FusedSite, plan: LengthsPlan, one: string): string {
-  const total = b.op('Cast', [site.node.input[plan.lengths]], { to: DataType.INT64 }, 'total');
+  const total = b.op('Cast', [inputOf(opSpec(site.op), site.node, plan.lengths)], { to: DataType.INT64 }, 'total');
   return plan.plusOne ? b.op('Add', [total, one], {}, 'total') : total;
 }
 
@@ -209,7 +206,7 @@ function pastOf(b: Builder, site: FusedSite, plan: LengthsPlan, S: string, one: 
   let past = b.op('Sub', [totalOf(b, site, plan, one), S], {}, 'past');
   if (plan.promptTotal !== undefined) {
     // GroupQueryAttention's first prompt (S equals total_sequence_length) starts at position 0 in every row.
-    const maxTotal = b.op('Reshape', [b.op('Cast', [site.node.input[plan.promptTotal]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'max_total');
+    const maxTotal = b.op('Reshape', [b.op('Cast', [inputOf(opSpec(site.op), site.node, plan.promptTotal)], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'max_total');
     const prompt = b.op('Equal', [S, maxTotal], {}, 'first_prompt');
     past = b.op('Where', [prompt, b.int64('zero', [0], true), past], {}, 'past');
   }
@@ -225,18 +222,13 @@ export function priorPositions(b: Builder, site: FusedSite, plan: NPlan): { S: s
   const S = termValue(b, site, site.queryLength);
   if (plan.kind === 'lengths') {
     const T = plan.promptTotal !== undefined
-      ? b.op('Reshape', [b.op('Cast', [site.node.input[plan.promptTotal]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'bias_keys')
-      : sum(b, site, keyBuffer(site));
+      ? b.op('Reshape', [b.op('Cast', [inputOf(opSpec(site.op), site.node, plan.promptTotal)], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'bias_keys')
+      : sum(b, site, plan.keys ?? []);
     return { S, T, past: pastOf(b, site, plan, S, one) };
   }
   if (plan.kind === 'mask-index') throw new Error('the expanded operator places its prior itself');
   const T = sum(b, site, plan.tk);
   return { S, T, past: plan.kind === 'causal-offset' ? sum(b, site, plan.offset) : b.op('Sub', [T, S], {}, 'past') };
-}
-
-/** ONNX Attention's key buffer length (a static cache with nonpad_kv_seqlen): K's sequence axis, plus the past. */
-function keyBuffer(site: FusedSite): Term[] {
-  return [{ input: 1, axis: site.query.layout === 'bnsd' ? 2 : 1 }, ...(site.node.input[4] ? [{ input: 4, axis: 2 }] : [])];
 }
 
 // ---- c and the query -------------------------------------------------------------------------------------
@@ -257,7 +249,7 @@ export function scaleRows(b: Builder, q: string, f: RowFactor, heads: number | u
 }
 
 /** A [B,S,N·H] query times c; with a bias, q + bias_q is formed here and the operator's bias loses its query part. */
-function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: number | undefined, opset: number): Applied {
+function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: string | undefined, opset: number): Applied {
   let qType = site.queryType;
   if (bias !== undefined) ({ q, qType } = foldQueryBias(b, site, q, bias, qType));
   const applied = scaleRows(b, q, f, site.heads.heads, qType, opset);
@@ -266,7 +258,8 @@ function scaleQuery(b: Builder, site: FusedSite, q: string, f: RowFactor, bias: 
 }
 
 /** q + bias[:W] (in fp32 when q is fp16/bf16), and the node's bias replaced by [0…0, bias[W:]]. */
-function foldQueryBias(b: Builder, site: FusedSite, q: string, biasIndex: number, qType: number | undefined): { q: string; qType: number | undefined } {
+function foldQueryBias(b: Builder, site: FusedSite, q: string, biasRole: string, qType: number | undefined): { q: string; qType: number | undefined } {
+  const biasIndex = inputAt(opSpec(site.op), biasRole);
   const bias = site.node.input[biasIndex];
   const width = b.op('Slice', [b.op('Shape', [q]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'q_width');
   const zero1 = b.int64('zero1', [0]);
@@ -283,7 +276,7 @@ function foldQueryBias(b: Builder, site: FusedSite, q: string, biasIndex: number
 
 /** Packed [B,S,W]: only the first W·qParts/parts columns are the query. */
 function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'packed' }>, f: RowFactor, opset: number): Applied {
-  const packed = site.node.input[q.input];
+  const packed = inputOf(opSpec(site.op), site.node, q.input);
   const width = b.op('Slice', [b.op('Shape', [packed]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
   const qWidth = b.op('Mul', [b.op('Div', [width, b.int64('parts', [q.parts])], {}, 'part'), b.int64('q_parts', [q.qParts])], {}, 'q_width');
   const axis = b.int64('axis2', [2]);
@@ -294,17 +287,17 @@ function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'],
 }
 
 /** [B,N,S,H]: c as [Bn,N,Sn,1] (per head) or [Bn,1,Sn,1]. */
-function scaleBnsd(b: Builder, site: FusedSite, input: number, f: RowFactor, opset: number): Applied {
-  return applyFactor(b, site.node.input[input], factorBnsd(b, f, opset), site.queryType, opset);
+function scaleBnsd(b: Builder, site: FusedSite, input: string, f: RowFactor, opset: number): Applied {
+  return applyFactor(b, inputOf(opSpec(site.op), site.node, input), factorBnsd(b, f, opset), site.queryType, opset);
 }
 
 /** MultiHeadAttention packed [B,S,N,3,H]: factor [Bn,Sn,N|1,3,1] = [c, 1, 1] along the Q/K/V axis. */
-function scaleBsn3h(b: Builder, site: FusedSite, input: number, f: RowFactor, opset: number): Applied {
+function scaleBsn3h(b: Builder, site: FusedSite, input: string, f: RowFactor, opset: number): Applied {
   const c4 = f.perHead ? factorRowsHeads(b, f, opset) : unsqueeze(b, factorRowsHeads(b, f, opset), [3], opset, 'factor_rows');
   const c5 = unsqueeze(b, c4, [3], opset, 'factor_5d');
   const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
   const qkv = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
-  return applyFactor(b, site.node.input[input], qkv, site.queryType, opset);
+  return applyFactor(b, inputOf(opSpec(site.op), site.node, input), qkv, site.queryType, opset);
 }
 
 /**
@@ -313,7 +306,8 @@ function scaleBsn3h(b: Builder, site: FusedSite, input: number, f: RowFactor, op
  */
 function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'weights' }>, f: RowFactor, opset: number): Applied {
   const perHead = f.perHead;
-  const weights = site.node.input[q.weights];
+  const spec = opSpec(site.op);
+  const weights = inputOf(spec, site.node, q.weights);
   const width = b.op('Slice', [b.op('Shape', [weights]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
   const qWidth = q.qWidth !== undefined ? b.int64('q_width', [q.qWidth]) : b.op('Div', [width, b.int64('three', [3])], {}, 'q_width');
   // width and qWidth are 1-D [1]; the column layout is [N, H] per head, or [1, hidden].
@@ -327,10 +321,10 @@ function scaleWeights(b: Builder, site: FusedSite, q: Extract<FusedSite['query']
   const kvCols = b.op('ConstantOfShape', [b.op('Sub', [width, qWidth], {}, 'kv_width')], { value: oneTensor() }, 'kv_cols');
   const cols = b.op('Concat', [qCols, kvCols], { axis: 0 }, 'factor_cols');
   const applied = applyFactor(b, weights, cols, site.queryType, opset);
-  b.editor.setInput(site.node, q.weights, applied.output);
+  b.editor.setInput(site.node, inputAt(spec, q.weights), applied.output);
   if (q.bias !== undefined) {
-    const biased = applyFactor(b, site.node.input[q.bias], cols, site.queryType, opset);
-    b.editor.setInput(site.node, q.bias, biased.output);
+    const biased = applyFactor(b, inputOf(spec, site.node, q.bias), cols, site.queryType, opset);
+    b.editor.setInput(site.node, inputAt(spec, q.bias), biased.output);
   }
   return applied;
 }

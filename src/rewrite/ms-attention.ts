@@ -19,7 +19,8 @@
  * mask), [B, S, T], and Megatron's [B, 1, M, M] (rows T − S … T − 1). The mask and n are built once per graph for
  * every layer that reads the same mask at the same lengths.
  */
-import { FusedSite, NPlan } from '../detect/fused';
+import { FusedSite } from '../detect/fused';
+import { inputList, inputOf, MS_ATTENTION, MULTI_HEAD_ATTENTION, NPlan, outputOf } from '../graph/attention-ops';
 import { attrFloat, attrInts } from '../graph/graph';
 import { constantOf, show } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
@@ -34,6 +35,10 @@ import { Preset } from '../policy/factor';
 import { squeeze, sumLastAxis, unsqueeze } from './versioned';
 
 type MaskIndexPlan = Extract<NPlan, { kind: 'mask-index' }>;
+type Role = keyof typeof MS_ATTENTION.inputs;
+
+/** The operator's input in a role ('' when absent). */
+const at = (node: FusedSite['node'], role: Role): string => inputOf(MS_ATTENTION, node, role);
 
 /** What the layers of one graph share: ln n per row and the additive mask, by source and lengths. */
 export interface ExpansionShared {
@@ -52,7 +57,6 @@ interface MaskTensors {
   bias?: string;
 }
 
-const MS = 'com.microsoft';
 const LOWEST: Record<number, number> = { [DataType.FLOAT]: -3.4028234663852886e38, [DataType.FLOAT16]: -65504, [DataType.BFLOAT16]: -3.3895313892515355e38 };
 
 /** What the expansion costs at run time, for the report. */
@@ -65,25 +69,25 @@ export interface ExpansionParams { preset: Preset; s?: LayerScale; sName?: strin
 
 export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, p: ExpansionParams, plan: MaskIndexPlan): InsertedFused {
   const node = site.node;
-  const input = (i: number): string | undefined => node.input[i] || undefined;
+  const input = (role: Role): string | undefined => inputOf(MS_ATTENTION, node, role) || undefined;
   const dtype = site.queryType ?? DataType.FLOAT;
   const heads = site.heads.heads!;
   const opset = shared.opset;
   const masks = maskTensors(shared, site, plan, dtype);
   b.editor.remove(node);
-  const [q, k, v] = projection(b, node.input[0], node.input[1], input(2), attrInts(node, 'qkv_hidden_sizes'));
+  const [q, k, v] = projection(b, at(node, 'input'), at(node, 'weights'), input('bias'), attrInts(node, 'qkv_hidden_sizes'));
   const f: RowFactor | undefined = p.sName ? { preset: p.preset, s: p.sName, perHead: Array.isArray(p.s), rows: masks.rows } : undefined;
   const applied = f ? scaleRows(b, q, f, heads, dtype, opset) : undefined;
-  const userBias = input(5);
+  const userBias = input('attention_bias');
   let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
   if (p.theta) {
     const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f, opset), dtype);
     bias = bias ? b.op('Add', [bias, prior], {}, PART.attentionBiasPrior) : prior;
   }
   const kv = cache(b, node, k, v, heads);
-  const S = shared.shapes.dim(node.input[0], 1);
+  const S = shared.shapes.dim(at(node, 'input'), 1);
   const form = { rows: S && constantOf(S), dtype };
-  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), node.output[0], opset, form);
+  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), outputOf(MS_ATTENTION, node, 'output'), opset, form);
   return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
 }
 
@@ -92,7 +96,8 @@ function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number)
   const node = site.node;
   const given = attrFloat(node, 'scale');
   if (given) return { given, value: given, dtype };
-  const width = attrInts(node, 'qkv_hidden_sizes')?.[0] ?? (shared.shapes.dim(node.input[1], 1) ? constantOf(shared.shapes.dim(node.input[1], 1)!) : undefined);
+  const weights = shared.shapes.dim(at(node, 'weights'), 1);
+  const width = attrInts(node, 'qkv_hidden_sizes')?.[0] ?? (weights ? constantOf(weights) : undefined);
   const qWidth = attrInts(node, 'qkv_hidden_sizes') ? width : width !== undefined ? width / 3 : undefined;
   return { value: qWidth !== undefined ? 1 / Math.sqrt(qWidth / site.heads.heads!) : undefined, dtype };
 }
@@ -132,9 +137,9 @@ function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, head
  */
 function rows(b: Builder, q: string, K: string, V: string, bias: string | undefined, heads: number, scale: Scale, output?: string): string {
   const attrs = { num_heads: heads, ...(scale.given !== undefined ? { scale: { float: scale.given } } : {}) };
-  const inputs = bias ? [q, K, V, '', '', bias] : [q, K, V];
+  const inputs = inputList(MULTI_HEAD_ATTENTION, { query: q, key: K, value: V, attention_bias: bias });
   const out = output ?? b.graph.uniqueName(`${b.prefix}attention`);
-  b.node('MultiHeadAttention', inputs, [out], attrs, MS);
+  b.node(MULTI_HEAD_ATTENTION.opType, inputs, [out], attrs, MULTI_HEAD_ATTENTION.domain);
   return out;
 }
 
@@ -190,8 +195,8 @@ type Cache = { stacked: string } | { k: string; v: string };
  * the new keys and values. Without past and present, the new k and v alone.
  */
 function cache(b: Builder, node: FusedSite['node'], k: string, v: string, heads: number): Cache {
-  const past = node.input[4];
-  const present = node.output[1];
+  const past = at(node, 'past');
+  const present = outputOf(MS_ATTENTION, node, 'present');
   if (!past && !present) return { k, v };
   const kv5 = b.op('Reshape', [b.op('Concat', [k, v], { axis: 2 }, 'kv'), b.int64('kv_shape', [0, 0, 2, heads, -1])], {}, 'kv5');
   const presentName = present || b.graph.uniqueName(`${b.prefix}present`);
@@ -200,12 +205,12 @@ function cache(b: Builder, node: FusedSite['node'], k: string, v: string, heads:
     return { stacked: presentName };
   }
   const stacked = b.op('Transpose', [kv5], { perm: [2, 0, 3, 1, 4] }, 'kv_new');
-  if (!node.input[6]) {
+  if (!at(node, 'past_sequence_length')) {
     b.node('Concat', [past, stacked], [presentName], { axis: 3 });
     return { stacked: presentName };
   }
   // Shared buffer: the new keys go to positions P … P + S − 1 of the max-length buffer, the rest stays.
-  const P = b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('one_dim', [1])], {}, 'past_len');
+  const P = b.op('Reshape', [b.op('Cast', [at(node, 'past_sequence_length')], { to: DataType.INT64 }), b.int64('one_dim', [1])], {}, 'past_len');
   const end = b.op('Add', [P, b.op('Slice', [b.op('Shape', [k]), b.int64('one1', [1]), b.int64('two1', [2])], {}, 'seq')], {}, 'valid_end');
   const axis3 = b.int64('axis3', [3]);
   const zero = b.int64('zero1', [0]);
@@ -220,20 +225,22 @@ function cache(b: Builder, node: FusedSite['node'], k: string, v: string, heads:
 function maskTensors(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan, dtype: number): MaskTensors {
   const node = site.node;
   const { shapes } = shared;
-  const S = shapes.dim(node.input[0], 1);
-  const P = node.input[6] ? undefined : node.input[4] ? shapes.dim(node.input[4], 3) : undefined;
-  const lengths = S && (P || !node.input[4]) ? `${show(S)}|${P ? show(P) : '0'}|${node.input[6] ?? ''}` : `site:${node.output[0]}`;
+  const [past, pastLength] = [at(node, 'past'), at(node, 'past_sequence_length')];
+  const S = shapes.dim(at(node, 'input'), 1);
+  const P = pastLength ? undefined : past ? shapes.dim(past, 3) : undefined;
+  const lengths = S && (P || !past) ? `${show(S)}|${P ? show(P) : '0'}|${pastLength}` : `site:${outputOf(MS_ATTENTION, node, 'output')}`;
   const filter = attrFloat(node, 'mask_filter_value') ?? -10000;
-  const key = [plan.mask !== undefined ? node.input[plan.mask] : '-', lengths, plan.causal, plan.unidirectional, filter, dtype].join('|');
+  const key = [plan.mask !== undefined ? inputOf<string>(MS_ATTENTION, node, plan.mask) : '-', lengths, plan.causal, plan.unidirectional, filter, dtype].join('|');
   return memo(shared.cache, key, () => buildMask(shared, site, plan, dtype, filter));
 }
 
 /** Lengths as int64 scalars: S, the past P, T = P + S. */
 function lengthsOf(b: Builder, node: FusedSite['node']): { S: string; P: string; T: string } {
   const dim = (name: string, axis: number): string => b.op('Gather', [b.op('Shape', [name]), b.int64(`axis${axis}`, [axis], true)], {}, 'len');
-  const S = dim(node.input[0], 1);
-  const P = node.input[6] ? b.op('Reshape', [b.op('Cast', [node.input[6]], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len')
-    : node.input[4] ? dim(node.input[4], 3) : b.int64('zero', [0], true);
+  const [past, pastLength] = [at(node, 'past'), at(node, 'past_sequence_length')];
+  const S = dim(at(node, 'input'), 1);
+  const P = pastLength ? b.op('Reshape', [b.op('Cast', [pastLength], { to: DataType.INT64 }), b.int64('scalar', [])], {}, 'past_len')
+    : past ? dim(past, 3) : b.int64('zero', [0], true);
   return { S, P, T: b.op('Add', [P, S], {}, 'total_len') };
 }
 
@@ -246,7 +253,7 @@ function buildMask(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan
   const keys = b.op('Range', [zero, T, one], {}, 'key_pos');
   const rowEnd = unsqueeze(b, b.op('Add', [b.op('Range', [zero, S, one], {}, 'row'), P], {}, 'row_pos'), [1], opset, 'row_pos_col');
   const future = unsqueeze(b, b.op('Greater', [keys, rowEnd], {}, 'future_2d'), [0], opset, 'future'); // [1, S, T]
-  const keep = plan.mask === undefined ? undefined : maskKeep(b, node, plan.maskRank!, node.input[plan.mask], S, T, keys, opset);
+  const keep = plan.mask === undefined ? undefined : maskKeep(b, node, plan.maskRank!, inputOf<string>(MS_ATTENTION, node, plan.mask), S, T, keys, opset);
   const rows = countVisible(b, keep, plan.causal ? future : undefined, P, S, opset);
   const constant = (name: string, x: number): string => b.constant(name, dtype, [], [x]);
   let bias: string | undefined;
@@ -279,7 +286,7 @@ function maskKeep(b: Builder, node: FusedSite['node'], rank: number, mask: strin
     return unsqueeze(b, b.op('Or', [positive(m), dummy], {}, 'mask_keep_2d'), [1], opset, 'mask_keep_3d');
   }
   // 1-D: key lengths [B]; end positions then start positions [2B]; [3B + 2] begins with the key lengths.
-  const batch = b.op('Gather', [b.op('Shape', [node.input[0]]), b.int64('axis0', [0], true)], {}, 'batch');
+  const batch = b.op('Gather', [b.op('Shape', [at(node, 'input')]), b.int64('axis0', [0], true)], {}, 'batch');
   const batch1 = unsqueeze(b, batch, [0], opset, 'batch_1');
   const ends = b.op('Slice', [m, b.int64('zero1', [0]), batch1], {}, 'key_end');
   const padded = b.op('Concat', [m, b.op('Expand', [b.constant('zero_i32_1', DataType.INT32, [1], [0]), batch1], {}, 'zeros_b')], { axis: 0 }, 'mask_padded');

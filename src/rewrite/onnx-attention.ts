@@ -17,6 +17,7 @@
  * n = keys the row may see: entries of the bias above −9000 (the plain-op convention, mask-uses.ts), or Tk.
  */
 import { FusedSite } from '../detect/fused';
+import { inputOf, ONNX_ATTENTION, outputOf } from '../graph/attention-ops';
 import { HIDDEN_BELOW } from '../detect/mask-uses';
 import { attrFloat, attrInt } from '../graph/graph';
 import { Shapes } from '../graph/shapes';
@@ -30,31 +31,37 @@ import { PART } from './identity';
 import { ExpansionParams } from './ms-attention';
 import { fusedPrior } from './prior';
 
+type Role = keyof typeof ONNX_ATTENTION.inputs;
+
+/** The operator's input in a role ('' when absent). */
+const at = (node: FusedSite['node'], role: Role): string => inputOf(ONNX_ATTENTION, node, role);
+
 export const ONNX_EXPANSION_COST = 'node expanded into its definition (the factor on the logits after the cap): the attention '
   + 'runs as plain ops, with the [B, N, S, T] logits materialised as the fused kernel does not';
 
 export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite, p: ExpansionParams, opset: number,
   keysOnly: boolean): InsertedFused & { mode: NMode } {
   const node = site.node;
-  const input = (i: number): string | undefined => node.input[i] || undefined;
+  const input = (role: Role): string | undefined => at(node, role) || undefined;
+  const output = (role: keyof typeof ONNX_ATTENTION.outputs): string => outputOf(ONNX_ATTENTION, node, role);
   const dtype = site.queryType ?? DataType.FLOAT;
   const precision = attrInt(node, 'softmax_precision') || dtype;
-  const threeD = shapes.rank(node.input[0]) === 3;
-  const maskRank = input(3) ? shapes.rank(node.input[3]) : undefined;
+  const threeD = shapes.rank(at(node, 'Q')) === 3;
+  const maskRank = input('attn_mask') ? shapes.rank(at(node, 'attn_mask')) : undefined;
   b.editor.remove(node);
   const heads = (x: string, attr: string, name: string): string => (threeD
     ? b.op('Transpose', [b.op('Reshape', [x, b.int64(`${name}_view`, [0, 0, attrInt(node, attr)!, -1])], {}, `${name}_4d`)], { perm: [0, 2, 1, 3] }, name)
     : x);
-  const q = heads(node.input[0], 'q_num_heads', 'q_heads');
-  const keys = cached(b, heads(node.input[1], 'kv_num_heads', 'k_heads'), input(4), node.output[1]);
-  const values = cached(b, heads(node.input[2], 'kv_num_heads', 'v_heads'), input(5), node.output[2]);
+  const q = heads(at(node, 'Q'), 'q_num_heads', 'q_heads');
+  const keys = cached(b, heads(at(node, 'K'), 'kv_num_heads', 'k_heads'), input('past_key'), output('present_key'));
+  const values = cached(b, heads(at(node, 'V'), 'kv_num_heads', 'v_heads'), input('past_value'), output('present_value'));
   const scaled = b.op('Mul', [q, scaleOf(b, node, q, dtype)], {}, 'q_scaled');
   let qk = b.op('MatMul', [scaled, b.op('Transpose', [repeatHeads(b, keys, q)], { perm: [0, 1, 3, 2] }, 'k_t')], {}, 'qk');
   if (precision !== dtype) qk = b.op('Cast', [qk], { to: precision }, 'qk_precise');
   const cap = attrFloat(node, 'softcap') ?? 0;
   const capped = cap ? b.op('Mul', [b.op('Tanh', [b.op('Div', [qk, b.constant('softcap', precision, [], [cap])], {}, 'qk_over_cap')], {}, 'qk_tanh'),
     b.constant('softcap', precision, [], [cap])], {}, 'qk_capped') : qk;
-  const bias = biasOf(b, node, q, keys, maskRank, precision, input(4) !== undefined);
+  const bias = biasOf(b, node, q, keys, maskRank, precision, input('past_key') !== undefined);
   const rows = nVisible(b, keysOnly ? undefined : bias, keys);
   const factor = p.sName ? presetFactor(b, p.preset, p.sName, rows.n, rows.ln) : undefined;
   const applied = factor ? applyFactor(b, capped, factor, precision, opset) : undefined;
@@ -72,21 +79,21 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   }
   const out = (x: string): string => (precision !== dtype ? b.op('Cast', [x], { to: dtype }, 'back') : x);
   const y = b.op('MatMul', [out(probs), repeatHeads(b, values, q)], {}, 'y');
-  if (threeD) b.node('Reshape', [b.op('Transpose', [y], { perm: [0, 2, 1, 3] }, 'y_t'), b.int64('merge_heads', [0, 0, -1])], [node.output[0]]);
-  else b.node('Identity', [y], [node.output[0]]);
-  if (node.output[3]) {
+  if (threeD) b.node('Reshape', [b.op('Transpose', [y], { perm: [0, 2, 1, 3] }, 'y_t'), b.int64('merge_heads', [0, 0, -1])], [output('Y')]);
+  else b.node('Identity', [y], [output('Y')]);
+  if (output('qk_matmul_output')) {
     const mode = attrInt(node, 'qk_matmul_output_mode') ?? 0;
-    b.node('Identity', [out([qk, capped, logits, probs][Math.min(Math.max(mode, 0), 3)])], [node.output[3]]);
+    b.node('Identity', [out([qk, capped, logits, probs][Math.min(Math.max(mode, 0), 3)])], [output('qk_matmul_output')]);
   }
   return {
     factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? precision, rows,
-    mode: keysOnly ? 'keys' : modeOf(node, input(3) !== undefined),
+    mode: keysOnly ? 'keys' : modeOf(node, input('attn_mask') !== undefined),
   };
 }
 
 function modeOf(node: FusedSite['node'], mask: boolean): NMode {
   const causal = (attrInt(node, 'is_causal') ?? 0) === 1;
-  const nonpad = Boolean(node.input[6]);
+  const nonpad = Boolean(at(node, 'nonpad_kv_seqlen'));
   if (mask) return 'mask';
   if (causal) return nonpad ? 'causal-padding' : 'causal';
   return nonpad ? 'padding' : 'keys';
@@ -130,8 +137,9 @@ function biasOf(b: Builder, node: FusedSite['node'], q: string, keys: string, ma
   const S = dim(q, 2, 'q_len');
   const T = dim(keys, 2, 'kv_len');
   const keyPos = b.op('Range', [b.int64('zero', [0], true), T, b.int64('one', [1], true)], {}, 'key_pos');
-  if (node.input[3] && maskRank !== undefined) parts.push(maskBias(b, node.input[3], maskRank, T, t, inf, zero));
-  const nonpad = node.input[6] ? b.op('Reshape', [node.input[6], b.int64('column4', [-1, 1, 1, 1])], {}, 'nonpad') : undefined;
+  const mask = at(node, 'attn_mask'), lengths = at(node, 'nonpad_kv_seqlen');
+  if (mask && maskRank !== undefined) parts.push(maskBias(b, mask, maskRank, T, t, inf, zero));
+  const nonpad = lengths ? b.op('Reshape', [lengths, b.int64('column4', [-1, 1, 1, 1])], {}, 'nonpad') : undefined;
   if ((attrInt(node, 'is_causal') ?? 0) === 1) {
     // Key j is visible to row i when j ≤ i + offset: the past length, or per item nonpad − S with a static cache.
     const offset = !hasPast && nonpad ? b.op('Sub', [nonpad, S], {}, 'causal_offset') : hasPast ? b.op('Sub', [T, S], {}, 'past_len') : b.int64('zero', [0], true);

@@ -5,6 +5,7 @@
  */
 import { AttentionSite, CallSite, Detection, SkippedSoftmax } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
+import { inputOf, opSpec, queryInput } from '../graph/attention-ops';
 import { maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
@@ -167,7 +168,7 @@ export class SitePatcher {
     }
     const mode = modeOf(plan);
     this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
-    const logits = site.node.input[site.query.layout === 'weights' ? site.query.weights : site.query.input];
+    const logits = inputOf(opSpec(site.op), site.node, queryInput(site.query));
     let inserted: InsertedFused | undefined;
     if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
     else {
@@ -176,7 +177,7 @@ export class SitePatcher {
       if (params.theta) addFusedPrior(b, site, plan, factor, params.theta, scope.shapes, scope.opset);
     }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
-    const nReason = `${why}; ${describePlan(plan)}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
+    const nReason = `${why}; ${describePlan(plan, opSpec(site.op))}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
     return { n: mode, nReason, logits, target: 'query', inserted, expanded: plan.kind === 'mask-index' ? EXPANSION_COST : undefined };
   }
 

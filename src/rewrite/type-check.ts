@@ -3,6 +3,7 @@
  * with a fresh type pass before anything is written: a mis-typed patch (an fp32 factor on an fp16 tensor, say) is
  * an internal error, never a file no runtime loads.
  */
+import { inputAt, MULTI_HEAD_ATTENTION } from '../graph/attention-ops';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
@@ -12,7 +13,10 @@ import { isPatchNode } from './identity';
 const SAME: Record<string, number[]> = {
   Add: [0, 1], Sub: [0, 1], Mul: [0, 1], Div: [0, 1], Max: [0, 1], Min: [0, 1], Pow: [0, 1], Equal: [0, 1], Less: [0, 1],
   Greater: [0, 1], LessOrEqual: [0, 1], GreaterOrEqual: [0, 1], Where: [1, 2], MatMul: [0, 1], FusedMatMul: [0, 1], Range: [0, 1, 2],
-  Concat: [], MultiHeadAttention: [0, 1, 2, 5],
+  Concat: [],
+  // MultiHeadAttention's inputs of type T (the expansion of com.microsoft Attention inserts one).
+  [MULTI_HEAD_ATTENTION.opType]: (['query', 'key', 'value', 'bias', 'attention_bias', 'past_key', 'past_value'] as const)
+    .map((r) => inputAt(MULTI_HEAD_ATTENTION, r)),
 };
 /** Inputs that must be of one given type. */
 const FIXED: Record<string, Record<number, number[]>> = {

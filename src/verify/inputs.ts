@@ -3,6 +3,7 @@
  * ones (or a right-padded last batch item), positions counting from the past length, token types 0, random past
  * key/values, encoder states and pixels; bf16 inputs as float32. User-given inputs are used as they are.
  */
+import { inputOf, roleAt, specOf } from '../graph/attention-ops';
 import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
 import { DataType, NodeProto, toNumber } from '../io/onnx';
@@ -59,23 +60,24 @@ function keyCount(k: HostTensor | undefined, shape: RunShape): number {
 
 /**
  * Lengths have model-specific meanings (total, total − 1, per-item padding), so they are synthesised only where
- * the operator reading them says what they are: GroupQueryAttention's seqlens_k (total − 1 per item) and
- * total_sequence_length, ONNX Attention's nonpad_kv_seqlen (every key valid; also where its function body was
- * expanded into the graph, which keeps the names nonpad_kv_seqlen and K), the past_sequence_length of
- * MultiHeadAttention and DecoderMaskedMultiHeadAttention.
+ * the operator reading them says what they are (its spec's `contracts.lengths`): GroupQueryAttention's seqlens_k
+ * (total − 1 per item) and total_sequence_length, ONNX Attention's nonpad_kv_seqlen (every key valid; also where
+ * its function body was expanded into the graph, which keeps the names nonpad_kv_seqlen and K), the
+ * past_sequence_length of MultiHeadAttention and DecoderMaskedMultiHeadAttention.
  */
 function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
   const type = hostTypeOf(spec.elemType, spec.name);
   const count = elementCount(dims);
   const fill = (v: number): HostTensor => makeHost(type, dims, new Array<number>(count).fill(v));
   for (const node of readersThroughCasts(graph, spec.name)) {
-    const slot = node.input.indexOf(spec.name);
-    const ms = node.domain === 'com.microsoft';
-    if (ms && node.opType === 'GroupQueryAttention' && slot === 5) return fill(shape.past + shape.seq - 1);
-    if (ms && node.opType === 'GroupQueryAttention' && slot === 6) return fill(shape.past + shape.seq);
-    if (ms && node.opType === 'MultiHeadAttention' && slot === 8) return fill(shape.past);
-    if (ms && node.opType === 'DecoderMaskedMultiHeadAttention' && slot === 7) return fill(shape.past);
-    if ((node.domain === '' || node.domain === 'ai.onnx') && node.opType === 'Attention' && slot === 6) return fill(keyCount(feeds[node.input[1]], shape));
+    const op = specOf(node);
+    const role = op && roleAt(op, node.input.indexOf(spec.name));
+    const holds = op && role !== undefined ? op.contracts.lengths?.[role] : undefined;
+    if (!op || !holds) continue;
+    if (holds === 'total-1') return fill(shape.past + shape.seq - 1);
+    if (holds === 'total') return fill(shape.past + shape.seq);
+    if (holds === 'past') return fill(shape.past);
+    return fill(keyCount(feeds[inputOf(op, node, holds.keysOf)], shape));
   }
   // ONNX Attention expanded into its function body keeps the input's name, and K's: every key valid.
   if (spec.name === 'nonpad_kv_seqlen' && feeds.K) return fill(keyCount(feeds.K, shape));
@@ -174,9 +176,12 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
   return makeHost(hostTypeOf(spec.elemType, spec.name), dims, values);
 }
 
-/** The input is the mask_index of a com.microsoft Attention (its input 3), directly or through Casts. */
+/** The input is a mask whose 1-D form holds key ends (com.microsoft Attention's mask_index), directly or through Casts. */
 function isMaskIndex(graph: Graph, name: string): boolean {
-  return readersThroughCasts(graph, name).some((n) => n.domain === 'com.microsoft' && n.opType === 'Attention' && n.input.indexOf(name) === 3);
+  return readersThroughCasts(graph, name).some((n) => {
+    const op = specOf(n);
+    return op?.contracts.keyEnds !== undefined && roleAt(op, n.input.indexOf(name)) === op.contracts.keyEnds;
+  });
 }
 
 /** Rows of the embedding table the ids index (Gather of an initializer), or 2 when no table is found. */

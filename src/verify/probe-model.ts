@@ -9,7 +9,7 @@
  *   - sites whose n is counted from masks: the logits their Softmax reads.
  * `rows: 'last'` brings out only the last row of logits, for runs too long to read whole attention matrices.
  */
-import { NPlan, Term } from '../detect/fused';
+import { inputAt, inputOf, NPlan, opSpec, Term } from '../graph/attention-ops';
 import { nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { ModelProto, NodeProto } from '../io/onnx';
@@ -27,9 +27,9 @@ export interface ProbeOutputs {
   /** A factor on the query: the shape of the QK product, whose last axis is the key count. */
   keys?: string;
   bias?: { before: string; after: string };
-  /** Fused operators: graph outputs holding the shapes and values of the inputs n is read from. */
-  shapes?: Map<number, string>;
-  values?: Map<number, string>;
+  /** Fused operators: graph outputs holding the shapes and values of the inputs n is read from, by role. */
+  shapes?: Map<string, string>;
+  values?: Map<string, string>;
   /** Element type of what the probe reads after the factor, for its rounding tolerance. */
   type?: number;
   /** The positional prior: what its Add read (absent: nothing, a fused operator without a bias) and what it made. */
@@ -112,19 +112,22 @@ function fusedOutputs(x: Exposer, site: VerifySite, consumer: NodeProto, scope: 
   const t = site.tensors!, f = site.fused!;
   const g = scope.graph;
   // The plan the patch used for the recorded n mode (keys on a causal operator reads other inputs than its own plan).
-  const terms: Term[] = [...termsOf(planFor(f, site.record.n as NMode)), { input: f.queryLength.input, axis: f.queryLength.axis }];
-  const shapes = new Map<number, string>(), values = new Map<number, string>();
+  const terms: Term[] = [...termsOf(planFor(f, site.record.n as NMode)), f.queryLength];
+  const shapes = new Map<string, string>(), values = new Map<string, string>();
   // An expanded operator is gone; the inputs n is read from are the original node's, which its expansion reads.
   const op = site.record.expanded ? f.node : consumer;
+  const spec = opSpec(f.op);
   for (const term of terms) {
-    const input = op.input[term.input];
-    if (!input) throw new Problem(`input ${term.input} of the operator, which n is read from, is empty`);
+    const input = inputOf(spec, op, term.role);
+    // Named by position, as the operator's schema numbers its inputs.
+    const at = inputAt(spec, term.role);
+    if (!input) throw new Problem(`input ${at} of the operator, which n is read from, is empty`);
     if ('value' in term) {
-      if (!values.has(term.input)) values.set(term.input, out(input, `value${term.input}`));
-    } else if (!shapes.has(term.input)) {
-      const shape = g.uniqueName(`${PREFIX}${nodeLabel(op)}/shape${term.input}`);
+      if (!values.has(term.role)) values.set(term.role, out(input, `value${at}`));
+    } else if (!shapes.has(term.role)) {
+      const shape = g.uniqueName(`${PREFIX}${nodeLabel(op)}/shape${at}`);
       x.add(scope, node('Shape', [input], shape));
-      shapes.set(term.input, out(shape, `shape${term.input}`));
+      shapes.set(term.role, out(shape, `shape${at}`));
     }
   }
   const bias = t.bias ? { before: out(t.bias.from, 'bias_before'), after: out(consumer.input[t.bias.input], 'bias_after') } : undefined;
@@ -141,8 +144,8 @@ function termsOf(plan: NPlan): Term[] {
   switch (plan.kind) {
     case 'keys': case 'causal': return plan.tk;
     case 'causal-offset': return [...plan.tk, ...plan.offset];
-    case 'lengths': return [{ input: plan.lengths, value: true }, ...(plan.promptTotal !== undefined ? [{ input: plan.promptTotal, value: true as const }] : [])];
+    case 'lengths': return [{ role: plan.lengths, value: true }, ...(plan.promptTotal !== undefined ? [{ role: plan.promptTotal, value: true as const }] : [])];
     // The mask's values, and the past's shape or length through tk (P = Tk − S).
-    case 'mask-index': return [...plan.tk, ...(plan.mask !== undefined ? [{ input: plan.mask, value: true as const }] : [])];
+    case 'mask-index': return [...plan.tk, ...(plan.mask !== undefined ? [{ role: plan.mask, value: true as const }] : [])];
   }
 }

@@ -7,6 +7,7 @@
  */
 import { fusedElementType } from '../detect/fused';
 import { findValueMatMul } from '../detect/trace';
+import { inputOf, isOp, MS_ATTENTION, MULTI_HEAD_ATTENTION, PatchedOp, patchedSpecOf } from '../graph/attention-ops';
 import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
@@ -61,7 +62,7 @@ function promptKernel(x: Exposer, scope: Scope, key: string): { scope: Scope; ke
   const op = scope.graph.nodes.find((n) => nodeKey(n) === key);
   if (op?.opType !== 'If') return undefined;
   const branch = x.scopes.find((s) => s.owner?.node === op && s.path.endsWith('.else_branch'));
-  const kernel = branch?.graph.nodes.find((n) => n.domain === 'com.microsoft' && n.opType === 'MultiHeadAttention');
+  const kernel = branch?.graph.nodes.find((n) => isOp(MULTI_HEAD_ATTENTION, n));
   return branch && kernel ? { scope: branch, key: nodeKey(kernel) } : undefined;
 }
 
@@ -114,51 +115,45 @@ function orderBeforeValues(x: Exposer, scope: Scope, probs: string, rowMax: stri
 }
 
 /**
- * A fused operator's attention, from the extra output its kernel offers: probabilities (GroupQueryAttention
- * qk_output = 2, ONNX Attention qk_matmul_output_mode = 3) or masked logits (MultiHeadAttention's qk, ONNX
- * Attention modes 1 and 2), a Softmax of which gives the probabilities.
+ * A fused operator's attention, from the extra output its kernel offers (its spec's `probabilities`):
+ * probabilities (GroupQueryAttention qk_output = 2, ONNX Attention qk_matmul_output_mode = 3) or masked logits
+ * (MultiHeadAttention's qk, ONNX Attention modes 1 and 2), a Softmax of which gives the probabilities. An output
+ * the node does not have yet is added, with the attribute that turns it on.
  */
 function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): Found {
   const op = scope.graph.nodes.find((n) => nodeKey(n) === key);
   if (!op) return { reason: 'the operator is not in the graph' };
-  const layer = site.record.layer;
-  const qk = (kind: 'probs' | 'logits'): Found => {
-    let out = op.output[3];
-    const type = fusedElementType(scope.shapes, op);
-    if (!out) {
-      if (type === undefined) return { reason: 'the element type of its inputs is not known, so its qk output cannot be declared' };
-      while (op.output.length < 3) op.output.push('');
-      out = scope.graph.uniqueName(`${PREFIX}L${layer}/qk`);
-      op.output[3] = out;
-      scope.graph.producer.set(out, op);
-      // The kernel's schema cannot infer this output's type: it is the query's.
-      scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: type } } });
+  const spec = patchedSpecOf(op);
+  const qk = spec?.probabilities;
+  if (spec && qk) {
+    const position = spec.outputs[qk.output];
+    let reading = qk.holds(qk.mode ? attrInt(op, qk.mode.attribute) ?? 0 : 0);
+    if (!op.output[position]) {
+      if (qk.mode) setInt(op, qk.mode.attribute, qk.mode.enable);
+      reading = qk.holds(qk.mode?.enable ?? 0);
     }
-    const probs = kind === 'probs' ? out : add(x, scope, node('Softmax', [out], scope.graph.uniqueName(`${PREFIX}L${layer}/qk_probs`), { axis: -1 }));
-    return { tensor: reduceRows(x, scope, probs, layer) };
-  };
-  const ms = op.domain === 'com.microsoft';
-  if (ms && op.opType === 'MultiHeadAttention') return qk('logits');
-  if (ms && op.opType === 'GroupQueryAttention') {
-    const mode = attrInt(op, 'qk_output') ?? 0;
-    if (op.output[3] && mode !== 2) return mode === 1 ? qk('logits') : { reason: 'its qk output is in a mode that holds no probabilities' };
-    setInt(op, 'qk_output', 2);
-    return qk('probs');
+    return typeof reading === 'string' ? readQk(x, scope, op, spec, position, reading, site.record.layer) : reading;
   }
-  if (!ms && op.opType === 'Attention') {
-    const mode = attrInt(op, 'qk_matmul_output_mode') ?? 0;
-    if (op.output[3]) return mode === 3 ? qk('probs') : mode === 0 ? { reason: 'its qk output holds the logits before the mask' } : qk('logits');
-    setInt(op, 'qk_matmul_output_mode', 3);
-    return qk('probs');
-  }
-  if (ms && op.opType === 'DecoderMaskedMultiHeadAttention') {
-    if (op.output[3]) return (attrInt(op, 'output_qk') ?? 0) === 1 ? qk('logits') : { reason: 'its qk output is not enabled' };
-    setInt(op, 'output_qk', 1);
-    return qk('logits');
-  }
-  if (ms && op.opType === 'Attention') return attentionLogits(x, scope, op, layer);
+  if (spec === MS_ATTENTION) return attentionLogits(x, scope, op, site.record.layer);
   if (op.opType === 'If' && site.record.expanded) return { reason: 'its expansion runs the kernel inside an If (one branch for decoding, one for a prompt), which the sweep does not read' };
   return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
+}
+
+/** The row maxima of the kernel's output `at` (added to the node when absent), which holds `kind`. */
+function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: number, kind: 'probs' | 'logits', layer: number): Found {
+  let out = op.output[at];
+  if (!out) {
+    const type = fusedElementType(scope.shapes, spec, op);
+    if (type === undefined) return { reason: 'the element type of its inputs is not known, so its qk output cannot be declared' };
+    while (op.output.length < at) op.output.push('');
+    out = scope.graph.uniqueName(`${PREFIX}L${layer}/qk`);
+    op.output[at] = out;
+    scope.graph.producer.set(out, op);
+    // The kernel's schema cannot infer this output's type: it is the query's.
+    scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: type } } });
+  }
+  const probs = kind === 'probs' ? out : add(x, scope, node('Softmax', [out], scope.graph.uniqueName(`${PREFIX}L${layer}/qk_probs`), { axis: -1 }));
+  return { tensor: reduceRows(x, scope, probs, layer) };
 }
 
 /**
@@ -167,8 +162,9 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): F
  * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
  */
 function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
-  const maskRank = op.input[3] ? scope.shapes.rank(op.input[3]) : undefined;
-  if ((maskRank !== undefined && maskRank > 3) || (op.input[3] && maskRank === undefined) || op.input[6] || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
+  const mask = at(op, 'mask_index');
+  const maskRank = mask ? scope.shapes.rank(mask) : undefined;
+  if ((maskRank !== undefined && maskRank > 3) || (mask && maskRank === undefined) || at(op, 'past_sequence_length') || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
     return { reason: 'com.microsoft Attention with a 4-D or unranked mask_index, rotary or a shared cache gives no probabilities to recompute' };
   }
   const heads = attrInt(op, 'num_heads');
@@ -179,13 +175,13 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   const k64 = (base: string, v: number[]): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [v.length], v));
   const n = (opType: string, inputs: string[], base: string, attrs: Record<string, number | number[]> = {}): string =>
     add(x, scope, node(opType, inputs, name(base), attrs));
-  let qkv = n('MatMul', [op.input[0], op.input[1]], 'qkv');
-  if (op.input[2]) qkv = n('Add', [qkv, op.input[2]], 'qkv_biased');
+  let qkv = n('MatMul', [at(op, 'input'), at(op, 'weights')], 'qkv');
+  if (at(op, 'bias')) qkv = n('Add', [qkv, at(op, 'bias')], 'qkv_biased');
   // The recomputation's constants are float: an fp16 operator's tensors are cast to float first.
-  const float = (t: string, base: string): string => (fusedElementType(scope.shapes, op) === DataType.FLOAT ? t : n('Cast', [t], base, { to: DataType.FLOAT }));
+  const float = (t: string, base: string): string => (fusedElementType(scope.shapes, MS_ATTENTION, op) === DataType.FLOAT ? t : n('Cast', [t], base, { to: DataType.FLOAT }));
   qkv = float(qkv, 'qkv_f');
   // Widths of Q and K: qkv_hidden_sizes, else a third each of the weight's columns.
-  const width = n('Slice', [n('Shape', [op.input[1]], 'w_shape'), k64('last', [-1]), k64('end', [2 ** 62])], 'w_width');
+  const width = n('Slice', [n('Shape', [at(op, 'weights')], 'w_shape'), k64('last', [-1]), k64('end', [2 ** 62])], 'w_width');
   const third = n('Div', [width, k64('three', [3])], 'third');
   const qW = sizes ? k64('q_width', [sizes[0]]) : third;
   const kEnd = sizes ? k64('k_end', [sizes[0] + sizes[1]]) : n('Mul', [third, k64('two', [2])], 'k_end');
@@ -197,7 +193,7 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   // instead of Squeeze, a comparison of positions instead of Trilu.
   const scalar = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [], [v]));
   const f = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.FLOAT, [], [v]));
-  if (op.input[4]) k = n('Concat', [n('Gather', [float(op.input[4], 'past_f'), scalar('past_k', 0)], 'past_k_4d', { axis: 0 }), k], 'k_all', { axis: 2 });
+  if (at(op, 'past')) k = n('Concat', [n('Gather', [float(at(op, 'past'), 'past_f'), scalar('past_k', 0)], 'past_k_4d', { axis: 0 }), k], 'k_all', { axis: 2 });
   const kT = n('Transpose', [k], 'k_t', { perm: [0, 1, 3, 2] });
   const hd = n('Cast', [n('Slice', [n('Shape', [q], 'q_shape'), k64('hd_at', [3]), k64('hd_end', [4])], 'head_size')], 'head_size_f', { to: DataType.FLOAT });
   const scale = attrFloat(op, 'scale');
@@ -213,10 +209,10 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
     logits = n('Add', [logits, n('Where', [future, f('neg_inf', -Infinity), f('zero_f', 0)], 'causal')], 'qk_masked');
   }
   // attention_bias [B|1, N, S, T] is added to the scaled logits (a positional prior goes there too).
-  if (op.input[5]) logits = n('Add', [logits, float(op.input[5], 'bias_f')], 'qk_biased');
+  if (at(op, 'attention_bias')) logits = n('Add', [logits, float(at(op, 'attention_bias'), 'bias_f')], 'qk_biased');
   if (maskRank !== undefined) {
     // Hidden keys get mask_filter_value (−10000 unless set), as the kernel does.
-    const keep = maskRank === 1 ? keptByPositions(n, scalar, k64, op, kT) : n('Cast', [op.input[3]], 'mask_keep', { to: DataType.BOOL });
+    const keep = maskRank === 1 ? keptByPositions(n, scalar, k64, op, kT) : n('Cast', [at(op, 'mask_index')], 'mask_keep', { to: DataType.BOOL });
     const bias = n('Where', [keep, f('zero_keep', 0), f('mask_filter', attrFloat(op, 'mask_filter_value') ?? -10000)], 'mask_bias');
     // [B, T] → [B, 1, 1, T]; [B|1, S, T] → [B|1, 1, S, T].
     const shape = maskRank === 3
@@ -228,6 +224,9 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
   return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
 }
 
+/** com.microsoft Attention's input in a role ('' when absent), read by position from its spec. */
+const at = (op: NodeProto, role: keyof typeof MS_ATTENTION.inputs): string => inputOf(MS_ATTENTION, op, role);
+
 type Emit = (opType: string, inputs: string[], base: string, attrs?: Record<string, number | number[]>) => string;
 
 /**
@@ -235,8 +234,8 @@ type Emit = (opType: string, inputs: string[], base: string, attrs?: Record<stri
  * then the starts; [3B + 2] begins with the ends. The format is told at run time from the length, as the kernel does.
  */
 function keptByPositions(n: Emit, scalar: (base: string, v: number) => string, k64: (base: string, v: number[]) => string, op: NodeProto, kT: string): string {
-  const m = n('Cast', [op.input[3]], 'mask_i64', { to: DataType.INT64 });
-  const B = n('Reshape', [n('Gather', [n('Shape', [op.input[0]], 'batch_shape'), scalar('batch_axis', 0)], 'batch', { axis: 0 }), k64('one_dim', [1])], 'batch_1');
+  const m = n('Cast', [at(op, 'mask_index')], 'mask_i64', { to: DataType.INT64 });
+  const B = n('Reshape', [n('Gather', [n('Shape', [at(op, 'input')], 'batch_shape'), scalar('batch_axis', 0)], 'batch', { axis: 0 }), k64('one_dim', [1])], 'batch_1');
   const twoB = n('Add', [B, B], 'batch_2');
   const ends = n('Slice', [m, k64('start0', [0]), B], 'key_end');
   const padded = n('Concat', [m, n('Expand', [k64('zero1', [0]), B], 'zeros_b')], 'mask_padded', { axis: 0 });

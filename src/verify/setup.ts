@@ -5,6 +5,7 @@
  */
 import { detectAttention } from '../detect/find-attention';
 import { InputError, opt } from '../errors';
+import { specOf } from '../graph/attention-ops';
 import { Graph } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
@@ -81,7 +82,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   // A total length (past + sequence) lets the sequence vary only where no cache takes up the difference.
   const seqFree = pinned.seq === undefined && (sources.has('seq') || (sources.has('total') && !pastFree));
   const fixedSeq = seqFree ? undefined : fixedTokens(specs);
-  const minPast = emptyCacheFails(original) ? 1 : 0;
+  const minPast = minCachedTokens(original);
   const preset = recordedPreset(record);
   const { sites, refused, heads } = siteSetup(original, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
@@ -117,11 +118,13 @@ function fixedTokens(specs: InputSpec[]): number | undefined {
 }
 
 /**
- * onnxruntime 1.30's CPU DecoderMaskedMultiHeadAttention corrupts memory (the process aborts) on an empty cache
- * (past_sequence_length 0): models that have one get at least one cached token in every run.
+ * The cached tokens every run needs: the most any operator's spec asks for (onnxruntime 1.30's CPU
+ * DecoderMaskedMultiHeadAttention corrupts memory on an empty cache, so models that have one get at least one).
  */
-function emptyCacheFails(model: ModelProto): boolean {
-  return modelScopes(model).some((s) => s.graph.nodes.some((n) => n.domain === 'com.microsoft' && n.opType === 'DecoderMaskedMultiHeadAttention'));
+function minCachedTokens(model: ModelProto): number {
+  let most = 0;
+  for (const s of modelScopes(model)) for (const n of s.graph.nodes) most = Math.max(most, specOf(n)?.contracts.minPast?.tokens ?? 0);
+  return most;
 }
 
 function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[]; heads?: number } {

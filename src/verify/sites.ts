@@ -8,6 +8,7 @@
  */
 import { Detection } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
+import { MS_ATTENTION } from '../graph/attention-ops';
 import { Graph, nodeLabel } from '../graph/graph';
 import { calledFunction, functionKey, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
@@ -168,7 +169,7 @@ function locateExpanded(scope: Scope, record: PatchRecord, r: SiteRecord, site: 
   const names = new Set(own.flatMap((e) => e.nodes));
   const named = (part: Part): NodeProto | undefined => graph.nodes.find((n) => names.has(n.name) && hasPart(n.name, part));
   // ONNX Attention: the factor on the capped logits and the prior added to them, as a plain-op site with its own Softmax.
-  const onnx = r.kind !== 'com.microsoft.Attention';
+  const onnx = r.kind !== MS_ATTENTION.id;
   const softmax = onnx ? named(PART.probs) ?? fail('the Softmax of its expansion is not in the graph') : undefined;
   const prior = r.prior ? expandedPrior(graph, named, onnx ? PART.logitsPrior : PART.attentionBiasPrior) : undefined;
   const logits = softmax ? { softmax: nodeLabel(softmax) } : {};

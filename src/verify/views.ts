@@ -4,7 +4,9 @@
  * their query in the operator's layout ([B,S,N·H], [B,N,S,H], packed QKV, or the query columns of a weight),
  * with n from the operator's n plan evaluated on the run's actual input shapes and lengths.
  */
-import { FusedSite, NPlan, QueryPlan, Term } from '../detect/fused';
+import { FusedSite } from '../detect/fused';
+import { HIDDEN_BELOW } from '../detect/mask-uses';
+import { inputAt, NPlan, opSpec, queryInput, QueryPlan, Term } from '../graph/attention-ops';
 import { planFor } from '../rewrite/fused';
 import { NMode } from '../policy/n-mode';
 import { ProbeView } from './probe';
@@ -22,7 +24,7 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const heads = site.s.length > 1 ? site.s.length : 1;
   if (site.fused && !readsLogits(site)) {
     return fusedView({
-      run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: termValues(w, out),
+      run: run.id, site: site.fused, mode: site.record.n, before, after, heads, terms: termValues(site.fused, w, out),
       expanded: Boolean(site.record.expanded),
       bias: w.bias ? { before: out[w.bias.before], after: out[w.bias.after] } : undefined,
     });
@@ -34,9 +36,6 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
 }
-
-/** Masks leave entries at or below this (−inf, finfo.min, −10000); position biases stay above. */
-const MASKED = -9000;
 
 export interface LogitsInput {
   run: string;
@@ -96,7 +95,7 @@ function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
   const counts = new Int32Array(masked.length / tk);
   for (let row = 0; row < counts.length; row++) {
     let n = 0;
-    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > MASKED) n++;
+    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > HIDDEN_BELOW) n++;
     counts[row] = n;
   }
   return counts;
@@ -104,19 +103,24 @@ function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
 
 // ---- fused operators --------------------------------------------------------------------------------------
 
-/** Values a fused site's n plan reads, by term: an input's shape, or an input's values. */
+/**
+ * Values a fused site's n plan reads, by term: an input's shape, or an input's values, by role; `at` gives a
+ * role's position, which messages name.
+ */
 export interface TermValues {
-  shape(input: number): number[] | undefined;
-  value(input: number): number[] | undefined;
+  shape(role: string): number[] | undefined;
+  value(role: string): number[] | undefined;
+  at(role: string): number;
 }
 
 /** The shapes and values the probe copy brought out for a fused site's n plan. */
-function termValues(w: ProbeOutputs, out: Outputs): TermValues {
-  const read = (m?: Map<number, string>) => (input: number): number[] | undefined => {
-    const name = m?.get(input);
+function termValues(site: FusedSite, w: ProbeOutputs, out: Outputs): TermValues {
+  const read = (m?: Map<string, string>) => (role: string): number[] | undefined => {
+    const name = m?.get(role);
     return name && out[name] ? [...out[name].data] : undefined;
   };
-  return { shape: read(w.shapes), value: read(w.values) };
+  const spec = opSpec(site.op);
+  return { shape: read(w.shapes), value: read(w.values), at: (role) => inputAt(spec, role) };
 }
 
 export interface FusedInput {
@@ -148,11 +152,12 @@ export function fusedView(x: FusedInput): FusedViews | string {
   const { site } = x;
   if (x.before.dims.join() !== x.after.dims.join()) return `the query before the factor is [${x.before.dims.join(', ')}], after it [${x.after.dims.join(', ')}] (${x.run})`;
   const plan = planFor(site, x.mode as NMode);
-  const S = x.terms.shape(site.queryLength.input)?.[site.queryLength.axis];
+  const S = x.terms.shape(site.queryLength.role)?.[site.queryLength.axis];
   if (S === undefined) return `the query length of ${x.run} was not read`;
-  const n = planRows(plan, x.terms, S);
+  const n = planRows(plan, x.terms, S, batchOf(site, x.terms));
   if (typeof n === 'string') return n;
-  const layout: QueryPlan = x.expanded ? { layout: 'bsd', input: 0 } : site.query;
+  // An expanded operator's probed query is its projection [B, S, N·H] (or [B, S, N, H]).
+  const layout: QueryPlan = x.expanded ? { layout: 'bsd', input: queryInput(site.query) } : site.query;
   const N = site.heads.heads ?? x.heads;
   if (layout.layout === 'weights') return weightColumns(x, N, n, layout.qWidth);
   const before = withBias(x.before, x.bias?.before), after = withBias(x.after, x.bias?.after);
@@ -267,11 +272,16 @@ function withBias(t: OutputTensor, bias?: OutputTensor): ArrayLike<number> {
   return out;
 }
 
+/** The batch size of this run: axis 0 of the input the query length is read from (1 when it was not read). */
+function batchOf(site: FusedSite, v: TermValues): number {
+  return v.shape(site.queryLength.role)?.[0] ?? 1;
+}
+
 /**
  * n per batch item and row from an operator's n plan and the run's inputs, as the kernel counts keys (see
- * detect/fused.ts): the same formulas the patch builds in the graph, evaluated here on the actual values.
+ * graph/attention-ops): the same formulas the patch builds in the graph, evaluated here on the actual values.
  */
-export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
+export function planRows(plan: NPlan, v: TermValues, S: number, B: number): Rows | string {
   switch (plan.kind) {
     case 'keys': case 'causal': {
       const tk = termTotal(plan.tk, v);
@@ -283,7 +293,7 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
     }
     case 'lengths': {
       const lengths = v.value(plan.lengths);
-      if (!lengths) return `the lengths input ${plan.lengths} of the operator was not read`;
+      if (!lengths) return `the lengths input ${v.at(plan.lengths)} of the operator was not read`;
       const prompt = plan.promptTotal !== undefined && v.value(plan.promptTotal)?.[0] === S;
       const clamp = (x: number): number => Math.max(1, plan.window !== undefined ? Math.min(x, plan.window) : x);
       return (b, i) => {
@@ -295,7 +305,7 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
     case 'mask-index': {
       const tk = termTotal(plan.tk, v);
       if (typeof tk === 'string') return tk;
-      const keep = plan.mask === undefined ? () => true : maskIndexKeep(v.value(plan.mask), plan.maskRank ?? 2, v.shape(0)?.[0] ?? 1, S, tk);
+      const keep = plan.mask === undefined ? () => true : maskIndexKeep(v.value(plan.mask), plan.maskRank ?? 2, B, S, tk);
       if (typeof keep === 'string') return keep;
       const P = tk - S;
       return (b, i) => {
@@ -311,8 +321,8 @@ export function planRows(plan: NPlan, v: TermValues, S: number): Rows | string {
 function termTotal(terms: Term[], v: TermValues): number | string {
   let sum = 0;
   for (const t of terms) {
-    const x = 'value' in t ? v.value(t.input)?.[0] : v.shape(t.input)?.[t.axis];
-    if (x === undefined) return `input ${t.input} of the operator was not read`;
+    const x = 'value' in t ? v.value(t.role)?.[0] : v.shape(t.role)?.[t.axis];
+    if (x === undefined) return `input ${v.at(t.role)} of the operator was not read`;
     sum += x;
   }
   return sum;
@@ -372,9 +382,9 @@ function biasView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: string, 
   const d = after.dims;
   if (d.length !== 4) return `the bias with the prior is [${d.join(', ')}], not [B|1, H, S, T] (${run})`;
   const [Bb, Hb, S, T] = d;
-  const terms = termValues(w, out);
+  const terms = termValues(f, w, out);
   const plan = planFor(f, site.record.n as NMode);
-  const n = planRows(plan, terms, S);
+  const n = planRows(plan, terms, S, batchOf(f, terms));
   if (typeof n === 'string') return n;
   const pos = planPositions(plan, terms, S, T);
   if (typeof pos === 'string') return pos;
@@ -398,7 +408,7 @@ function planPositions(plan: NPlan, v: TermValues, S: number, T: number): Rows |
     }
     case 'lengths': {
       const lengths = v.value(plan.lengths);
-      if (!lengths) return `the lengths input ${plan.lengths} of the operator was not read`;
+      if (!lengths) return `the lengths input ${v.at(plan.lengths)} of the operator was not read`;
       const prompt = plan.promptTotal !== undefined && v.value(plan.promptTotal)?.[0] === S;
       return (b, i) => (prompt ? 0 : lengths[b] + (plan.plusOne ? 1 : 0) - S) + i;
     }
