@@ -15,9 +15,13 @@ import { Out } from './emit';
 import { Progress } from './progress';
 import { FileSource, Source } from './source';
 
-/** Puts an existing file at `target`: a hard link, a copy, or a link where possible and a copy otherwise. */
+/**
+ * Puts an existing file at `target`: a hard link (one file under two names: a write through either changes both),
+ * or a copy of its own, which is a copy-on-write clone where the file system has them (Btrfs, XFS, APFS, ...): made
+ * at once and sharing blocks until either side writes, so no write through the copy reaches the source.
+ */
 export interface PlaceJob {
-  kind: 'link' | 'copy' | 'link-or-copy';
+  kind: 'link' | 'copy';
   target: string;
   source: string;
 }
@@ -26,7 +30,7 @@ export type Job = { kind: 'write'; target: string; out: Out } | PlaceJob;
 
 export interface JobResult {
   target: string;
-  how: 'written' | 'linked' | 'copied';
+  how: 'written' | 'linked' | 'cloned' | 'copied';
 }
 
 /** Small enough to stay in cache between the read and the write of each chunk (measured: 1 MB beats 8 MB). */
@@ -99,19 +103,31 @@ function* run(job: Job, temp: string, progress: Progress | null): Generator<void
     yield* writePieces(job.out, temp, progress);
     return { target: job.target, how: 'written' };
   }
-  if (job.kind !== 'copy') {
-    try {
-      fs.linkSync(job.source, temp);
-      return { target: job.target, how: 'linked' };
-    } catch (e) {
-      if (job.kind === 'link') throw e;
-    }
+  if (job.kind === 'link') {
+    fs.linkSync(job.source, temp);
+    return { target: job.target, how: 'linked' };
   }
+  if (clone(job.source, temp)) return { target: job.target, how: 'cloned' };
   const src = new FileSource(job.source);
   const out = new Out();
   out.span(src, 0, src.size);
   yield* writePieces(out, temp, progress);
   return { target: job.target, how: 'copied' };
+}
+
+/**
+ * A copy-on-write clone of `source` at `temp`; false where the file system has none (ENOTSUP, EXDEV across file
+ * systems, ...), and then nothing was created. Without the FORCE flag libuv would fall back to a copy of its own,
+ * which would neither keep holes, nor pause for signals, nor show progress.
+ */
+function clone(source: string, temp: string): boolean {
+  try {
+    fs.copyFileSync(source, temp, fs.constants.COPYFILE_EXCL | fs.constants.COPYFILE_FICLONE_FORCE);
+    return true;
+  } catch {
+    fs.rmSync(temp, { force: true });
+    return false;
+  }
 }
 
 function* writePieces(out: Out, file: string, progress: Progress | null): Generator<void> {
