@@ -72,8 +72,20 @@ export function formatRevert(report: RevertReport): string[] {
 export function formatWrite(written: WriteReport | null, dryRun = false): string[] {
   if (!written) return [dryRun ? 'nothing written (--dry-run)' : 'nothing written'];
   const lines = written.externalData.map((e) => `external data ${e.how}: ${e.file}`);
+  const strays = written.removedTemporaryFiles;
+  if (strays.length) lines.push(`note: ${straysNote(strays)}`);
   lines.push(`wrote ${written.output}`);
   return lines;
+}
+
+/** `removed 1 temporary file (81 MB) left by an interrupted run (process 1234, no longer running): <file>`. */
+function straysNote(strays: WriteReport['removedTemporaryFiles']): string {
+  const mb = strays.reduce((n, s) => n + s.bytes, 0) / 2 ** 20;
+  const pids = [...new Set(strays.map((s) => s.pid))];
+  const files = strays.length > 3 ? [...strays.slice(0, 3).map((s) => s.file), `${strays.length - 3} more`] : strays.map((s) => s.file);
+  const one = strays.length === 1;
+  return `removed ${strays.length} temporary file${one ? '' : 's'} (${mb < 1 ? '< 1' : mb.toFixed(0)} MB) left by ${pids.length === 1 ? 'an interrupted run' : 'interrupted runs'} `
+    + `(process${pids.length === 1 ? '' : 'es'} ${pids.join(', ')}, no longer running): ${files.join(', ')}`;
 }
 
 /** --explain NODE: the detection rules tried on a candidate node, each matched or stopped at a node with a reason. */

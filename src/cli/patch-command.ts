@@ -189,6 +189,7 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
 /** What the write did, in the report; the warnings only the write can tell, printed too. */
 export function recordWrite(doc: PatchDocument | RevertDocument, written: WriteReport): void {
   doc.externalData = written.externalData;
+  if (written.removedTemporaryFiles.length) doc.removedTemporaryFiles = written.removedTemporaryFiles;
   const warnings = linkWarnings(written);
   doc.warnings.push(...warnings);
   printWarnings(warnings);

@@ -12,7 +12,7 @@ import type { ModelProto } from './onnx';
 import { originOf } from './origin';
 import { Progress } from './progress';
 import { decodeModelFrom, ModelFormatError } from './read';
-import { commit, commitAsync, Job, JobResult, PlaceJob } from './sink';
+import { commit, commitAsync, Committed, Job, PlaceJob, Stray } from './sink';
 import { FileSource, MemorySource, Source, SourceChangedError } from './source';
 import { WireError } from './wire';
 
@@ -93,6 +93,8 @@ export interface WriteReport {
   bytes: number;
   /** Each external data file of the output and how it got there; empty when the output has none. */
   externalData: { file: string; how: Placement }[];
+  /** Temporary files that killed runs of this tool left in the output's folders, removed before writing. */
+  removedTemporaryFiles: Stray[];
 }
 
 /** Writes to temporary files beside the targets and renames them into place, so no half-written output remains. */
@@ -128,7 +130,7 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): { jo
   const jobs: Job[] = [...placed.jobs];
   let out = emitModel(model, { relocate: placed.relocate });
   const limit = options.maxProtobufBytes ?? PROTOBUF_LIMIT;
-  const report: WriteReport = { output: file, bytes: 0, externalData: placed.report };
+  const report: WriteReport = { output: file, bytes: 0, externalData: placed.report, removedTemporaryFiles: [] };
   if (out.size > limit) {
     const location = `${path.basename(target)}.data`;
     const data = new Out();
@@ -146,12 +148,13 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): { jo
   return { jobs, report };
 }
 
-/** How each data file actually got there: a copy is a clone where the file system has them. */
-function settleWrite(report: WriteReport, results: JobResult[]): WriteReport {
-  for (const r of results) {
+/** How each data file actually got there (a copy is a clone where the file system has them), and the strays removed. */
+function settleWrite(report: WriteReport, committed: Committed): WriteReport {
+  for (const r of committed.results) {
     const entry = report.externalData.find((e) => e.file === r.target);
     if (entry && r.how !== 'written') entry.how = r.how;
   }
+  report.removedTemporaryFiles = committed.strays;
   return report;
 }
 
