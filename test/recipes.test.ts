@@ -105,7 +105,7 @@ describe('README recipes', () => {
 
   it("the README's first command can be run twice", () => {
     const [sh] = blocks(fs.readFileSync(path.join(REPO, 'README.md'), 'utf8'), 'sh');
-    const command = sh.split('\n')[0].replace(/^npm ci && /, '');
+    const command = sh.split('\n')[0].replace(/^npm ci && npm run build && /, '');
     assert.match(command, /^npx ssmax-patch fixtures\/torch\/gpt2_past\.onnx .* --force$/);
     const dir = tmpdir('ssmax-first-');
     // The same command with its output in a scratch folder instead of /tmp.

@@ -1,6 +1,7 @@
 /** Human-readable report lines: one line per site, per skipped Softmax, per check. */
 import { Explanation } from '../detect/find-attention';
 import { WriteReport } from '../io/model-file';
+import { runtimeLabel } from '../onnxruntime';
 import { PatchReport } from '../rewrite/patch';
 import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
@@ -53,7 +54,7 @@ export function formatVerify(report: VerifyReport): string[] {
   const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
     .filter(Boolean).join(', ');
   const strict = report.strictMode ? `; strict: ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
-  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s`);
+  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s on ${runtimeLabel(report.runtime)}`);
   return lines;
 }
 
