@@ -123,7 +123,7 @@ export function tempPath(target: string): string {
 }
 
 /** Removes the temporary files in `dirs` whose process is gone; returns them. */
-export function removeStrays(dirs: string[]): Stray[] {
+function removeStrays(dirs: string[]): Stray[] {
   const removed: Stray[] = [];
   for (const dir of dirs) {
     let names: string[];
