@@ -8,6 +8,11 @@
  * costs such as Node start-up weigh most) and with the input's pages dropped first (cold, as after a download
  * or on a busy machine: `dd iflag=nocache` evicts only that file, nothing else on the machine).
  *
+ * For the model with external data, the output also goes to another folder, whose data file is then copied (the
+ * default: a copy-on-write clone where the file system has them) or hard-linked (--external-data link): the time
+ * of each and the disk it takes (the file system's free space before and after, so a clone's shared blocks count
+ * as what they are). With --dir on Btrfs or XFS (reflink) the default clones; on ext4 it copies.
+ *
  * Options: --reps N (default 3; the median is reported), --only LABEL[,LABEL], --cache warm|cold|both,
  * --large (adds a 4 GB model, written with external data since it passes 2 GB), --dir DIR (model cache; also
  * SSMAX_BENCH_DIR; default ~/.cache/ssmax-patch-bench).
@@ -35,7 +40,10 @@ interface Measure { seconds: number; rssMB: number }
 type Cache = 'warm' | 'cold';
 interface Row {
   model: BenchModel; cache: Cache; sizeMB: number; ours: Measure; dry: Measure; cp: Measure; python: Measure | 'failed' | null; sites: number;
+  placements: Placement[];
 }
+/** An output in another folder than its input with external data: how its data file got there, in what time, using how much disk. */
+interface Placement { mode: 'default' | 'link'; how: string; seconds: number; diskMB: number }
 
 function args(argv: string[]): { reps: number; only: string[] | null; dir: string; caches: Cache[]; large: boolean } {
   const get = (flag: string): string | undefined => {
@@ -139,7 +147,47 @@ function benchOne(file: string, m: BenchModel, reps: number, python: boolean, ca
   }
   const size = fs.statSync(file).size + (m.external ? fs.statSync(`${file}.data`).size : 0);
   const pyResult = !python ? null : pyFailed ? 'failed' : median(py);
-  return { model: m, cache, sizeMB: size / 2 ** 20, ours: median(ours), dry: median(dry), cp: median(cp), python: pyResult, sites };
+  const placements = m.external ? (['default', 'link'] as const).map((mode) => place(file, inputs, mode, reps, cache)) : [];
+  return { model: m, cache, sizeMB: size / 2 ** 20, ours: median(ours), dry: median(dry), cp: median(cp), python: pyResult, sites, placements };
+}
+
+/** Patches into a folder beside the model's: the median time, and the disk the output took (free space before − after). */
+function place(file: string, inputs: string[], mode: Placement['mode'], reps: number, cache: Cache): Placement {
+  const out = path.join(path.dirname(path.dirname(file)), `placed-${process.pid}`);
+  const free = (): number => {
+    spawnSync('sync');
+    const s = fs.statfsSync(path.dirname(file));
+    return s.bfree * s.bsize;
+  };
+  const runs: Measure[] = [];
+  let how = '';
+  let disk = 0;
+  for (let i = 0; i < reps; i++) {
+    fs.rmSync(out, { recursive: true, force: true });
+    fs.mkdirSync(out);
+    prepare(inputs, cache);
+    const before = free();
+    const r = timed(process.execPath, [BIN, file, '--train-len', '1024', '-o', path.join(out, 'model.onnx'), '--json', '--quiet', ...(mode === 'link' ? ['--external-data', 'link'] : [])]);
+    disk = before - free();
+    how = (JSON.parse(r.stdout) as { externalData: { how: string }[] }).externalData.map((e) => e.how).join(', ');
+    runs.push(r);
+  }
+  fs.rmSync(out, { recursive: true, force: true });
+  return { mode, how, seconds: median(runs).seconds, diskMB: disk / 2 ** 20 };
+}
+
+function placementTable(rows: Row[]): string {
+  const lines = [
+    '| model | page cache | output in another folder | data file | time | disk taken |',
+    '|---|---|---|---|---|---|',
+  ];
+  for (const r of rows) {
+    for (const p of r.placements) {
+      const mode = p.mode === 'default' ? 'default (copy)' : '--external-data link';
+      lines.push(`| ${r.model.label} | ${r.cache} | ${mode} | ${p.how} | ${p.seconds.toFixed(2)} s | ${p.diskMB.toFixed(0)} MB |`);
+    }
+  }
+  return lines.join('\n');
 }
 
 function table(rows: Row[]): string {
@@ -178,6 +226,7 @@ export function ioBench(argv: string[]): void {
     }
   }
   process.stdout.write(`${table(rows)}\n\nmedian of ${reps} runs; ${os.cpus().length} CPUs; node ${process.version}; models cached in ${dir}\n`);
+  if (rows.some((r) => r.placements.length)) process.stdout.write(`\n${placementTable(rows)}\n\n`);
   process.stdout.write(`${verdicts(rows).join('\n')}\n`);
   if (!python) process.stdout.write(`python onnx: not measured (${PYTHON} without the onnx module)\n`);
 }

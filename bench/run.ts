@@ -6,10 +6,12 @@
  *             regular expression selects cases by label
  *   verify    verification of a 100 M-parameter decoder vs one load-and-run of it (verify.ts)
  *   scaling   patch time and peak memory of generated decoders from 8 to 256 layers (scaling.ts)
+ *   runtimes  verification verdicts and times on onnxruntime-node vs onnxruntime-web, fixtures and corpus (runtimes.ts)
  * Without a section, all of them run.
  */
 import { ioBench } from './io';
 import { latencyTable } from './latency';
+import { runtimesBench } from './runtimes';
 import { scalingBench } from './scaling';
 import { verifyBench } from './verify';
 
@@ -32,7 +34,14 @@ async function main(): Promise<void> {
     process.stdout.write('\n## Patch time and memory by model size\n\n');
     scalingBench(rest);
   }
-  if (!all && !['io', 'latency', 'verify', 'scaling'].includes(section)) throw new Error(`unknown section '${section}' (io, latency, verify, scaling)`);
+  // Not part of a run of all sections: it verifies some 140 models twice.
+  if (section === 'runtimes') {
+    process.stdout.write('## Verification on onnxruntime-node and onnxruntime-web\n\n');
+    await runtimesBench(rest);
+  }
+  if (!all && !['io', 'latency', 'verify', 'scaling', 'runtimes'].includes(section)) {
+    throw new Error(`unknown section '${section}' (io, latency, verify, scaling, runtimes)`);
+  }
 }
 
 main().catch((e) => {

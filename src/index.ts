@@ -6,6 +6,7 @@
 // Model I/O.
 export { readModel, parseModel, writeModel, serializeModel } from './io/model-file';
 export type { WriteOptions, WriteReport, ExternalDataMode, ParseOptions, SerializeOptions, Placement } from './io/model-file';
+export type { Stray } from './io/sink';
 export { terminalProgress } from './io/progress';
 export type { Progress, ProgressOptions } from './io/progress';
 export { cloneModel } from './io/onnx';
@@ -73,6 +74,7 @@ export type { InputRole } from './verify/signature';
 export type { CheckId } from './verify/plan';
 export type { Tolerance, OutputStats } from './verify/compare';
 export type { SharpnessCurve, SharpnessPoint } from './verify/sharpness';
+export type { RuntimeReport, RuntimeName } from './onnxruntime';
 export { readTensorFile } from './verify/tensor-files';
 export type { HostTensor, HostType, HostData } from './verify/tensors';
 export { sharpnessSvg } from './verify/plot';

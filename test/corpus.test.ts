@@ -26,7 +26,7 @@ async function loads(file: string): Promise<string | null> {
   }
 }
 
-/** Writes the patched model to a new folder; its external data files, if any, are linked or copied beside it. */
+/** Writes the patched model to a new folder; its external data files, if any, are copied beside it. */
 function writeBesideData(model: Parameters<typeof writeModel>[1]): string {
   const out = path.join(tmpdir('ssmax-corpus-'), 'patched.onnx');
   writeModel(out, model);

@@ -1,9 +1,11 @@
 /**
  * External data: models whose weights live in other files are patched without reading the weights, written
- * so their references resolve (same folder: the same files; another folder: linked, copied or referenced),
- * and a model whose protobuf would pass 2 GB is written with its weights in a data file.
+ * so their references resolve (same folder: the same files; another folder: copies of their own by default,
+ * hard links or references on request), and a model whose protobuf would pass 2 GB is written with its weights
+ * in a data file. Issue 25: no write through the output's data may change the original's, unless asked for.
  */
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it, mock } from 'node:test';
@@ -91,11 +93,12 @@ describe('external data', () => {
     assert.equal(await ortLoadError(path.join(dir, 'out.onnx')) === null, await ortLoadError(input) === null);
   });
 
-  it('another folder: hard links by default, copies or references on request; each output runs', async () => {
+  it('another folder: copies by default (clones where the file system has them), links or references on request; each output runs', async () => {
     const dir = tmpdir();
     const input = writeExternal(embedded, dir, 'm.onnx');
     const data = path.join(dir, 'm.onnx.data');
-    for (const [mode, how] of [[undefined, 'linked'], ['link', 'linked'], ['copy', 'copied'], ['reference', 'referenced']] as const) {
+    const copied = clones(tmpdir()) ? 'cloned' : 'copied';
+    for (const [mode, how] of [[undefined, copied], ['link', 'linked'], ['copy', copied], ['reference', 'referenced']] as const) {
       const out = path.join(tmpdir(), 'sub', 'out.onnx');
       fs.mkdirSync(path.dirname(out));
       const r = cli([input, '--train-len', '8', '-o', out, ...(mode ? ['--external-data', mode] : [])]);
@@ -111,6 +114,81 @@ describe('external data', () => {
       assert.equal(fs.statSync(placed).ino === fs.statSync(data).ino, how === 'linked', `${mode}: ${how}`);
       assert.equal(sha(placed), sha(data));
       assertSameOutputs(await runIds(out, IDS), await expected);
+    }
+  });
+
+  it("the default gives the output data of its own: saves through the output leave the original's data as it was", () => {
+    const dir = tmpdir();
+    const input = writeExternal(embedded, dir, 'm.onnx');
+    const data = path.join(dir, 'm.onnx.data');
+    const before = { sha: sha(data), size: fs.statSync(data).size };
+    const out = path.join(tmpdir(), 'out.onnx');
+    const r = cli([input, '--train-len', '8', '-o', out]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stderr, '', 'the default warns about nothing');
+    const written = writeThroughOutput(out);
+    assert.ok(written.size > before.size, `the output's data file did not grow (${written.size} bytes)`);
+    assert.deepEqual({ sha: sha(data), size: fs.statSync(data).size }, before, "a write through the output changed the original's data");
+  });
+
+  it('--external-data link warns, in one line and in the report, of what a later write through the output does, and it does', () => {
+    const dir = tmpdir();
+    const input = writeExternal(embedded, dir, 'm.onnx');
+    const data = path.join(dir, 'm.onnx.data');
+    const size = fs.statSync(data).size;
+    const out = path.join(tmpdir(), 'out.onnx');
+    const r = cli([input, '--train-len', '8', '-o', out, '--external-data', 'link', '--json']);
+    assert.equal(r.code, 0, r.stderr);
+    const warning = /^ssmax-patch: warning: --external-data link: m\.onnx\.data beside the output is a hard link to the input's data: a later write through the output .* changes the input's data too; without the option the output gets data of its own\n$/;
+    assert.match(r.stderr, warning);
+    assert.deepEqual(JSON.parse(r.stdout).warnings.map((w: { code: string }) => w.code), ['external-data-link']);
+    writeThroughOutput(out);
+    assert.ok(fs.statSync(data).size > size, 'the warning says what a write through the output does: it did not');
+  });
+
+  it('a hard link left by an earlier --external-data link is replaced by a copy; the original is never replaced', () => {
+    const dir = tmpdir();
+    const input = writeExternal(embedded, dir, 'm.onnx');
+    const data = path.join(dir, 'm.onnx.data');
+    const ino = fs.statSync(data).ino;
+    const outDir = tmpdir();
+    const out = path.join(outDir, 'out.onnx');
+    assert.equal(cli([input, '--train-len', '8', '-o', out, '--external-data', 'link']).code, 0);
+    assert.equal(fs.statSync(path.join(outDir, 'm.onnx.data')).ino, ino);
+    const again = cli([input, '--train-len', '8', '-o', out, '--force']);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /external data (copied|cloned): /);
+    assert.notEqual(fs.statSync(path.join(outDir, 'm.onnx.data')).ino, ino);
+    // An output folder that is the input's folder under another name: the data is in place, not replaced by a copy.
+    const alias = path.join(tmpdir(), 'alias');
+    fs.symlinkSync(dir, alias);
+    const inPlace = cli([input, '--train-len', '8', '-o', path.join(alias, 'out.onnx')]);
+    assert.equal(inPlace.code, 0, inPlace.stderr);
+    assert.match(inPlace.stdout, /external data in place: /);
+    assert.equal(fs.statSync(data).ino, ino, "the input's data file was replaced");
+    assert.equal(fs.statSync(data).nlink, 1);
+  });
+
+  it('on a file system with copy-on-write clones the copy is a clone, its own data all the same', (t) => {
+    // SSMAX_TEST_CLONE_DIR: a folder on such a file system (XFS with reflink, Btrfs), when the temp folder is not.
+    const where = [process.env.SSMAX_TEST_CLONE_DIR, tmpdir()].find((d) => d && clones(d));
+    if (!where) {
+      t.skip('no file system with copy-on-write clones here (set SSMAX_TEST_CLONE_DIR to a folder on one)');
+      return;
+    }
+    const dir = fs.mkdtempSync(path.join(where, 'ssmax-clone-'));
+    try {
+      const input = writeExternal(embedded, dir, 'm.onnx');
+      const data = path.join(dir, 'm.onnx.data');
+      const before = sha(data);
+      fs.mkdirSync(path.join(dir, 'out'));
+      const r = cli([input, '--train-len', '8', '-o', path.join(dir, 'out', 'out.onnx')]);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /external data cloned: /);
+      writeThroughOutput(path.join(dir, 'out', 'out.onnx'));
+      assert.equal(sha(data), before);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 
@@ -176,6 +254,40 @@ describe('external data', () => {
     }
   });
 });
+
+/** Whether a copy-on-write clone can be made in `dir`. */
+function clones(dir: string): boolean {
+  const a = path.join(dir, '.clone-probe');
+  fs.writeFileSync(a, 'probe');
+  try {
+    fs.copyFileSync(a, `${a}.clone`, fs.constants.COPYFILE_FICLONE_FORCE);
+    return true;
+  } catch {
+    return false;
+  } finally {
+    fs.rmSync(a, { force: true });
+    fs.rmSync(`${a}.clone`, { force: true });
+  }
+}
+
+const PYTHON_ONNX = spawnSync('/usr/bin/python3', ['-c', 'import onnx'], { stdio: 'ignore' }).status === 0;
+
+/**
+ * What fine-tuning s does (issue 25): the model saved again with its data in the same file, which onnx.save_model
+ * appends to. Where Debian's python3-onnx is missing, the same append done here. Returns the data file's status.
+ */
+function writeThroughOutput(out: string): fs.Stats {
+  const data = path.join(path.dirname(out), 'm.onnx.data');
+  if (PYTHON_ONNX) {
+    const script = 'import onnx, sys\nm = onnx.load(sys.argv[1])\n'
+      + "onnx.save_model(m, sys.argv[1], save_as_external_data=True, all_tensors_to_one_file=True, location='m.onnx.data', size_threshold=0)";
+    const r = spawnSync('/usr/bin/python3', ['-c', script, out], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+  } else {
+    fs.appendFileSync(data, Buffer.alloc(4096, 1));
+  }
+  return fs.statSync(data);
+}
 
 /** Patches a model with a 2 GB initializer and checks the output's data file holds its bytes where it says. */
 function bigModelRoundTrip(dir: string): void {

@@ -1,10 +1,11 @@
 /**
- * The package as a user meets it (issue 13): packed, installed from the tarball into a fresh project with none
+ * The package as a user meets it (issues 13, 25): packed, installed from the tarball into a fresh project with none
  * of our settings (no project .npmrc, no npm_* or ONNXRUNTIME_* variables, only the machine's own npm config
- * and cache), where only the npm registry need be reachable. There: npx ssmax-patch patches; --verify either
- * works (onnxruntime-node installed) or says in one line how to add it, and works once that line is followed;
- * the library and its types resolve through `exports`; and the README's CI jobs run as written.
- * Skipped, saying so, only when the npm registry cannot be reached.
+ * and cache), where only the npm registry need be reachable. The packed package runs no script at install (no
+ * prepare: dist/ is in it). There: npx ssmax-patch patches; --verify works at once, on onnxruntime-web's
+ * WebAssembly backend (a dependency), and says so; after the README's one command for onnxruntime-node (an
+ * optional peer dependency) it runs on that; the library and its types resolve through `exports`; and the
+ * README's CI jobs run as written. Skipped, saying so, only when the npm registry cannot be reached.
  */
 import assert from 'node:assert/strict';
 import { spawnSync, SpawnSyncReturns } from 'node:child_process';
@@ -46,6 +47,12 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
       assert.ok(files.includes(f), `${f} missing from the package`);
     }
     assert.ok(!files.some((f) => f.startsWith('dist/test/') || f.startsWith('test/') || f.startsWith('fixtures/')), 'tests or fixtures packed');
+    const manifest = JSON.parse(run('tar', ['-xzOf', tarball, 'package/package.json'], root).stdout);
+    const installScripts = ['preinstall', 'install', 'postinstall', 'prepare'].filter((s) => manifest.scripts?.[s]);
+    assert.deepEqual(installScripts, [], 'the packed package runs scripts at install');
+    assert.ok(manifest.dependencies['onnxruntime-web'], 'onnxruntime-web, the runtime that needs no install script, is a dependency');
+    assert.equal(manifest.optionalDependencies?.['onnxruntime-node'], undefined, 'npm would try its GPU download and drop it');
+    assert.deepEqual(manifest.peerDependenciesMeta?.['onnxruntime-node'], { optional: true });
     fs.mkdirSync(path.join(project, 'models'), { recursive: true });
     fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'consumer', version: '1.0.0', private: true }, null, 2));
     for (const m of ['gpt2_past', 'llama_gqa']) fs.copyFileSync(path.join(TORCH, `${m}.onnx`), path.join(project, 'models', `${m}.onnx`));
@@ -61,28 +68,30 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
   it('installs with a plain npm install of the tarball, and npx ssmax-patch patches there', () => {
     const install = run('npm', ['install', tarball, '--prefer-offline', '--no-audit', '--no-fund'], project);
     assert.equal(install.status, 0, install.stdout + install.stderr);
+    // npm 11 lists every dependency whose install scripts no allowScripts entry covers: never this package.
+    assert.doesNotMatch(install.stdout + install.stderr, /ssmax-patch@\S+ \(/);
+    assert.ok(!fs.existsSync(path.join(project, 'node_modules/onnxruntime-node')), 'an optional peer dependency is not installed');
     const r = run('npx', ['ssmax-patch', 'models/gpt2_past.onnx', '--train-len', '64'], project);
     assert.equal(r.status, 0, r.stderr);
     assert.match(r.stdout, /^patched 2 attention site\(s\)/);
     assert.ok(fs.existsSync(path.join(project, 'models/gpt2_past.ssmax.onnx')));
   });
 
-  it('--verify works, at once or after the one command the error gives (onnxruntime-node is optional)', () => {
-    const args = ['ssmax-patch', 'models/gpt2_past.onnx', '--train-len', '64', '--verify', '-o', 'models/verified.onnx'];
-    let r = run('npx', args, project);
-    if (!fs.existsSync(path.join(project, 'node_modules/onnxruntime-node/package.json'))) {
-      // Its install script could not download the GPU libraries, so npm left the optional dependency out.
-      assert.equal(r.status, 2, r.stdout + r.stderr);
-      const hint = /^ssmax-patch: verification needs onnxruntime-node, which is not installed; install it with: (ONNXRUNTIME_NODE_INSTALL=skip npm install \S+) /.exec(r.stderr);
-      assert.ok(hint, r.stderr);
-      assert.ok(!fs.existsSync(path.join(project, 'models/verified.onnx')));
-      const follow = runShell(hint[1], project, userEnv, true);
-      assert.equal(follow.code, 0, follow.stderr);
-      r = run('npx', args, project);
-    }
-    assert.equal(r.status, 0, r.stdout + r.stderr);
-    assert.match(r.stdout, /verify: PASSED \(5 passed\)/);
-    assert.ok(fs.existsSync(path.join(project, 'models/verified.onnx')));
+  it('--verify works at once, on onnxruntime-web; after the README\'s command for onnxruntime-node, on that', () => {
+    const args = (out: string): string[] => ['ssmax-patch', 'models/gpt2_past.onnx', '--train-len', '64', '--verify', '-o', `models/${out}.onnx`];
+    const web = run('npx', args('web'), project);
+    assert.equal(web.status, 0, web.stdout + web.stderr);
+    assert.match(web.stdout, /\nverify: PASSED \(5 passed\) in \d+\.\d s on onnxruntime-web 1\.30\.0 \(WebAssembly; onnxruntime-node is not installed\)\n/);
+    assert.ok(fs.existsSync(path.join(project, 'models/web.onnx')));
+    const [, command] = blocks(section('Use it in your project'), 'sh');
+    assert.match(command, /^ONNXRUNTIME_NODE_INSTALL=skip npm install --save-dev onnxruntime-node@\^1\.30\.0\n$/);
+    const follow = runShell(command, project, userEnv, true);
+    assert.equal(follow.code, 0, follow.stderr);
+    const node = run('npx', args('node'), project);
+    assert.equal(node.status, 0, node.stdout + node.stderr);
+    assert.match(node.stdout, /\nverify: PASSED \(5 passed\) in \d+\.\d s on onnxruntime-node 1\.30\.0\n/);
+    assert.ok(fs.readFileSync(path.join(project, 'models/web.onnx')).equals(fs.readFileSync(path.join(project, 'models/node.onnx'))),
+      'the same patch, whichever runtime verified it');
   });
 
   it('the library, its schema and its types resolve through the package exports', () => {

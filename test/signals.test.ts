@@ -1,13 +1,17 @@
 /**
  * Ctrl-C and SIGTERM during a write (issue 13): the temporary file is removed, no output appears, the input is
  * untouched, and the exit code is the shell's 128 + signal (130, 143). The child is killed while it is
- * demonstrably mid-write: its temporary file exists.
+ * demonstrably mid-write: its temporary file exists. SIGKILL leaves it, for the next run to remove (issue 25).
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
+import { smallTransformer } from '../bench/transformer';
+import { parseModel, writeModel } from '../src/io/model-file';
+import { encodeModel } from '../src/io/onnx';
+import { tempPath } from '../src/io/sink';
 import { BIN, removeScratch, scratchdir, writeSparseModel } from './support/io';
 
 const dirs: string[] = [];
@@ -58,4 +62,56 @@ describe('signals during a write', () => {
   }
 
   it('the input is untouched (size, modification time, inode)', () => assert.equal(stamp(), before));
+});
+
+/**
+ * kill -9 (a CI timeout, the OOM killer) cannot be handled (issue 25): the temporary file stays, named after the
+ * killed process. The next write into that folder removes it and says so; it leaves alone the temporary file of a
+ * process still running, one named for another host, and every file that is not one of ours.
+ */
+describe('SIGKILL during a write, then another run', () => {
+  const dir = scratchdir('ssmax-sigkill-');
+  dirs.push(dir);
+  const input = path.join(dir, 'big.onnx');
+  writeSparseModel(input, 512 * 2 ** 20);
+
+  it('the next run into the folder removes the killed run\'s temporary file, says so in one note line, and nothing else', async () => {
+    const outDir = fs.mkdtempSync(path.join(dir, 'out-'));
+    const killed = await killMidWrite(input, outDir, 'SIGKILL');
+    assert.ok(killed.sawTemp, 'the write finished before a temporary file was seen');
+    assert.equal(killed.signal, 'SIGKILL');
+    const [stray] = fs.readdirSync(outDir);
+    const named = /^\.out\.onnx\.data\.ssmax-patch\.(\d+)@[A-Za-z0-9-]+\.[0-9a-f]{8}\.tmp$/.exec(stray ?? '');
+    assert.ok(named, `left behind: ${fs.readdirSync(outDir).join(', ')}`);
+    const host = stray.split('@')[1].split('.')[0];
+    // The test runner's own pid is a process still running: its file must stay, as must a killed process's of
+    // another host (a shared folder), an older name without the tool's mark, and files that are not temporary.
+    const keep = [`.out.onnx.ssmax-patch.${process.pid}@${host}.0badcafe.tmp`, `.out.onnx.ssmax-patch.${named[1]}@other-host.0badcafe.tmp`,
+      `.out.onnx.${named[1]}.0badcafe.tmp`, 'notes.txt', '.out.onnx.tmp'];
+    for (const f of keep) fs.writeFileSync(path.join(outDir, f), 'not to be removed');
+    const again = spawnSync(process.execPath, [BIN, input, '--train-len', '8', '-o', path.join(outDir, 'out.onnx'), '--json'], { encoding: 'utf8' });
+    assert.equal(again.status, 0, again.stderr);
+    const report = JSON.parse(again.stdout);
+    assert.deepEqual(report.removedTemporaryFiles.map((s: { file: string; pid: number }) => [path.basename(s.file), s.pid]), [[stray, Number(named[1])]]);
+    assert.deepEqual(fs.readdirSync(outDir).sort(), [...keep, 'out.onnx', 'out.onnx.data'].sort());
+    const text = spawnSync(process.execPath, [BIN, input, '--train-len', '8', '-o', path.join(outDir, 'out.onnx'), '--force'], { encoding: 'utf8' });
+    assert.equal(text.status, 0, text.stderr);
+    assert.doesNotMatch(text.stdout, /note: removed/, 'nothing left to remove the second time');
+    fs.writeFileSync(path.join(outDir, stray), Buffer.alloc(3 << 20));
+    const noted = spawnSync(process.execPath, [BIN, input, '--train-len', '8', '-o', path.join(outDir, 'out.onnx'), '--force'], { encoding: 'utf8' });
+    assert.equal(noted.status, 0, noted.stderr);
+    const notes = noted.stdout.split('\n').filter((l) => l.startsWith('note:'));
+    assert.deepEqual(notes, [`note: removed 1 temporary file (3 MB) left by an interrupted run (process ${named[1]}, no longer running): ${path.join(outDir, stray)}`]);
+  });
+
+  it('a temporary file named for this very process, but of no write in progress, is an earlier process\'s with the same pid', () => {
+    // Containers start their processes with the same few pids: a killed run's pid may be the next run's own.
+    const out = fs.mkdtempSync(path.join(dir, 'own-'));
+    const stray = tempPath(path.join(out, 'out.onnx'));
+    fs.writeFileSync(stray, 'left by a killed process that had this pid');
+    const model = parseModel(encodeModel(smallTransformer({ layers: 1, d: 16, heads: 2, ff: 16, vocab: 20, tmax: 8 })), 'm.onnx');
+    const report = writeModel(path.join(out, 'out.onnx'), model);
+    assert.deepEqual(report.removedTemporaryFiles.map((s) => [s.file, s.pid]), [[stray, process.pid]]);
+    assert.deepEqual(fs.readdirSync(out), ['out.onnx']);
+  });
 });

@@ -1,6 +1,7 @@
 /** Human-readable report lines: one line per site, per skipped Softmax, per check. */
 import { Explanation } from '../detect/find-attention';
 import { WriteReport } from '../io/model-file';
+import { runtimeLabel } from '../onnxruntime';
 import { RECORD_KEY } from '../rewrite/identity';
 import { PatchReport } from '../rewrite/patch';
 import { RevertReport } from '../rewrite/revert';
@@ -54,7 +55,7 @@ export function formatVerify(report: VerifyReport): string[] {
   const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
     .filter(Boolean).join(', ');
   const strict = report.strictMode ? `; strict: ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
-  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s`);
+  lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s on ${runtimeLabel(report.runtime)}`);
   return lines;
 }
 
@@ -73,8 +74,20 @@ export function formatRevert(report: RevertReport): string[] {
 export function formatWrite(written: WriteReport | null, dryRun = false): string[] {
   if (!written) return [dryRun ? 'nothing written (--dry-run)' : 'nothing written'];
   const lines = written.externalData.map((e) => `external data ${e.how}: ${e.file}`);
+  const strays = written.removedTemporaryFiles;
+  if (strays.length) lines.push(`note: ${straysNote(strays)}`);
   lines.push(`wrote ${written.output}`);
   return lines;
+}
+
+/** `removed 1 temporary file (81 MB) left by an interrupted run (process 1234, no longer running): <file>`. */
+function straysNote(strays: WriteReport['removedTemporaryFiles']): string {
+  const mb = strays.reduce((n, s) => n + s.bytes, 0) / 2 ** 20;
+  const pids = [...new Set(strays.map((s) => s.pid))];
+  const files = strays.length > 3 ? [...strays.slice(0, 3).map((s) => s.file), `${strays.length - 3} more`] : strays.map((s) => s.file);
+  const one = strays.length === 1;
+  return `removed ${strays.length} temporary file${one ? '' : 's'} (${mb < 1 ? '< 1' : mb.toFixed(0)} MB) left by ${pids.length === 1 ? 'an interrupted run' : 'interrupted runs'} `
+    + `(process${pids.length === 1 ? '' : 'es'} ${pids.join(', ')}, no longer running): ${files.join(', ')}`;
 }
 
 /** --explain NODE: the detection rules tried on a candidate node, each matched or stopped at a node with a reason. */

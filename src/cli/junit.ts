@@ -2,9 +2,10 @@
  * --junit FILE: the verification as JUnit XML, the format GitLab, Jenkins, Azure Pipelines and the GitHub test
  * reporters read. One test case per check, and per site for the checks that report sites (the semantic probe);
  * one per refused attention node. SKIPPED maps to <skipped>, FAILED to <failure>; under --strict every skip for lack of evidence
- * is a failure, as in the exit code.
+ * is a failure, as in the exit code. The suite's `runtime` property names the onnxruntime that ran.
  */
 import type { SkippedSoftmax } from '../detect/find-attention';
+import { runtimeLabel } from '../onnxruntime';
 import type { CheckResult, VerifyReport } from '../verify/verify';
 
 interface Case {
@@ -28,6 +29,7 @@ export function junitXml(suite: string, report: VerifyReport, refused: SkippedSo
     '<?xml version="1.0" encoding="UTF-8"?>',
     `<testsuites name="ssmax-patch" ${counts}>`,
     `  <testsuite name="${attr(suite)}" ${counts}>`,
+    `    <properties><property name="runtime" value="${attr(runtimeLabel(report.runtime))}"/></properties>`,
     ...cases.map(caseXml),
     '  </testsuite>',
     '</testsuites>',

@@ -4,7 +4,7 @@ import { Command } from 'commander';
 import { Detection, explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
-import { ExternalDataMode, readModel, writeModelAsync, WriteOptions } from '../io/model-file';
+import { ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
 import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
@@ -15,7 +15,7 @@ import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
 import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { layersValue, presetValue, priorFileValue, priorValue, sFileValue } from './values';
-import { PatchDocument } from './report';
+import { PatchDocument, RevertDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
 import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
@@ -65,7 +65,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
     .option('--force-site <name>', 'patch refused attention anyway, accepting its stated deviation: a node name, a glob (* and ?) or all (repeatable)', collect)
-    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
+    .option('--external-data <mode>', EXTERNAL_DATA_HELP)
     .option('--quiet', 'no progress line on stderr')
     .option('--explain <node>', 'print the detection rules tried on this node (name, label or glob with *) and exit; writes nothing'));
 }
@@ -84,7 +84,7 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   const verification = o.verify ? await verifyBeforeWriting(original, model, report, o, plan, doc) : undefined;
   const written = doc.exitCode === 0 && !o.dryRun ? await writeModelAsync(plan.output, model, plan.write) : null;
   doc.output = written?.output ?? null;
-  if (written) doc.externalData = written.externalData;
+  if (written) recordWrite(doc, written);
   const files = verification ? writeArtifacts(doc, {
     verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(plan.input)}`, suite: `ssmax-patch patch ${plan.input}`,
   }, o, [plan.input, plan.output]) : [];
@@ -200,6 +200,31 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
     message: `--external-data reference: the output refers to ${rel.join(', ')}, outside its folder; onnxruntime 1.30 refuses to load such a model (use --external-data link or copy)`,
   }];
 }
+
+/** What the write did, in the report; the warnings only the write can tell, printed too. */
+export function recordWrite(doc: PatchDocument | RevertDocument, written: WriteReport): void {
+  doc.externalData = written.externalData;
+  if (written.removedTemporaryFiles.length) doc.removedTemporaryFiles = written.removedTemporaryFiles;
+  const warnings = linkWarnings(written);
+  doc.warnings.push(...warnings);
+  printWarnings(warnings);
+}
+
+/** A hard-linked data file is the input's own: what a later write through the output does to the input. */
+function linkWarnings(written: WriteReport): Warning[] {
+  const linked = written.externalData.filter((e) => e.how === 'linked' || e.how === 'already there');
+  if (linked.length === 0) return [];
+  const names = linked.map((e) => path.relative(path.dirname(path.resolve(written.output)), e.file));
+  return [{
+    code: 'external-data-link',
+    message: `--external-data link: ${names.join(', ')} beside the output ${linked.length > 1 ? 'are hard links' : 'is a hard link'} to the input's data: `
+      + 'a later write through the output (a save that appends to it, as onnx.save_model with save_as_external_data to the same location does) '
+      + 'changes the input\'s data too; without the option the output gets data of its own',
+  }];
+}
+
+export const EXTERNAL_DATA_HELP = 'output in another folder than its input: copy (default: data files of its own, copy-on-write clones where the file '
+  + 'system has them) | link (hard links to the input\'s: a write through one changes the other) | reference (the input\'s, by relative path)';
 
 export function writeOptions(o: Pick<PatchCliOptions, 'externalData' | 'force' | 'quiet'>, input: string): WriteOptions {
   const modes = ['reference', 'copy', 'link'];

@@ -5,6 +5,7 @@
  */
 import type { SkippedSoftmax } from '../detect/find-attention';
 import type { Placement } from '../io/model-file';
+import type { Stray } from '../io/sink';
 import type { Warning } from '../policy/warnings';
 import type { PatchedSite, PatchReport } from '../rewrite/patch';
 import type { RevertedSite } from '../rewrite/revert';
@@ -42,6 +43,7 @@ export interface PatchDocument extends DocumentBase, Partial<Omit<PatchReport, '
   skipped: SkippedSoftmax[];
   verification?: VerifyReport;
   externalData?: { file: string; how: Placement }[];
+  removedTemporaryFiles?: Stray[];
 }
 
 export interface VerifyDocument extends DocumentBase, Partial<VerifyReport> {
@@ -59,6 +61,7 @@ export interface RevertDocument extends DocumentBase {
   sites: RevertedSite[];
   hadRecord?: boolean;
   externalData?: { file: string; how: Placement }[];
+  removedTemporaryFiles?: Stray[];
 }
 
 export type ReportDocument = PatchDocument | VerifyDocument | RevertDocument;

@@ -5,7 +5,7 @@ import { readModel, writeModelAsync } from '../io/model-file';
 import { revertModel } from '../rewrite/revert';
 import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
-import { writeOptions } from './patch-command';
+import { EXTERNAL_DATA_HELP, recordWrite, writeOptions } from './patch-command';
 import { RevertDocument } from './report';
 import { Run } from './run';
 
@@ -23,7 +23,7 @@ export function revertProgram(cmd: Command): Command {
     .option('-o, --output <file>', 'output model (default <name>.reverted.onnx beside the input)')
     .option('--force', 'overwrite an existing output file')
     .option('--json', 'print the JSON report on stdout (also on errors)')
-    .option('--external-data <mode>', 'output in another folder: link | copy | reference (default: link, else copy)')
+    .option('--external-data <mode>', EXTERNAL_DATA_HELP)
     .option('--quiet', 'no progress line on stderr');
 }
 
@@ -37,7 +37,8 @@ export async function revertCommand(args: string[], o: RevertCliOptions, run: Ru
   const { model, report } = revertModel(readModel(input));
   Object.assign(doc, report);
   const written = await writeModelAsync(output, model, write);
-  Object.assign(doc, { output: written.output, externalData: written.externalData });
+  doc.output = written.output;
+  recordWrite(doc, written);
   run.print(() => [...formatRevert(report), ...formatWrite(written)]);
   return 0;
 }

@@ -13,7 +13,7 @@ import type { ModelProto } from './onnx';
 import { originOf } from './origin';
 import { Progress } from './progress';
 import { decodeModelFrom } from './read';
-import { commit, commitAsync, Job, JobResult, PlaceJob } from './sink';
+import { commit, commitAsync, Committed, Job, PlaceJob, Stray } from './sink';
 import { FileSource, MemorySource, Source, SourceChangedError } from './source';
 import { WireError } from './wire';
 
@@ -76,8 +76,10 @@ export interface WriteOptions {
   /** Files that must never be overwritten, besides the model's own input files (always protected). */
   protect?: string[];
   /**
-   * How external data is placed when the output goes to another folder: `link` (hard links), `copy`, or
-   * `reference` (locations rewritten relative to the output). Default: link, or copy where linking fails.
+   * How external data is placed when the output goes to another folder: `copy` (the default: the output's own
+   * files, copy-on-write clones where the file system has them, so that no write through the output reaches the
+   * input's data), `link` (hard links: a later write to the output's data file, such as a save that appends to
+   * it, changes the input's data too), or `reference` (locations rewritten relative to the output).
    */
   externalData?: ExternalDataMode;
   progress?: Progress | null;
@@ -85,13 +87,15 @@ export interface WriteOptions {
   maxProtobufBytes?: number;
 }
 
-export type Placement = 'in place' | 'referenced' | 'linked' | 'copied' | 'written' | 'already there';
+export type Placement = 'in place' | 'referenced' | 'linked' | 'cloned' | 'copied' | 'written' | 'already there';
 
 export interface WriteReport {
   output: string;
   bytes: number;
   /** Each external data file of the output and how it got there; empty when the output has none. */
   externalData: { file: string; how: Placement }[];
+  /** Temporary files that killed runs of this tool left in the output's folders, removed before writing. */
+  removedTemporaryFiles: Stray[];
 }
 
 /** Writes to temporary files beside the targets and renames them into place, so no half-written output remains. */
@@ -127,7 +131,7 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): { jo
   const jobs: Job[] = [...placed.jobs];
   let out = emitModel(model, { relocate: placed.relocate });
   const limit = options.maxProtobufBytes ?? PROTOBUF_LIMIT;
-  const report: WriteReport = { output: file, bytes: 0, externalData: placed.report };
+  const report: WriteReport = { output: file, bytes: 0, externalData: placed.report, removedTemporaryFiles: [] };
   if (out.size > limit) {
     const location = `${path.basename(target)}.data`;
     const data = new Out();
@@ -145,12 +149,13 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): { jo
   return { jobs, report };
 }
 
-/** How each data file actually got there: a link can fall back to a copy. */
-function settleWrite(report: WriteReport, results: JobResult[]): WriteReport {
-  for (const r of results) {
+/** How each data file actually got there (a copy is a clone where the file system has them), and the strays removed. */
+function settleWrite(report: WriteReport, committed: Committed): WriteReport {
+  for (const r of committed.results) {
     const entry = report.externalData.find((e) => e.file === r.target);
     if (entry && r.how !== 'written') entry.how = r.how;
   }
+  report.removedTemporaryFiles = committed.strays;
   return report;
 }
 
@@ -183,12 +188,13 @@ interface Placed {
   report: { file: string; how: Placement }[];
 }
 
-/** Where the output's external data comes from: the same files in place, links, copies, or references. */
+/** Where the output's external data comes from: the same files in place, copies, links, or references. */
 function placeExternalData(model: ModelProto, outDir: string, mode: ExternalDataMode | undefined, inputs: string[], force?: boolean): Placed {
   const placed: Placed = { jobs: [], report: [], relocate: new Map() };
   for (const f of externalFiles(model)) {
     const dest = path.resolve(outDir, f.location);
-    if (dest === f.file) {
+    // The same folder, also through a symlink: the very file, which must not be replaced by a copy of itself.
+    if (dest === f.file || realPath(dest) === realPath(f.file)) {
       placed.report.push({ file: f.file, how: 'in place' });
     } else if (mode === 'reference') {
       placed.relocate.set(f.file, path.relative(outDir, f.file).split(path.sep).join('/'));
@@ -197,27 +203,33 @@ function placeExternalData(model: ModelProto, outDir: string, mode: ExternalData
       if (!isInside(outDir, dest)) {
         throw new InputError(`external data '${f.location}' lies outside its model's folder: it cannot be placed beside the output (use ${opt('externalData', 'reference')})`);
       }
-      if (sameFile(dest, f.file)) {
+      const kind = mode === 'link' ? 'link' : 'copy';
+      // A hard link to the input's data (an earlier --external-data link): kept as it is for link; a copy replaces
+      // it otherwise, which loses nothing, since the input's data stays under its own name.
+      const linked = sameFile(dest, f.file);
+      if (linked && kind === 'link') {
         placed.report.push({ file: dest, how: 'already there' });
         continue;
       }
-      guardTarget(dest, dest, inputs, force);
-      placed.jobs.push({ kind: mode ?? 'link-or-copy', target: dest, source: f.file });
-      placed.report.push({ file: dest, how: mode === 'copy' ? 'copied' : 'linked' });
+      if (!linked) guardTarget(dest, dest, inputs, force);
+      placed.jobs.push({ kind, target: dest, source: f.file });
+      placed.report.push({ file: dest, how: kind === 'link' ? 'linked' : 'copied' });
     }
   }
   return placed;
 }
 
 function samePath(a: string, b: string): boolean {
-  const real = (p: string): string => {
-    try {
-      return fs.realpathSync(p);
-    } catch {
-      return path.resolve(p);
-    }
-  };
-  return real(a) === real(b) || sameFile(a, b);
+  return realPath(a) === realPath(b) || sameFile(a, b);
+}
+
+/** The path with every symlink resolved; the path itself where it does not exist (yet). */
+function realPath(p: string): string {
+  try {
+    return fs.realpathSync(p);
+  } catch {
+    return path.resolve(p);
+  }
 }
 
 function sameFile(a: string, b: string): boolean {

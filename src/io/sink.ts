@@ -6,18 +6,28 @@
  * The copy loops are generators that pause after every chunk: `commit` runs them straight through,
  * `commitAsync` lets the event loop run between chunks, so a SIGINT or SIGTERM handler can remove the
  * temporary files (`removeTemporaryFiles`) while a large write is under way.
+ *
+ * A process killed outright (SIGKILL: a CI timeout, the OOM killer) cannot clean up. Its temporary files are named
+ * `.<target>.ssmax-patch.<pid>@<host>.<random>.tmp`, so a later write into the same folder knows them for strays
+ * when that process is gone, and removes them before it writes (`Committed.strays`). Files of a process still
+ * running (another write in progress), of another host (a shared folder), and every other name are left alone.
  */
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { memo } from '../memo';
 import { Out } from './emit';
 import { Progress } from './progress';
 import { FileSource, Source } from './source';
 
-/** Puts an existing file at `target`: a hard link, a copy, or a link where possible and a copy otherwise. */
+/**
+ * Puts an existing file at `target`: a hard link (one file under two names: a write through either changes both),
+ * or a copy of its own, which is a copy-on-write clone where the file system has them (Btrfs, XFS, APFS, ...): made
+ * at once and sharing blocks until either side writes, so no write through the copy reaches the source.
+ */
 export interface PlaceJob {
-  kind: 'link' | 'copy' | 'link-or-copy';
+  kind: 'link' | 'copy';
   target: string;
   source: string;
 }
@@ -26,7 +36,19 @@ export type Job = { kind: 'write'; target: string; out: Out } | PlaceJob;
 
 export interface JobResult {
   target: string;
-  how: 'written' | 'linked' | 'copied';
+  how: 'written' | 'linked' | 'cloned' | 'copied';
+}
+
+/** A temporary file an earlier, killed process left behind, removed before this write. */
+export interface Stray {
+  file: string;
+  pid: number;
+  bytes: number;
+}
+
+export interface Committed {
+  results: JobResult[];
+  strays: Stray[];
 }
 
 /** Small enough to stay in cache between the read and the write of each chunk (measured: 1 MB beats 8 MB). */
@@ -46,7 +68,7 @@ export function removeTemporaryFiles(): number {
   return removed;
 }
 
-export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
+export function commit(jobs: Job[], progress: Progress | null): Committed {
   const steps = transaction(jobs, progress);
   let step = steps.next();
   while (!step.done) step = steps.next();
@@ -54,7 +76,7 @@ export function commit(jobs: Job[], progress: Progress | null): JobResult[] {
 }
 
 /** As commit, letting the event loop run after every chunk (signal handlers, timers). */
-export async function commitAsync(jobs: Job[], progress: Progress | null): Promise<JobResult[]> {
+export async function commitAsync(jobs: Job[], progress: Progress | null): Promise<Committed> {
   const steps = transaction(jobs, progress);
   let step = steps.next();
   while (!step.done) {
@@ -64,7 +86,8 @@ export async function commitAsync(jobs: Job[], progress: Progress | null): Promi
   return step.value;
 }
 
-function* transaction(jobs: Job[], progress: Progress | null): Generator<void, JobResult[]> {
+function* transaction(jobs: Job[], progress: Progress | null): Generator<void, Committed> {
+  const strays = removeStrays([...new Set(jobs.map((j) => path.dirname(j.target)))]);
   const temps = jobs.map((j) => tempPath(j.target));
   for (const t of temps) live.add(t);
   const total = jobs.reduce((n, j) => n + (j.kind === 'write' ? j.out.size : j.kind === 'copy' ? fs.statSync(j.source).size : 0), 0);
@@ -79,7 +102,7 @@ function* transaction(jobs: Job[], progress: Progress | null): Generator<void, J
       live.delete(temps[i]);
       renamed.push(job.target);
     });
-    return results;
+    return { results, strays };
   } catch (e) {
     for (const f of [...temps, ...renamed]) fs.rmSync(f, { force: true });
     throw e;
@@ -89,8 +112,60 @@ function* transaction(jobs: Job[], progress: Progress | null): Generator<void, J
   }
 }
 
-function tempPath(target: string): string {
-  return path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+/** This machine's name as a temporary file name carries it: letters, digits and dashes. */
+const HOST = os.hostname().replace(/[^A-Za-z0-9-]/g, '-').slice(0, 32) || 'localhost';
+const TEMP_NAME = /^\.(.+)\.ssmax-patch\.([1-9]\d*)@([A-Za-z0-9-]+)\.[0-9a-f]{8}\.tmp$/;
+
+/** A fresh temporary name beside `target`, naming this process and host. */
+export function tempPath(target: string): string {
+  const name = `.${path.basename(target)}.ssmax-patch.${process.pid}@${HOST}.${randomBytes(4).toString('hex')}.tmp`;
+  return path.join(path.dirname(target), name);
+}
+
+/** Removes the temporary files in `dirs` whose process is gone; returns them. */
+function removeStrays(dirs: string[]): Stray[] {
+  const removed: Stray[] = [];
+  for (const dir of dirs) {
+    let names: string[];
+    try {
+      names = fs.readdirSync(dir);
+    } catch {
+      continue; // a folder still to be made
+    }
+    for (const name of names) {
+      const file = path.join(dir, name);
+      const pid = strayPid(name, file);
+      const st = pid === null ? null : fs.lstatSync(file, { throwIfNoEntry: false });
+      if (pid === null || !st?.isFile()) continue;
+      try {
+        fs.rmSync(file);
+        removed.push({ file, pid, bytes: st.size });
+      } catch {
+        // Removed meanwhile by another run, or not ours to remove (permissions): left as it is.
+      }
+    }
+  }
+  return removed;
+}
+
+/** The process that left `name`, when it is a temporary file of this tool on this host whose process is gone. */
+function strayPid(name: string, file: string): number | null {
+  const m = TEMP_NAME.exec(name);
+  if (!m || m[3] !== HOST) return null;
+  const pid = Number(m[2]);
+  // This process's own pid: one of its writes in progress, or a file of an earlier process that had the same pid.
+  if (pid === process.pid) return live.has(file) ? null : pid;
+  return running(pid) ? null : pid;
+}
+
+function running(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    // EPERM: it runs, as another user.
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
 }
 
 function* run(job: Job, temp: string, progress: Progress | null): Generator<void, JobResult> {
@@ -99,19 +174,31 @@ function* run(job: Job, temp: string, progress: Progress | null): Generator<void
     yield* writePieces(job.out, temp, progress);
     return { target: job.target, how: 'written' };
   }
-  if (job.kind !== 'copy') {
-    try {
-      fs.linkSync(job.source, temp);
-      return { target: job.target, how: 'linked' };
-    } catch (e) {
-      if (job.kind === 'link') throw e;
-    }
+  if (job.kind === 'link') {
+    fs.linkSync(job.source, temp);
+    return { target: job.target, how: 'linked' };
   }
+  if (clone(job.source, temp)) return { target: job.target, how: 'cloned' };
   const src = new FileSource(job.source);
   const out = new Out();
   out.span(src, 0, src.size);
   yield* writePieces(out, temp, progress);
   return { target: job.target, how: 'copied' };
+}
+
+/**
+ * A copy-on-write clone of `source` at `temp`; false where the file system has none (ENOTSUP, EXDEV across file
+ * systems, ...), and then nothing was created. Without the FORCE flag libuv would fall back to a copy of its own,
+ * which would neither keep holes, nor pause for signals, nor show progress.
+ */
+function clone(source: string, temp: string): boolean {
+  try {
+    fs.copyFileSync(source, temp, fs.constants.COPYFILE_EXCL | fs.constants.COPYFILE_FICLONE_FORCE);
+    return true;
+  } catch {
+    fs.rmSync(temp, { force: true });
+    return false;
+  }
 }
 
 function* writePieces(out: Out, file: string, progress: Progress | null): Generator<void> {

@@ -2,11 +2,13 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { InputError } from '../errors';
+import { tempPath } from './sink';
 
 export function writeTextFile(file: string, text: string, protect: string[] = []): void {
   const target = path.resolve(file);
   if (protect.some((p) => path.resolve(p) === target)) throw new InputError(`${file}: refusing to overwrite an input model`);
-  const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.tmp`);
+  // Named as the model writer names its own, so a later write into the folder removes it if this process is killed.
+  const tmp = tempPath(target);
   try {
     fs.writeFileSync(tmp, text, { flag: 'wx' });
     fs.renameSync(tmp, target);

@@ -12,6 +12,7 @@ export interface Warning {
     | 'n-keys-on-causal'
     | 's-far-from-train-len'
     | 'external-data-reference'
+    | 'external-data-link'
     | 'force-site-none';
   /** One line, for stderr and CI logs. */
   message: string;

@@ -1,4 +1,5 @@
 /** The verification report: what ran, each check's verdict with its numbers, and the sharpness curve. */
+import type { RuntimeReport } from '../onnxruntime';
 import { OutputStats, Tolerance } from './compare';
 import { CheckId } from './plan';
 import { ProbeSiteResult } from './probe';
@@ -93,4 +94,6 @@ export interface VerifyReport {
   sharpness?: SharpnessCurve;
   sessions: SessionReport[];
   totalMs: number;
+  /** The onnxruntime package the sessions ran on. */
+  runtime: RuntimeReport;
 }

@@ -1,8 +1,9 @@
-/** onnxruntime-node sessions: one per model variant, created once and reused across every run and check. */
-import * as os from 'node:os';
-import type * as ort from 'onnxruntime-node';
-import { onnxruntime } from '../onnxruntime';
+/** onnxruntime sessions: one per model variant, created once and reused across every run and check. */
+import type * as ort from 'onnxruntime-web';
+import { externalFiles } from '../io/external';
+import { readModel } from '../io/model-file';
 import { encodeModel, ModelProto } from '../io/onnx';
+import { cores, onnxruntime } from '../onnxruntime';
 import { Feeds, hostValues } from './tensors';
 
 export interface OutputTensor {
@@ -21,15 +22,23 @@ export class Runner {
   /** A session from the model's bytes, or from a model file (whose external data stays in files). */
   static async create(model: Uint8Array | string, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
     const start = performance.now();
-    const threads = typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
+    const runtime = onnxruntime();
     // No memory arena and no memory pattern: a long run's activations are returned after the run instead of staying
     // reserved for the session's lifetime (a 4096-token run of a 12-layer model reserves about 2 GB). No prepacked
     // copy of the weights: 12 % less memory at that run, and no slower on this CPU provider.
     const options: ort.InferenceSession.SessionOptions = {
-      logSeverityLevel: 4, intraOpNumThreads: Math.max(1, threads), graphOptimizationLevel: optimization, enableCpuMemArena: false,
-      enableMemPattern: false, extra: { session: { disable_prepacking: '1' } },
+      executionProviders: [runtime.provider], logSeverityLevel: 4, intraOpNumThreads: cores(), graphOptimizationLevel: optimization,
+      enableCpuMemArena: false, enableMemPattern: false, extra: { session: { disable_prepacking: '1' } },
     };
-    const session = typeof model === 'string' ? await onnxruntime().InferenceSession.create(model, options) : await onnxruntime().InferenceSession.create(model, options);
+    // The WebAssembly runtime has no file system: a model file's external data is handed over, file by file.
+    if (typeof model === 'string' && runtime.provider === 'wasm') options.externalData = externalDataOf(model);
+    let session: ort.InferenceSession;
+    try {
+      session = typeof model === 'string'
+        ? await runtime.ort.InferenceSession.create(model, options) : await runtime.ort.InferenceSession.create(model, options);
+    } catch (e) {
+      throw runtime.provider === 'wasm' ? wasmLoadError(e) : e;
+    }
     return new Runner(session, label, performance.now() - start);
   }
 
@@ -40,8 +49,9 @@ export class Runner {
   /** Runs the session; `fetches` limits which outputs are copied back (default: all). */
   async run(feeds: Feeds, fetches?: readonly string[]): Promise<Outputs> {
     const ortFeeds: Record<string, ort.Tensor> = {};
+    const { Tensor } = onnxruntime().ort;
     for (const [name, t] of Object.entries(feeds)) {
-      if (this.session.inputNames.includes(name)) ortFeeds[name] = new (onnxruntime().Tensor)(t.type, t.data as never, t.dims);
+      if (this.session.inputNames.includes(name)) ortFeeds[name] = new Tensor(t.type, t.data as never, t.dims);
     }
     const start = performance.now();
     try {
@@ -59,4 +69,19 @@ export class Runner {
   async release(): Promise<void> {
     await this.session.release();
   }
+}
+
+/**
+ * onnxruntime-web refuses some models onnxruntime-node loads (its shape inference rejects declared shapes the native
+ * build lets pass, in some Whisper and ONNX Attention exports): the first line says which runtime refused.
+ */
+function wasmLoadError(e: unknown): Error {
+  const [first, ...rest] = String((e as Error)?.message ?? e).split('\n');
+  const { version } = onnxruntime();
+  return new Error([`${first} (onnxruntime-web ${version}, WebAssembly; onnxruntime-node may load it)`, ...rest].join('\n'));
+}
+
+/** The data files a model file refers to, each under the location the model names it by. */
+function externalDataOf(file: string): { path: string; data: string }[] {
+  return externalFiles(readModel(file)).map((f) => ({ path: f.location, data: f.file }));
 }

@@ -11,6 +11,7 @@
  */
 import { opt, render } from '../errors';
 import { ModelProto } from '../io/onnx';
+import { runtimeReport } from '../onnxruntime';
 import { CheckId, CHECK_IDS } from './plan';
 import { CheckResult, InputReport, RunReport, VerifyReport } from './report';
 import { SessionFactory } from './sessions';
@@ -99,6 +100,7 @@ async function runVerification(original: ModelProto, patched: ModelProto, option
     passed: false, strictMode: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refusedAttention: setup.refused,
     trainLen: setup.L, trainLenSource: setup.trainLenSource, tolerance: setup.tolerance, inputs: inputReports(setup), sweep: setup.plan.sweep,
     notes: setup.plan.notes, runs, checks, sharpness: sharpness.curve, sessions: factory.reports, totalMs: Math.round(performance.now() - started),
+    runtime: runtimeReport(),
   };
   report.passed = checks.every((c) => c.status !== 'FAILED') && (!setup.strict || report.unverified.length === 0);
   return rendered(report, audience);
