@@ -17,15 +17,35 @@ export async function outputsOf(m: ModelProto, c: RefCase): Promise<Outputs> {
   }
 }
 
+/** Runs of one model share its onnxruntime session, which costs more than the runs of a small model. */
+export class Sessions {
+  private readonly runners = new Map<ModelProto, Promise<Runner>>();
+
+  async outputs(m: ModelProto, c: RefCase): Promise<Outputs> {
+    let runner = this.runners.get(m);
+    if (!runner) {
+      runner = Runner.fromModel(m, 'test');
+      this.runners.set(m, runner);
+    }
+    return (await runner).run(feedsOf(c));
+  }
+
+  async release(): Promise<void> {
+    for (const runner of this.runners.values()) await (await runner).release();
+    this.runners.clear();
+  }
+}
+
 /** Largest |got − want| over the case's expected outputs (equal infinities count as equal). */
 export function refError(got: Outputs, c: RefCase): number {
   let worst = 0;
   for (const [name, t] of Object.entries(c.outputs)) {
     const want = decode(t);
     const a = got[name].data;
-    const b = want.type === 'float16' ? Float32Array.from(want.data as Uint16Array, decodeHalf) : (want.data as Float32Array);
+    // Integer outputs (lengths) count their differences too: Number() also reads int64 values.
+    const b = want.type === 'float16' ? Float32Array.from(want.data as Uint16Array, decodeHalf) : (want.data as ArrayLike<number | bigint>);
     assert.equal(a.length, b.length, `${name}: ${a.length} values, expected ${b.length}`);
-    for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) worst = Math.max(worst, Math.abs(a[i] - b[i]));
+    for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) worst = Math.max(worst, Math.abs(Number(a[i]) - Number(b[i])));
   }
   return worst;
 }

@@ -1,0 +1,117 @@
+/**
+ * Attention architectures built from torchvision and torchaudio themselves (fixtures/torchlib/make_torchlib.py,
+ * issue 23): ViT, Swin, Swin V2, MaxViT, wav2vec2 and HuBERT with and without lengths, Conformer, Emformer (also
+ * streaming), nn.Transformer, each exported at opset 14 and 17. Every file is patched with the default options
+ * (one s, n auto) and with per-head s, and its outputs on onnxruntime are compared with PyTorch's SSMax outputs,
+ * where n is the keys each row really attends to (Swin: the keys of its window the shift mask leaves visible).
+ *
+ * The cases marked todo fail before the fixes of issue 23 (fixtures/torchlib/README.md, "State before the fixes"):
+ * the fixes remove the marks.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, describe, it } from 'node:test';
+import { ModelProto, parseScaleJson, patchModel, PatchResult, readModel } from '../src/index';
+import { FIXTURE_CRASHES, FIXTURES, loadRef, RefCase, RefFile } from './support/ref';
+import { refError, Sessions } from './support/refrun';
+
+const DIR = path.join(FIXTURES, 'torchlib');
+const TOLERANCE = 1e-4;
+
+/** The reference files of make_torchlib.py: one head count per site, and what n is at each site. */
+interface TorchlibRef extends Omit<RefFile, 'num_heads'> {
+  num_heads: number[];
+  sites: { heads: number; n: string }[];
+}
+
+type Kind = 'sites' | 'scalar' | 'per-head' | 'per-site';
+
+const WINDOW = 'Swin\'s shift mask (-100 in a 5-D view of the logits) is taken for a position bias: rows that see 4 or 8 of '
+  + 'their window\'s 16 keys get n = 16';
+const ROW_MAX = 'the row-max subtraction before the Softmax is taken for a padding mask: n = 1, factor 0 at every row';
+const CYCLE = FIXTURE_CRASHES['torchlib/wav2vec2_lengths_op14.onnx'];
+const VIT_HEADS = 'layer 0: head count unknown (the class token\'s Expand hides batch and width from the symbolic shapes)';
+const MAXVIT_HEADS = 'head count of 5-D [B, G, H, P, P] logits unknown ("rank of the logits unknown")';
+
+/** What fails before the fixes, by model (both opsets alike). */
+const TODO: Record<string, Partial<Record<Kind, string>>> = {
+  vit: { 'sites': VIT_HEADS, 'per-head': VIT_HEADS, 'per-site': VIT_HEADS },
+  swin: { 'scalar': WINDOW, 'per-head': WINDOW },
+  swin_v2: { 'scalar': WINDOW, 'per-head': WINDOW },
+  maxvit: { 'sites': MAXVIT_HEADS, 'per-head': MAXVIT_HEADS },
+  wav2vec2: { 'scalar': ROW_MAX, 'per-head': ROW_MAX, 'per-site': ROW_MAX },
+  hubert: { 'scalar': ROW_MAX, 'per-head': ROW_MAX, 'per-site': ROW_MAX },
+  wav2vec2_lengths: { 'sites': CYCLE, 'scalar': CYCLE, 'per-head': CYCLE, 'per-site': CYCLE },
+  hubert_lengths: { 'sites': CYCLE, 'scalar': CYCLE, 'per-head': CYCLE, 'per-site': CYCLE },
+};
+
+const uniformHeads = (ref: TorchlibRef): boolean => new Set(ref.num_heads).size === 1;
+
+/** Per-head s is one list when every site has the same heads, else one row per site (then it is the per-head case). */
+function kindOf(ref: TorchlibRef, c: RefCase): Exclude<Kind, 'sites'> {
+  const s = c.patch!.s;
+  if (typeof s === 'number') return 'scalar';
+  return Array.isArray(s[0]) && uniformHeads(ref) ? 'per-site' : 'per-head';
+}
+
+function patchFor(model: ModelProto, s: number | number[] | number[][], where: string): PatchResult {
+  return typeof s === 'number' ? patchModel(model, { s }) : patchModel(model, { scale: parseScaleJson({ s }, where) });
+}
+
+/** One patch per s, shared by the cases with that s. */
+function patches(model: ModelProto, where: string): (s: number | number[] | number[][]) => PatchResult {
+  const done = new Map<string, PatchResult>();
+  return (s) => {
+    const key = JSON.stringify(s);
+    if (!done.has(key)) done.set(key, patchFor(model, s, where));
+    return done.get(key)!;
+  };
+}
+
+const files = fs.readdirSync(DIR).filter((f) => f.endsWith('.ref.json')).map((f) => f.replace(/\.ref\.json$/, '')).sort();
+
+describe('torchvision / torchaudio fixtures', () => {
+  it('every architecture at opset 14 and 17', () => {
+    const models = ['vit', 'swin', 'swin_v2', 'maxvit', 'wav2vec2', 'wav2vec2_lengths', 'hubert', 'hubert_lengths', 'conformer',
+      'emformer', 'emformer_stream', 'transformer'];
+    assert.deepEqual(files, models.flatMap((m) => [`${m}_op14`, `${m}_op17`]).sort());
+  });
+});
+
+for (const name of files) {
+  const ref = loadRef(name, DIR) as unknown as TorchlibRef;
+  const model = name.replace(/_op\d+$/, '');
+  const todo = TODO[model] ?? {};
+  describe(`torchlib fixture ${name}`, () => {
+    const original = readModel(path.join(DIR, ref.model));
+    const patched = patches(original, name);
+    const sessions = new Sessions();
+    after(() => sessions.release());
+    const perHead = ref.cases.find((c) => c.patch && kindOf(ref, c) === 'per-head')!.patch!.s;
+
+    it('every attention site is patched, with its head count', { todo: todo.sites }, () => {
+      const { report } = patched(perHead);
+      assert.equal(report.sites.length, ref.sites.length);
+      assert.deepEqual(report.sites.map((s) => s.heads), ref.num_heads, report.sites.map((s) => s.headsReason).join('\n'));
+    });
+
+    for (const c of ref.cases) {
+      if (!c.patch) {
+        it(`${c.name}: the export runs as PyTorch does`, async () => {
+          const e = refError(await sessions.outputs(original, c), c);
+          assert.ok(e <= TOLERANCE, `the original is ${e} from PyTorch: the fixture is wrong`);
+        });
+        continue;
+      }
+      const s = c.patch.s;
+      const kind = kindOf(ref, c);
+      it(`${c.name}: SSMax matches PyTorch within ${TOLERANCE}`, { todo: todo[kind] }, async () => {
+        const { model: m, report } = patched(s);
+        assert.equal(report.sites.length, ref.sites.length, 'not every attention site is patched');
+        const e = refError(await sessions.outputs(m, c), c);
+        assert.ok(e <= TOLERANCE, `max abs error ${e} (n per site: ${report.sites.map((x) => `${x.n} (${x.nReason})`).join('; ')})`);
+      });
+    }
+  });
+}
