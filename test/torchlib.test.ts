@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { ModelProto, parseScaleJson, patchModel, PatchResult, readModel } from '../src/index';
+import { ModelProto, patchModel, PatchResult, readModel } from '../src/index';
 import { FIXTURE_CRASHES, FIXTURES, loadRef, RefCase, RefFile } from './support/ref';
 import { refError, Sessions } from './support/refrun';
 
@@ -55,16 +55,12 @@ function kindOf(ref: TorchlibRef, c: RefCase): Exclude<Kind, 'sites'> {
   return Array.isArray(s[0]) && uniformHeads(ref) ? 'per-site' : 'per-head';
 }
 
-function patchFor(model: ModelProto, s: number | number[] | number[][], where: string): PatchResult {
-  return typeof s === 'number' ? patchModel(model, { s }) : patchModel(model, { scale: parseScaleJson({ s }, where) });
-}
-
 /** One patch per s, shared by the cases with that s. */
-function patches(model: ModelProto, where: string): (s: number | number[] | number[][]) => PatchResult {
+function patches(model: ModelProto): (s: number | number[] | number[][]) => PatchResult {
   const done = new Map<string, PatchResult>();
   return (s) => {
     const key = JSON.stringify(s);
-    if (!done.has(key)) done.set(key, patchFor(model, s, where));
+    if (!done.has(key)) done.set(key, patchModel(model, { s }));
     return done.get(key)!;
   };
 }
@@ -85,7 +81,7 @@ for (const name of files) {
   const todo = TODO[model] ?? {};
   describe(`torchlib fixture ${name}`, () => {
     const original = readModel(path.join(DIR, ref.model));
-    const patched = patches(original, name);
+    const patched = patches(original);
     const sessions = new Sessions();
     after(() => sessions.release());
     const perHead = ref.cases.find((c) => c.patch && kindOf(ref, c) === 'per-head')!.patch!.s;
