@@ -82,9 +82,10 @@ describe('run-time imports', () => {
   });
 
   // Each graph module loaded first, in a fresh process: every op's shape rule is there.
-  for (const file of jsFiles(path.join(SRC, 'graph')).map((f) => path.basename(f, '.js'))) {
+  const GRAPH = path.join(SRC, 'graph');
+  for (const file of jsFiles(GRAPH).map((f) => path.relative(GRAPH, f).replace(/\.js$/, ''))) {
     it(`graph/${file} loaded first: no shape rule of the op table is undefined`, () => {
-      const script = `require(${JSON.stringify(path.join(SRC, 'graph', file))});
+      const script = `require(${JSON.stringify(path.join(GRAPH, file))});
         const { OPS } = require(${JSON.stringify(path.join(SRC, 'graph', 'ops'))});
         const missing = Object.entries(OPS).filter(([, info]) => 'shape' in info && typeof info.shape !== 'function').map(([op]) => op);
         process.stdout.write(JSON.stringify(missing));`;
