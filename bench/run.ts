@@ -6,10 +6,13 @@
  *             regular expression selects cases by label
  *   verify    verification of a 100 M-parameter decoder vs one load-and-run of it (verify.ts)
  *   scaling   patch time and peak memory of generated decoders from 8 to 256 layers (scaling.ts)
- * Without a section, all of them run.
+ *   quality   accuracy and attention sharpness of trained retrieval models, original vs patched, at 1×–16× the
+ *             training length (quality.ts; not part of the default run: `--count N` examples per length)
+ * Without a section, all of them run but quality.
  */
 import { ioBench } from './io';
 import { latencyTable } from './latency';
+import { qualityBench } from './quality';
 import { scalingBench } from './scaling';
 import { verifyBench } from './verify';
 
@@ -32,7 +35,13 @@ async function main(): Promise<void> {
     process.stdout.write('\n## Patch time and memory by model size\n\n');
     scalingBench(rest);
   }
-  if (!all && !['io', 'latency', 'verify', 'scaling'].includes(section)) throw new Error(`unknown section '${section}' (io, latency, verify, scaling)`);
+  if (section === 'quality') {
+    process.stdout.write('## Retrieval beyond the training length, original vs patched\n\n');
+    await qualityBench(rest);
+  }
+  if (!all && !['io', 'latency', 'verify', 'scaling', 'quality'].includes(section)) {
+    throw new Error(`unknown section '${section}' (io, latency, verify, scaling, quality)`);
+  }
 }
 
 main().catch((e) => {
