@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- quality [--count N]`: does the retrofit help a trained model beyond its training length?
+ * `npm run bench -- quality [--count N]` (N sequences per length and model, default 128): does the retrofit help a trained model beyond its training length?
  *
  * The models are the tiny retrieval transformers of fixtures/quality (train.py: 2 layers, 4 heads, trained at
  * L = 64, RoPE and NoPE, 3 seeds each). Every variant is made by the CLI from the committed original, then run on
@@ -185,7 +185,7 @@ export async function qualityBench(argv: string[] = []): Promise<void> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-quality-'));
   const start = performance.now();
   try {
-    process.stdout.write(`models: ${FIXTURES} (trained at L = ${TASK.trainLen}); ${count} examples per length per model; ${os.cpus().length} cores\n`);
+    process.stdout.write(`models: ${FIXTURES} (trained at L = ${TASK.trainLen}); per length and model ${count} sequences of ${TASK.queries} queries; ${os.cpus().length} cores\n`);
     for (const family of FAMILIES) {
       const cells: Cell[][] = [];
       for (const [i, variant] of VARIANTS.entries()) {
