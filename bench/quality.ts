@@ -22,7 +22,7 @@ import { ModelProto } from '../src/io/onnx';
 import { Exposer } from '../src/verify/expose';
 import { lastRows } from '../src/verify/nodes';
 import { OutputTensor, Runner } from '../src/verify/run';
-import { makeHost } from '../src/verify/tensors';
+import { HostTensor } from '../src/verify/tensors';
 import { BIN } from './io';
 import { EVAL_LENGTHS, evalSet, Layout, TASK } from './quality-data';
 
@@ -33,6 +33,8 @@ interface Variant {
 }
 
 const L = String(TASK.trainLen);
+/** Attention layers of every model (train.py). */
+const LAYERS = 2;
 
 export const VARIANTS: Variant[] = [
   { name: 'original softmax', args: null },
@@ -78,6 +80,8 @@ function variantFile(model: string, variant: Variant, index: number, dir: string
 /** A copy of the model with the query rows of every attention Softmax's output as graph outputs, in layer order. */
 function withAttentionRows(model: ModelProto): { model: ModelProto; rows: string[] } {
   const sites = findAttentionSoftmax(model).sites;
+  // A variant whose attention is no longer found would be averaged over fewer layers without a word.
+  if (sites.length !== LAYERS) throw new Error(`${sites.length} attention layers found, not ${LAYERS}`);
   const x = new Exposer(model);
   const main = x.scope('main')!;
   const rows = sites.map((site) => {
@@ -134,8 +138,7 @@ async function evaluate(file: string, layout: Layout, count: number): Promise<Ma
       const batch = Math.max(1, Math.floor(BATCH_TOKENS / n));
       for (let from = 0; from < count; from += batch) {
         const b = Math.min(batch, count - from);
-        const ids = makeHost('int64', [b, n], []);
-        ids.data = set.tokens.subarray(from * n, (from + b) * n);
+        const ids: HostTensor = { type: 'int64', dims: [b, n], data: set.tokens.subarray(from * n, (from + b) * n) };
         const result = await runner.run({ input_ids: ids }, ['logits', ...rows]);
         addAnswers(stats, result.logits, set.answers, from);
         for (const r of rows) addRows(stats, result[r]);
@@ -176,7 +179,7 @@ function countArg(argv: string[]): number {
   const i = argv.indexOf('--count');
   if (i < 0) return COUNT;
   const n = Number(argv[i + 1]);
-  if (!Number.isInteger(n) || n < 1) throw new Error(`--count takes a positive integer, not '${argv[i + 1]}'`);
+  if (!Number.isInteger(n) || n < 2) throw new Error(`--count takes an integer of at least 2 (the standard error needs two sequences), not '${argv[i + 1]}'`);
   return n;
 }
 
