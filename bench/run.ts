@@ -7,10 +7,13 @@
  *   verify    verification of a 100 M-parameter decoder vs one load-and-run of it (verify.ts)
  *   scaling   patch time and peak memory of generated decoders from 8 to 256 layers (scaling.ts)
  *   runtimes  verification verdicts and times on onnxruntime-node vs onnxruntime-web, fixtures and corpus (runtimes.ts)
- * Without a section, all of them run.
+ *   quality   accuracy and attention sharpness of trained retrieval models, original vs patched, at 1×–16× the
+ *             training length (quality.ts; `--count N` examples per length)
+ * Without a section, all of them run but runtimes and quality.
  */
 import { ioBench } from './io';
 import { latencyTable } from './latency';
+import { qualityBench } from './quality';
 import { runtimesBench } from './runtimes';
 import { scalingBench } from './scaling';
 import { verifyBench } from './verify';
@@ -39,8 +42,13 @@ async function main(): Promise<void> {
     process.stdout.write('## Verification on onnxruntime-node and onnxruntime-web\n\n');
     await runtimesBench(rest);
   }
-  if (!all && !['io', 'latency', 'verify', 'scaling', 'runtimes'].includes(section)) {
-    throw new Error(`unknown section '${section}' (io, latency, verify, scaling, runtimes)`);
+  // Not part of a run of all sections either: some 15 minutes of n = 1024 runs.
+  if (section === 'quality') {
+    process.stdout.write('## Retrieval beyond the training length, original vs patched\n\n');
+    await qualityBench(rest);
+  }
+  if (!all && !['io', 'latency', 'verify', 'scaling', 'runtimes', 'quality'].includes(section)) {
+    throw new Error(`unknown section '${section}' (io, latency, verify, scaling, runtimes, quality)`);
   }
 }
 
