@@ -15,6 +15,7 @@ import { DataType, ModelProto, NodeProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
 import { f32, i64, model, node, randoms, value } from './support/build';
 import { assertOneLineError, cli, removeScratch, snapshot, tmpdir } from './support/io';
+import { docPages } from './support/readme';
 import { TORCH } from './support/ref';
 
 after(removeScratch);
@@ -22,11 +23,11 @@ after(removeScratch);
 const ROOT = path.resolve(__dirname, '../..');
 const B = 1, H = 2, T = 4, D = 8;
 
-/** The rows of the README table whose header starts with `header`: its first, second-to-last and last cells. */
+/** The rows of the docs' table whose header starts with `header`: its first, second-to-last and last cells. */
 function readmeTable(header: string): { first: string; rule: string; last: string }[] {
-  const lines = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8').split('\n');
+  const lines = [...docPages().values()].join('\n').split('\n');
   const start = lines.findIndex((l) => l.startsWith(header));
-  assert.ok(start >= 0, `README has no table headed '${header}'`);
+  assert.ok(start >= 0, `the docs have no table headed '${header}'`);
   const rows = [];
   for (const line of lines.slice(start + 2)) {
     if (!line.startsWith('|')) break;

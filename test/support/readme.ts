@@ -1,4 +1,7 @@
-/** The README's command blocks, run as written: sections by heading, fenced blocks, expected output lines. */
+/**
+ * The documentation's command blocks, run as written: sections by heading (in the README or a docs/ page), fenced
+ * blocks, expected output lines.
+ */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -6,11 +9,19 @@ import * as path from 'node:path';
 import { BIN } from './io';
 
 export const REPO = path.resolve(__dirname, '../../..');
-const README = (): string => fs.readFileSync(path.join(REPO, 'README.md'), 'utf8');
 
-/** The text under a heading (any level), up to the next heading of the same or a higher level (not in code). */
+/** The README and the docs/ pages it links to, by path from the repository root. */
+export function docPages(): Map<string, string> {
+  const pages = ['README.md', ...fs.readdirSync(path.join(REPO, 'docs')).filter((f) => f.endsWith('.md')).sort().map((f) => `docs/${f}`)];
+  return new Map(pages.map((p) => [p, fs.readFileSync(path.join(REPO, p), 'utf8')]));
+}
+
+/**
+ * The text under a heading (any level) of any page, up to the next heading of the same or a higher level (not in
+ * code).
+ */
 export function section(heading: string): string {
-  const lines = README().split('\n');
+  const lines = [...docPages().values()].join('\n').split('\n');
   let fenced = false;
   let level = 0;
   const out: string[] = [];
@@ -21,7 +32,7 @@ export function section(heading: string): string {
     if (level) out.push(line);
     else if (h && h[2] === heading) level = h[1].length;
   }
-  assert.ok(level, `README has no heading '${heading}'`);
+  assert.ok(level, `neither the README nor docs/ has a heading '${heading}'`);
   return out.join('\n');
 }
 
