@@ -4,7 +4,7 @@ import { Command } from 'commander';
 import { Detection, explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
-import { ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
+import { checkTarget, ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
 import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
@@ -119,11 +119,16 @@ interface PatchPlan {
   write: WriteOptions;
 }
 
+/** `-o FILE`, else `<name>.ssmax.onnx` beside the input. */
+export function defaultOutput(input: string, output: string | undefined): string {
+  return output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
+}
+
 /** Arguments and option values, all checked before any model is read. */
 function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
   rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
   const input = args[0];
-  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
+  const output = defaultOutput(input, o.output);
   Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
   const n = parseNOption(o.n);
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
@@ -132,6 +137,8 @@ function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): Patc
   const needVerify = [o.report && '--report', o.plot && '--plot', o.junit && '--junit', o.strict && '--strict'].filter((x): x is string => Boolean(x));
   if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`);
   const write = writeOptions(o, input);
+  // The write refuses these too, but only after patching and verifying: a verification can take minutes.
+  if (!o.dryRun) checkTarget(output, write);
   if (o.verify) prepareVerification(o, [input, output]);
   return { input, output, n, trainLen, values, verifyOptions, write };
 }
