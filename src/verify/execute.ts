@@ -5,7 +5,6 @@
  * before the next is made, so one model's weights and one run's activations are resident at a time.
  */
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
@@ -17,6 +16,7 @@ import { Outputs, OutputTensor, Runner } from './run';
 import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { Setup } from './setup';
 import { CheckUnit, Outcome } from './checks/unit';
+import { makeScratch, removeScratch } from './scratch';
 
 export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
   const runs = setup.plan.runs;
@@ -137,7 +137,7 @@ class OriginalOutputs {
     const big = new Map<string, { dims: number[]; file: string; wide: boolean }>();
     for (const [name, t] of Object.entries(outputs)) {
       if (t.data.byteLength <= SPILL_BYTES) { small[name] = t; continue; }
-      this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-outputs-'));
+      this.dir ??= makeScratch('ssmax-verify-outputs-');
       const file = path.join(this.dir, `${this.spilled.size}-${big.size}.bin`);
       fs.writeFileSync(file, new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
       big.set(name, { dims: t.dims, file, wide: t.data instanceof Float64Array });
@@ -162,7 +162,7 @@ class OriginalOutputs {
   clear(): void {
     this.held.clear();
     this.spilled.clear();
-    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    if (this.dir) removeScratch(this.dir);
     this.dir = null;
   }
 }

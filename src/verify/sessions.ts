@@ -10,7 +10,6 @@
  * or copied across file systems) and loaded from there: no protobuf of the whole model is built in memory.
  */
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 import { InputError } from '../errors';
 import { encodeModel, ModelProto } from '../io/onnx';
@@ -23,6 +22,7 @@ import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Runner } from './run';
 import { carryBf16AsFloat, withUnitFactor } from './runtime-model';
 import { PREFIX } from './nodes';
+import { makeScratch, removeScratch } from './scratch';
 import { VerifySite } from './sites';
 
 export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
@@ -77,7 +77,7 @@ export class SessionFactory {
 
   /** Removes the temporary folder of model files, if any. */
   cleanup(): void {
-    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    if (this.dir) removeScratch(this.dir);
     this.dir = null;
   }
 
@@ -100,7 +100,7 @@ export class SessionFactory {
   }
 
   private write(key: SessionKey, model: ModelProto): string {
-    this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-'));
+    this.dir ??= makeScratch('ssmax-verify-');
     const folder = path.join(this.dir, key);
     fs.mkdirSync(folder);
     const file = path.join(folder, 'model.onnx');
