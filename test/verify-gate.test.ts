@@ -42,12 +42,12 @@ describe('--strict', () => {
     const w = workdir();
     const ok = cli(['verify', w.original, w.patched, '--strict', '--lengths', '4,16,64']);
     assert.equal(ok.code, 0, ok.stdout + ok.stderr);
-    assert.match(ok.stdout, /verify: PASSED \(5 passed; strict: nothing left unverified\)/);
+    assert.match(ok.stdout, /verify: PASSED \(5 passed; nothing left unverified\)/);
     // A pinned sequence length leaves no sweep: liveness and sharpness could not look.
     const pinned = cli(['verify', w.original, w.patched, '--strict', '--dim', 'sequence=16']);
     assert.equal(pinned.code, 1, pinned.stdout + pinned.stderr);
     assert.match(pinned.stdout, /SKIPPED liveness: no run longer than L = 16/);
-    assert.match(pinned.stdout, /verify: FAILED \(3 passed, 2 skipped; strict: 2 left unverified\)/);
+    assert.match(pinned.stdout, /verify: FAILED \(3 passed, 2 skipped; 2 left unverified\)/);
     const lenient = cli(['verify', w.original, w.patched, '--dim', 'sequence=16']);
     assert.equal(lenient.code, 0, 'without --strict a skip is listed, not failed');
   });

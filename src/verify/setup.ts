@@ -68,6 +68,9 @@ export interface Setup {
 
 export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
   const record = readRecord(patched);
+  if (!record && readRecord(original)) {
+    throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'), but the original has one: the two models are likely swapped (give the original first, then the model ssmax-patch wrote)`);
+  }
   if (!record) throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}' with its sites and journal): give a model written by ssmax-patch`);
   checkPair(original, patched, record);
   const graph = new Graph(original.graph!);

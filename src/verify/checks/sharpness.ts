@@ -51,6 +51,10 @@ export class SharpnessCheck implements CheckUnit {
     if (![...(patched?.outputs.keys() ?? [])].some((i) => original?.outputs.has(i))) {
       return skippedCheck('sharpness', this.criterion, unseen.length ? `no site shows its attention probabilities (${unseen[0]})` : 'no run reached the sweep');
     }
+    const broken = this.points.find((x) => !Number.isFinite(x.patched) && Number.isFinite(x.original));
+    if (broken) {
+      return check('sharpness', 'FAILED', `the patched model's attention probabilities are not finite at ${broken.length} (NaN or Inf where the original's are finite): the factor overflows or divides by zero`, this.criterion);
+    }
     if (this.points.length < 2) return skippedCheck('sharpness', this.criterion, `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${this.points.length}`})`);
     const curve = sharpnessCurve(setup.L, this.points);
     // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
