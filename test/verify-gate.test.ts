@@ -179,3 +179,36 @@ describe('a load failure of the original', () => {
     assert.match(ours.message, /^onnxruntime cannot load the original model with the sharpness check's nodes added \(an ssmax-patch bug; --checks without sharpness avoids it\): Type Error/);
   });
 });
+
+/**
+ * onnxruntime's extended fusions can change an original's own outputs (SkipLayerNormalization's one-pass
+ * variance, findings of the corpus net): a parity check that fails runs the original at 'basic' and 'all', and
+ * where they differ, the verification is made again at 'basic' with a note.
+ */
+describe('an original whose outputs depend on onnxruntime\'s optimisation level', () => {
+  it('is told apart from one whose outputs do not', async () => {
+    const { skipLayerNormModel, castAttentionModel } = await import('./support/signatures');
+    const { prepare } = await import('../src/verify/setup');
+    const { SessionFactory } = await import('../src/verify/sessions');
+    const { optimisationChanges } = await import('../src/verify/optimisation');
+    const changes = async (m: ModelProto): Promise<string | null> => {
+      const setup = prepare(m, patchModel(m, { trainLen: 16 }).model, {});
+      const factory = new SessionFactory(m, m, setup.sites, false);
+      try {
+        return await optimisationChanges(setup, factory, setup.plan.runs.find((r) => r.seq === 16)!.id);
+      } finally {
+        factory.cleanup();
+      }
+    };
+    assert.match(await changes(skipLayerNormModel()) ?? 'null', /^onnxruntime's graph optimisations change the original's own outputs \(at 'all' against 'basic': batch=1 seq=16 y: max abs [\d.]+e-[34]/);
+    assert.equal(await changes(castAttentionModel(1)), null);
+  });
+
+  const gpt2 = path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx');
+  it('the corpus GPT-2 fusion test: a correct patch passes --strict, compared at basic, with the note', { skip: fs.existsSync(gpt2) ? false : 'corpus not present' }, async () => {
+    const original = readModel(gpt2);
+    const report = await verifyPatch(original, patchModel(original, { trainLen: 64 }).model, { strict: true, checks: ['wiring', 'probe', 'retrofit', 'liveness'] });
+    assert.deepEqual(report.checks.map((c) => `${c.id} ${c.status}`), ['wiring PASSED', 'probe PASSED', 'retrofit PASSED', 'liveness PASSED', 'sharpness SKIPPED']);
+    assert.ok(report.notes.some((n) => /optimisations change the original's own outputs .*compared at the 'basic' optimisation level/.test(n)), report.notes.join('\n'));
+  });
+});

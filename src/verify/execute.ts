@@ -9,7 +9,7 @@ import * as path from 'node:path';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
 import { InputError, opt } from '../errors';
-import { synthesize } from './inputs';
+import { Feeds, synthesize } from './inputs';
 import { RunSpec } from './plan';
 import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
@@ -68,8 +68,13 @@ async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec,
   return bytes;
 }
 
+/** The inputs of a run: the same for every session. */
+export function feedsFor(setup: Setup, run: RunSpec): Feeds {
+  return synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
+}
+
 async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {
-  const feeds = synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
+  const feeds = feedsFor(setup, run);
   const report = reports.get(run.id) ?? { id: run.id, kind: run.kind, batch: run.batch, seq: run.seq, past: run.past, padded: run.padded, ms: {} };
   reports.set(run.id, report);
   const start = performance.now();
