@@ -8,7 +8,7 @@ import { checkTarget, ExternalDataMode, readModel, writeModelAsync, WriteOptions
 import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
-import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
+import { lengthWarnings, nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchOptions, PatchReport, PatchResult } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
 import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
@@ -28,6 +28,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   trainLen?: string;
   sFile?: string;
   updateS?: boolean;
+  allowNoOp?: boolean;
   dryRun?: boolean;
   verify?: boolean;
   forceSite?: string[];
@@ -61,6 +62,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--train-len <L>', 's = 1/ln L: the factor is exactly 1 at n = L (with --s or --s-file: the training length, recorded)')
     .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
     .option('--update-s', 'on an already patched model, replace s instead of refusing')
+    .option('--allow-no-op', 'write a patch that changes no output at any length the model can run (fixed lengths where the factor is 1), refused otherwise')
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
@@ -152,7 +154,7 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
     n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: presetValue(o.preset ?? 'ssmax'),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-    layers: layersValue(o.layers),
+    layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
   };
 }
 
@@ -193,6 +195,7 @@ function warningsFor(original: ModelProto, report: PatchReport, detection: Detec
   if (plan.n !== 'auto' && !report.updated) warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
   if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
   if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));
+  warnings.push(...lengthWarnings(report.lengths));
   return warnings;
 }
 

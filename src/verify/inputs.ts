@@ -46,7 +46,7 @@ export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, op
       continue;
     }
     const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
-    const slot = slotValue(graph, spec, shape);
+    const slot = slotValue(graph, spec, shape) ?? beamValue(graph, spec, specs, shape, fixed);
     feeds[spec.name] = slot !== undefined ? makeHost(hostTypeOf(spec.elemType, spec.name), dims, new Array<number>(elementCount(dims)).fill(slot))
       : spec.role === 'lengths' ? lengths(graph, spec, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
   }
@@ -98,6 +98,24 @@ function slotValue(graph: Graph, spec: InputSpec, shape: RunShape): number | und
     const table = node.domain === 'com.microsoft' ? slots[node.opType] : undefined;
     const value = table?.[node.input.indexOf(spec.name)];
     if (value !== undefined) return value;
+  }
+  return undefined;
+}
+
+/**
+ * An operator's beam inputs (its spec's `contracts.beams`): the width is the cache indirection's beam axis, and
+ * the indirection holds beam 0 everywhere (every beam reads its own cache). Undefined for any other input.
+ */
+function beamValue(graph: Graph, spec: InputSpec, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>): number | undefined {
+  for (const node of readersThroughCasts(graph, spec.name)) {
+    const op = specOf(node);
+    const beams = op?.contracts.beams;
+    const role = op && roleAt(op, node.input.indexOf(spec.name));
+    if (!op || !beams || role === undefined) continue;
+    if (role === beams.indirection) return 0;
+    if (role !== beams.width) continue;
+    const indirection = specs.find((s) => s.name === inputOf(op, node, beams.indirection));
+    return indirection && indirection.dims.length >= 2 ? resolveDim(indirection, 1, shape, fixed).size : 1;
   }
   return undefined;
 }

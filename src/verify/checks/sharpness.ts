@@ -48,6 +48,11 @@ export class SharpnessCheck implements CheckUnit {
   private verdict(unseen: string[]): CheckResult {
     const { setup, factory } = this.ctx;
     const { original, patched } = factory.rowMax;
+    const bound = setup.bound;
+    if (this.points.length < 2 && bound && (bound.kind === 'fixed' || (bound.longest ?? 0) <= setup.liveFrom)) {
+      const what = bound.kind === 'fixed' ? `the model runs at one length only (${bound.why})` : `no length beyond ${bound.longest} (${bound.why})`;
+      return skippedCheck('sharpness', this.criterion, `${what}: no curve over lengths beyond L can exist; re-export it with dynamic axes to check it`, 'not applicable');
+    }
     if (![...(patched?.outputs.keys() ?? [])].some((i) => original?.outputs.has(i))) {
       return skippedCheck('sharpness', this.criterion, unseen.length ? `no site shows its attention probabilities (${unseen[0]})` : 'no run reached the sweep');
     }
