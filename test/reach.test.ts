@@ -8,9 +8,12 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
+import { Graph } from '../src/graph/graph';
+import { readModel } from '../src/io/model-file';
 import { makePlan } from '../src/verify/plan';
+import { convStack, samplesFor } from '../src/verify/waveform';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
-import { TORCH } from './support/ref';
+import { FIXTURES, TORCH } from './support/ref';
 
 after(removeScratch);
 
@@ -93,5 +96,36 @@ describe('verify --strict on what the model accepts', () => {
       ['wiring', 'PASSED', ''], ['probe', 'PASSED', ''], ['retrofit', 'SKIPPED', 'not applicable'], ['liveness', 'SKIPPED', 'not applicable'], ['sharpness', 'SKIPPED', 'not applicable'],
     ]);
     assert.match(checks[3].summary, /^no attention row of this model can see more than 10 keys \(every attention site's key count is a constant of the graph\), never beyond L = 64/);
+  });
+});
+
+describe('audio: a waveform sized in frames of the attention', () => {
+  const file = path.join(FIXTURES, 'audio', 'wav2vec2_tiny.onnx');
+  it('the conv stack (10/5, 3/2, 3/2, 2/2) is read from the graph; its samples make exactly the frames asked for on onnxruntime', async () => {
+    const graph = new Graph(readModel(file).graph!);
+    const stack = convStack(graph, 'waveforms');
+    assert.deepEqual(stack.map((s) => [s.kernel, s.stride]), [[10, 5], [3, 2], [3, 2], [2, 2]]);
+    assert.equal(samplesFor(stack, 1), 60);
+    assert.equal(samplesFor(stack, 12), 60 + 11 * 40);
+    const ort = await import('onnxruntime-node');
+    const session = await ort.InferenceSession.create(file);
+    for (const frames of [7, 64]) {
+      const samples = samplesFor(stack, frames);
+      const out = await session.run({ waveforms: new ort.Tensor('float32', new Float32Array(samples).fill(0.5), [1, samples]) });
+      assert.deepEqual(out.features.dims, [1, frames, 16]);
+    }
+    await session.release();
+  });
+
+  it('verify --strict passes a correct patch without --dim: runs in frames, beyond L', () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'w.onnx');
+    assert.equal(cli([file, '--train-len', '64', '--n', 'keys', '-o', out]).code, 0);
+    const r = cli(['verify', file, out, '--strict', '--json']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const report = JSON.parse(r.stdout) as { sweep: number[]; inputs: { sized?: string[] }[]; checks: CheckLine[] };
+    assert.deepEqual(report.sweep, [16, 32, 64, 128, 256, 512, 1024]);
+    assert.deepEqual(report.inputs[0].sized, ["dim 1 'samples': a waveform: 4 strided convolution(s) make one frame of 60 samples and one more every 40; runs are sized in frames"]);
+    assert.match(report.checks.find((c) => c.id === 'liveness')!.summary, /^outputs differ from the original's at 128, 256, 512, 1024/);
   });
 });

@@ -100,5 +100,6 @@ function noLongRun(setup: UnitContext['setup']): string {
   const { plan } = setup;
   if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
   if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;
+  if (!plan.sweep.length && plan.notes[0]) return plan.notes[0];
   return 'give longer lengths to check';
 }
