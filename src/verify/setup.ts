@@ -15,7 +15,7 @@ import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
 import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { positionLimit } from './limits';
-import { LengthBound, lengthBound, modelLengths } from './reach';
+import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from './reach';
 import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
@@ -65,6 +65,8 @@ export interface Setup {
   modelOutputs: string[];
   /** The most keys the model lets any row see, when its lengths are fixed or capped: what no plan can go beyond. */
   bound: LengthBound | null;
+  /** The most keys a row of the run sees, where the graph's shapes tell (a cross attention's cache, 1500 fixed frames + past), else past + sequence. */
+  keysOf: (run: RunShape) => number;
   /** Every output holds integers (generated token ids): outputs that do not change prove nothing. */
   integerOutputs: boolean;
 }
@@ -99,6 +101,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
   });
+  const lengths = modelLengths(modelScopes(original), detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
@@ -106,7 +109,8 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
-    bound: plan.runs[0] ? lengthBound(modelLengths(modelScopes(original), detection, specs), specs, plan.runs[0]) : null,
+    bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,
+    keysOf: (run) => runKeys(lengths, specs, fixed, run),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
@@ -117,6 +121,13 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const first = plan.runs[0];
   if (first) synthesize(graph, specs, first, { fixed, given, padded: first.padded });
   return setup;
+}
+
+function runKeys(lengths: ModelLengths, specs: InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {
+  // Value inputs as synthesis fills them: a past length, or a total.
+  const values = (name: string): number | undefined => (/total/i.test(name) ? run.seq + run.past : /past/i.test(name) ? run.past : undefined);
+  const keys = lengths.sites.map((s) => (s.keys ? evaluate(s.keys, specs, run, fixed, values) : undefined)).filter((k): k is number => k !== undefined);
+  return keys.length ? Math.max(...keys) : run.seq + run.past;
 }
 
 /** The token count the model's inputs fix (axis 1 of its ids, or of a float input [B, S, D]), if any. */

@@ -46,7 +46,7 @@ export class LivenessCheck implements CheckUnit {
       this.nonFinite.push(`${run.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
     }
     // A short run past L counts too: a model fixed at one length beyond L has no other.
-    if (run.seq + run.past > this.ctx.setup.liveFrom && (key === 'patched' || run.kind === 'short')) {
+    if (this.ctx.setup.keysOf(run) > this.ctx.setup.liveFrom && (key === 'patched' || run.kind === 'short')) {
       this.longRuns.push(r);
       if (this.saturated(run, original)) this.saturatedRuns.add(run.id);
     }
@@ -81,6 +81,9 @@ export class LivenessCheck implements CheckUnit {
     const bound = setup.bound;
     if (longRuns.length === 0 && bound?.longest !== undefined && bound.longest <= setup.liveFrom) {
       return skippedCheck('liveness', this.criterion, `no attention row of this model can see more than ${bound.longest} keys (${bound.why}), never beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
+    }
+    if (longRuns.length === 0 && bound?.kind === 'fixed' && !setup.seqFree && !setup.pastFree) {
+      return skippedCheck('liveness', this.criterion, `the model's inputs fix every length (${bound.why}) and its one run is not beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
     }
     if (longRuns.length === 0) return skippedCheck('liveness', this.criterion, `no run longer than ${this.beyond} (${finite}); ${noLongRun(setup)}`);
     const dead = longRuns.find((r) => !r.passed && !this.saturatedRuns.has(r.run));

@@ -30,7 +30,9 @@ export class SharpnessCheck implements CheckUnit {
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
     const means = (out: Outputs, names: Map<number, string>): number[] =>
       layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
-    this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
+    const point = sharpnessPoint(this.ctx.setup.keysOf(run), means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs));
+    // An original with no finite attention (a run whose rows see no key: a cross-attention cache left empty) has no sharpness to keep.
+    if (Number.isFinite(point.original)) this.points.push(point);
   }
 
   judge(): CheckResult {
@@ -65,6 +67,9 @@ export class SharpnessCheck implements CheckUnit {
     // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
     this.curve = curve;
     const first = curve.points[0], last = curve.points[curve.points.length - 1];
+    if (last.length <= setup.liveFrom && setup.bound?.longest !== undefined && setup.bound.longest <= setup.liveFrom) {
+      return skippedCheck('sharpness', this.criterion, `no attention row of this model can see more than ${setup.bound.longest} keys (${setup.bound.why}), never beyond L = ${setup.liveFrom}; re-export it with dynamic axes to check it`, 'not applicable');
+    }
     if (last.length <= setup.liveFrom) {
       return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
     }
