@@ -72,6 +72,16 @@ describe('plan: fixed tokens beyond the lengths asked for', () => {
 });
 
 describe('verify --strict on what the model accepts', () => {
+  it('a --dim the model cannot honour is a one-line error (a model fixed at 2 tokens has no sequence to set)', { skip: absent('burn_attention_3d.onnx') }, () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'b.onnx');
+    const original = corpus('burn_attention_3d.onnx');
+    assert.equal(cli([original, '--train-len', '64', '-o', out]).code, 0);
+    assertOneLineError(cli(['verify', original, out, '--dim', 'seq=128']), 2,
+      /^ssmax-patch: --dim seq=128: no input of this model has a dim 'seq' or an axis sized by the sequence \(inputs: .*\)/);
+    assert.equal(cli(['verify', original, out, '--strict']).code, 0);
+  });
+
   it('Whisper decoder self-attention with past (1500 fixed tokens), --s 0.3: liveness beyond L passes, strict exit 0', { skip: absent('ort_whisper_decoder_with_past_self_mha_fused.onnx') }, () => {
     const dir = tmpdir('ssmax-reach-');
     const out = path.join(dir, 'w.onnx');

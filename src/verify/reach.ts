@@ -8,7 +8,7 @@
  */
 import type { Detection } from '../detect/find-attention';
 import { inputOf, opSpec, Term } from '../graph/attention-ops';
-import { constantOf, Poly, show, sym } from '../graph/poly';
+import { constantOf, Poly, sym } from '../graph/poly';
 import { Scope } from '../graph/scopes';
 import { factorValue, Preset } from '../policy/factor';
 import { countsMasks } from '../policy/n-mode';
@@ -88,7 +88,10 @@ function sum(a: Poly, b: Poly): Poly {
  * A polynomial's value for a run: each dim name by the input dim that carries it, each `input:axis` by that dim,
  * each value input by what synthesis feeds it. Undefined when a symbol is none of these.
  */
-export function evaluate(p: Poly, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: (input: string) => number | undefined): number | undefined {
+/** What synthesis feeds a value input (past_sequence_length, say), when it knows. */
+type ValueOf = (input: string) => number | undefined;
+
+export function evaluate(p: Poly, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
   let total = 0;
   for (const [mono, coefficient] of p) {
     let term = coefficient;
@@ -102,7 +105,7 @@ export function evaluate(p: Poly, specs: InputSpec[], shape: RunShape, fixed: Re
   return total;
 }
 
-function symbolValue(symbol: string, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: (input: string) => number | undefined): number | undefined {
+function symbolValue(symbol: string, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
   if (symbol.startsWith(VALUE)) return values(symbol.slice(VALUE.length));
   for (const spec of specs) {
     const axis = spec.dims.findIndex((d) => 'param' in d && d.param === symbol);
@@ -125,8 +128,6 @@ export function fixedRange(site: SiteLengths, mode: string): [number, number] | 
   return [countsMasks(mode) ? 1 : tk, tk];
 }
 
-/** How messages write a site's polynomial: `1500 + past_seq_len`. */
-export const showLength = (p: Poly | undefined): string => (p ? show(p) : '?');
 
 /** The factor's smallest and largest value over n in [lo, hi] and every head's s (each preset's factor is monotone in n). */
 export function factorRange(preset: Preset, s: number[], [lo, hi]: [number, number]): [number, number] {

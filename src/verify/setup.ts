@@ -85,6 +85,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const given = { ...readGivenInputs(specs, options.inputFiles ?? {}), ...checkGivenTensors(specs, options.inputs ?? {}) };
   const fixed = new Map(Object.entries(options.dims ?? {}));
   bindGivenDims(specs, given, fixed, new Map([...fixed.keys()].map((k) => [k, opt('dims', k)])));
+  checkDimNames(specs, options.dims ?? {}, given);
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
   const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));
@@ -128,6 +129,22 @@ function runKeys(lengths: ModelLengths, specs: InputSpec[], fixed: ReadonlyMap<s
   const values = (name: string): number | undefined => (/total/i.test(name) ? run.seq + run.past : /past/i.test(name) ? run.past : undefined);
   const keys = lengths.sites.map((s) => (s.keys ? evaluate(s.keys, specs, run, fixed, values) : undefined)).filter((k): k is number => k !== undefined);
   return keys.length ? Math.max(...keys) : run.seq + run.past;
+}
+
+/**
+ * A --dim the model cannot honour is an error, never a run that only pretends to have that size: the name must be
+ * an input's dim, or an alias (seq, past, batch) of an axis some input has.
+ */
+function checkDimNames(specs: InputSpec[], dims: Record<string, number>, given: Feeds): void {
+  const open = dimSources(specs, new Map(), given);
+  for (const name of Object.keys(dims)) {
+    if (specs.some((s) => s.dims.some((d) => 'param' in d && d.param === name))) continue;
+    const alias = pinnedShape(new Map([[name, 1]]));
+    const source = (['seq', 'past', 'batch'] as const).find((k) => alias[k] !== undefined);
+    if (source && open.has(source)) continue;
+    const shapes = specs.map((s) => `${s.name} [${s.dims.map((d) => ('value' in d ? d.value : 'param' in d ? d.param : '?')).join(', ')}]`).join(', ');
+    throw new InputError(`${opt('dims', `${name}=${dims[name]}`)}: no input of this model has a dim '${name}'${source ? ` or an axis sized by the ${source === 'seq' ? 'sequence' : source}` : ''} (inputs: ${shapes})`);
+  }
 }
 
 /** The token count the model's inputs fix (axis 1 of its ids, or of a float input [B, S, D]), if any. */
@@ -174,7 +191,9 @@ function fewestQueryRows(model: ModelProto): number | undefined {
   return fewest;
 }
 
-function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[]; heads?: number; detection: Detection } {
+interface SiteSetup { sites: VerifySite[]; refused: string[]; heads?: number; detection: Detection }
+
+function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): SiteSetup {
   // Forced sites are in the record; detection accepts them again by their (inner) node labels.
   const force = record.sites.map((s) => s.softmax.split(' → ').pop()!);
   const detection = detectAttention(original, modelScopes(original), { force });
