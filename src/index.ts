@@ -52,6 +52,7 @@ export type { NOption, NMode } from './policy/n-mode';
 // The patch and its record.
 export { patchModel } from './rewrite/patch';
 export type { PatchOptions, PatchReport, PatchResult, PatchedSite } from './rewrite/patch';
+export type { LengthReport } from './verify/reach';
 export type { Target } from './rewrite/insert-scale';
 export type { PlanOptions } from './policy/plan';
 export type { ScaleOptions } from './policy/scale';

@@ -115,3 +115,44 @@ describe('SIGKILL during a write, then another run', () => {
     assert.deepEqual(fs.readdirSync(out), ['out.onnx']);
   });
 });
+
+/**
+ * Ctrl-C during a verification (issue 24): onnxruntime-node runs a session on the JavaScript thread, so the
+ * verifying process cannot handle the signal until the run ends. The relaunching parent says it is stopping at
+ * once and ends the child within half a second; the child's temporary folders (in a folder of the parent's) go.
+ */
+describe('signals during a verification', () => {
+  const dir = scratchdir('ssmax-signals-verify-');
+  dirs.push(dir);
+  const input = path.join(dir, 'decoder.onnx');
+  // One 4096-token run takes seconds on this machine: the signal arrives while onnxruntime holds the thread.
+  writeModel(input, parseModel(encodeModel(smallTransformer({ layers: 4, d: 64, heads: 4, ff: 64, vocab: 50, tmax: 4096 })), 'decoder.onnx'));
+
+  it('SIGINT: "stopping ..." at once, exit 130 within a second, no temporary folder left, nothing written', async () => {
+    const tmp = fs.mkdtempSync(path.join(dir, 'tmp-'));
+    const out = path.join(dir, 'out.onnx');
+    const child = spawn(process.execPath, [BIN, input, '--train-len', '64', '--verify', '--lengths', '4096', '--max-len', '4096', '-o', out],
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, TMPDIR: tmp } });
+    let stderr = '';
+    child.stderr.on('data', (b: Buffer) => { stderr += b.toString(); });
+    // Something of the child's appears in the parent's folder once onnxruntime has started (its sessions' files,
+    // or onnxruntime's own): a second later the child is inside a run of 4096 tokens, which takes seconds.
+    const started = await new Promise<boolean>((resolve) => {
+      const poll = setInterval(() => {
+        const inside = fs.readdirSync(tmp).flatMap((d) => fs.readdirSync(path.join(tmp, d)));
+        if (inside.length || child.exitCode !== null) { clearInterval(poll); setTimeout(() => resolve(inside.length > 0 && child.exitCode === null), 1500); }
+      }, 5);
+    });
+    const sent = Date.now();
+    child.kill('SIGINT');
+    const [code] = await new Promise<[number | null]>((resolve) => child.on('close', (c) => resolve([c])));
+    const took = Date.now() - sent;
+    assert.ok(started, `the verification ended before it could be interrupted: ${stderr}`);
+    assert.equal(code, 130, stderr);
+    assert.ok(took < 1000, `stopped ${took} ms after the signal`);
+    assert.match(stderr, /^ssmax-patch: stopping \.\.\.\n/);
+    assert.match(stderr, /interrupted by SIGINT: onnxruntime stopped mid-run/);
+    assert.deepEqual(fs.readdirSync(tmp), [], 'temporary folders left');
+    assert.ok(!fs.existsSync(out));
+  });
+});

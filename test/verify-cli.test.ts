@@ -87,6 +87,7 @@ describe('ssmax-patch verify', () => {
     ['a bad --max-len', (w) => ['verify', w.original, w.patched, '--max-len', '1.5'], /--max-len: expected an integer ≥ 2/],
     ['a missing patched model', (w) => ['verify', w.original, path.join(w.dir, 'nope.onnx')], /nope\.onnx: no such file/],
     ['a patched model without a patch record', (w) => ['verify', w.original, w.original], /no ssmax-patch record/],
+    ['the two models swapped', (w) => ['verify', w.patched, w.original], /no ssmax-patch record .*but the original has one: the two models are likely swapped/],
     ['a report path in a missing folder', (w) => ['verify', w.original, w.patched, '--report', path.join(w.dir, 'no', 'r.json')], /cannot write/],
     ['a report path equal to an input model', (w) => ['verify', w.original, w.patched, '--report', w.patched], /refusing to overwrite an input model/],
     ['an input for a name the model lacks', (w) => ['verify', w.original, w.patched, '--input', `pixel_values=${w.original}`], /the model has no input 'pixel_values'/],
@@ -110,6 +111,36 @@ describe('ssmax-patch --verify', () => {
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assert.ok(fs.existsSync(out) && fs.existsSync(report) && fs.existsSync(plot));
     assert.match(r.stdout, /PASSED\s+attention sharpness: mean max attention probability 16 → 256/);
+  });
+
+  it('refuses an output it could not write before verifying: as fast as without --verify', () => {
+    const w = workdir();
+    const exists = path.join(w.dir, 'exists.onnx');
+    fs.writeFileSync(exists, 'taken');
+    // A plan whose runs take seconds: the refusal must come before any of them.
+    const long = ['--verify', '--lengths', '1024,2048,4096', '--max-len', '4096'];
+    for (const [out, pattern] of [[exists, /exists\.onnx: already exists \(--force overwrites it\)/], [path.join(w.dir, 'no', 'x.onnx'), /folder .* does not exist/]] as const) {
+      const started = Date.now();
+      const r = cli([w.original, '--train-len', '64', '-o', out, ...long, '--json']);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, pattern);
+      assert.equal(JSON.parse(r.stdout).verification, undefined, 'a verification ran');
+      assert.ok(Date.now() - started < 5000, `took ${Date.now() - started} ms`);
+    }
+    assert.equal(fs.readFileSync(exists, 'utf8'), 'taken');
+  });
+
+  it('--strict with a failed check says FAILED on the strict line too, never PASSED', () => {
+    const w = workdir();
+    const r = cli(['verify', w.original, w.broken, '--strict', '--checks', 'wiring,probe', '--json']);
+    assert.equal(r.code, 1, r.stderr);
+    const doc = JSON.parse(r.stdout);
+    assert.equal(doc.strict.passed, false);
+    assert.match(doc.strict.failures[0], /^semantic probe FAILED: layer 0 head/);
+    const lines = cli(['verify', w.original, w.broken, '--strict', '--checks', 'wiring,probe']);
+    assert.match(lines.stdout, /verify: FAILED \(1 passed, 1 failed, 3 skipped; nothing left unverified\)/);
+    assert.match(lines.stdout, /^strict: FAILED \(semantic probe FAILED: /m);
+    assert.doesNotMatch(lines.stdout, /strict: PASSED/);
   });
 
   it('--report without --verify is a usage error', () => {

@@ -54,7 +54,7 @@ export function formatVerify(report: VerifyReport): string[] {
   const count = (s: string): number => report.checks.filter((c) => c.status === s).length;
   const tally = [`${count('PASSED')} passed`, count('FAILED') ? `${count('FAILED')} failed` : '', count('SKIPPED') ? `${count('SKIPPED')} skipped` : '']
     .filter(Boolean).join(', ');
-  const strict = report.strictMode ? `; strict: ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
+  const strict = report.strictMode ? `; ${report.unverified.length ? `${report.unverified.length} left unverified` : 'nothing left unverified'}` : '';
   lines.push(`verify: ${report.passed ? 'PASSED' : 'FAILED'} (${tally}${strict}) in ${(report.totalMs / 1000).toFixed(1)} s on ${runtimeLabel(report.runtime)}`);
   return lines;
 }

@@ -4,11 +4,11 @@ import { Command } from 'commander';
 import { Detection, explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
-import { ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
+import { checkTarget, ExternalDataMode, readModel, writeModelAsync, WriteOptions, WriteReport } from '../io/model-file';
 import type { ModelProto } from '../io/onnx';
 import { terminalProgress } from '../io/progress';
 import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
-import { nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
+import { lengthWarnings, nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchOptions, PatchReport, PatchResult } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
 import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
@@ -28,6 +28,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   trainLen?: string;
   sFile?: string;
   updateS?: boolean;
+  allowNoOp?: boolean;
   dryRun?: boolean;
   verify?: boolean;
   forceSite?: string[];
@@ -61,6 +62,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--train-len <L>', 's = 1/ln L: the factor is exactly 1 at n = L (with --s or --s-file: the training length, recorded)')
     .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
     .option('--update-s', 'on an already patched model, replace s instead of refusing')
+    .option('--allow-no-op', 'write a patch that changes no output at any length the model can run (fixed lengths where the factor is 1), refused otherwise')
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
@@ -119,11 +121,16 @@ interface PatchPlan {
   write: WriteOptions;
 }
 
+/** `-o FILE`, else `<name>.ssmax.onnx` beside the input. */
+export function defaultOutput(input: string, output: string | undefined): string {
+  return output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
+}
+
 /** Arguments and option values, all checked before any model is read. */
 function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
   rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
   const input = args[0];
-  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
+  const output = defaultOutput(input, o.output);
   Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
   const n = parseNOption(o.n);
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
@@ -132,6 +139,8 @@ function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): Patc
   const needVerify = [o.report && '--report', o.plot && '--plot', o.junit && '--junit', o.strict && '--strict'].filter((x): x is string => Boolean(x));
   if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`);
   const write = writeOptions(o, input);
+  // The write refuses these too, but only after patching and verifying: a verification can take minutes.
+  if (!o.dryRun) checkTarget(output, write);
   if (o.verify) prepareVerification(o, [input, output]);
   return { input, output, n, trainLen, values, verifyOptions, write };
 }
@@ -145,7 +154,7 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
     n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: presetValue(o.preset ?? 'ssmax'),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-    layers: layersValue(o.layers),
+    layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
   };
 }
 
@@ -186,6 +195,7 @@ function warningsFor(original: ModelProto, report: PatchReport, detection: Detec
   if (plan.n !== 'auto' && !report.updated) warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
   if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
   if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));
+  warnings.push(...lengthWarnings(report.lengths));
   return warnings;
 }
 

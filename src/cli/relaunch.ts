@@ -6,9 +6,24 @@
  * MALLOC_MMAP_THRESHOLD_ set, every buffer over 8 MB is its own mapping, returned to the system when freed. glibc
  * reads the variable only at process start, so a verifying command on Linux runs once more as a child process with
  * it set (unless the user set it, or SSMAX_PATCH_NO_RELAUNCH is set), passing signals on and returning its exit code.
+ * The child also makes Ctrl-C prompt: onnxruntime-node runs a session on the JavaScript thread, so an in-process
+ * signal handler waits for the run to end (seconds on a long run); this process says it is stopping at once, and
+ * kills the child if it has not stopped within half a second.
  */
 import { spawn } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
 import { constants } from 'node:os';
+import * as path from 'node:path';
+import { Command } from 'commander';
+import { checkTarget } from '../io/model-file';
+import { defaultOutput, PatchCliOptions, patchProgram } from './patch-command';
+
+/**
+ * How long a child that was sent a signal may take to stop by itself (its handler runs between onnxruntime calls,
+ * which cannot be interrupted) before it is killed.
+ */
+const STOP_GRACE_MS = 500;
 
 // 8 MB: the peak of the bench's 100 M model falls from 2.66 to 2.32 GB for 6 % more time; 1 MB gives 2.18 GB for 15 %.
 const THRESHOLD = String(8 * 2 ** 20);
@@ -29,19 +44,54 @@ function verifies(args: string[]): boolean {
 }
 
 /**
+ * A patch whose output the write would refuse (it exists without --force, its folder is missing): this process
+ * refuses it at once, as it does without --verify, instead of starting a child to do so.
+ */
+function refusedOutput(args: string[]): boolean {
+  const cmd = patchProgram(new Command('patch').exitOverride().configureOutput({ outputError: () => undefined }));
+  try {
+    const { operands } = cmd.parseOptions(args[0] === 'patch' ? args.slice(1) : args);
+    const o = cmd.opts<PatchCliOptions>();
+    if (operands.length !== 1 || o.dryRun) return false;
+    checkTarget(defaultOutput(operands[0], o.output), { force: o.force, protect: [operands[0]] });
+    return false;
+  } catch {
+    return true;
+  }
+}
+
+/**
  * Runs `bin` with `args` in a child process with MALLOC_MMAP_THRESHOLD_ set and resolves to its exit code; null
  * when this process should do the work itself (not a verifying command, not Linux, or the child did not start).
  */
 export async function relaunchForVerify(bin: string, args: string[], env: NodeJS.ProcessEnv = process.env): Promise<number | null> {
-  if (process.platform !== 'linux' || !verifies(args) || env.MALLOC_MMAP_THRESHOLD_ !== undefined || env.SSMAX_PATCH_NO_RELAUNCH) return null;
-  const child = spawn(process.execPath, [...process.execArgv, bin, ...args], { stdio: 'inherit', env: { ...env, MALLOC_MMAP_THRESHOLD_: THRESHOLD, GLIBC_TUNABLES: tunables(env.GLIBC_TUNABLES) } });
-  const forward = (signal: NodeJS.Signals): void => { child.kill(signal); };
+  if (process.platform !== 'linux' || !verifies(args) || refusedOutput(args) || env.MALLOC_MMAP_THRESHOLD_ !== undefined || env.SSMAX_PATCH_NO_RELAUNCH) return null;
+  // The child's temporary folders go in one of this process's, which it removes however the child ends.
+  const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-patch-'));
+  const child = spawn(process.execPath, [...process.execArgv, bin, ...args], {
+    stdio: 'inherit', env: { ...env, TMPDIR: scratch, MALLOC_MMAP_THRESHOLD_: THRESHOLD, GLIBC_TUNABLES: tunables(env.GLIBC_TUNABLES) },
+  });
+  let stopping: NodeJS.Signals | null = null;
+  const forward = (signal: NodeJS.Signals): void => {
+    child.kill(signal);
+    if (stopping) return;
+    stopping = signal;
+    process.stderr.write(`${process.stderr.isTTY ? '\n' : ''}ssmax-patch: stopping ...\n`);
+    // An onnxruntime run holds the child's only thread until it ends: past the grace time the child is killed.
+    setTimeout(() => child.kill('SIGKILL'), STOP_GRACE_MS).unref();
+  };
   const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
   for (const s of signals) process.on(s, forward);
   return new Promise((resolve) => {
     child.on('error', () => resolve(null));
     child.on('close', (code, signal) => {
       for (const s of signals) process.off(s, forward);
+      fs.rmSync(scratch, { recursive: true, force: true });
+      if (stopping && signal === 'SIGKILL') {
+        process.stderr.write(`ssmax-patch: interrupted by ${stopping}: onnxruntime stopped mid-run, its temporary files removed\n`);
+        resolve(128 + constants.signals[stopping]);
+        return;
+      }
       resolve(code ?? 128 + (signal ? constants.signals[signal] : 0));
     });
   });

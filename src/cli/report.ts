@@ -27,7 +27,7 @@ interface DocumentBase {
   /** The one-line message printed on stderr, when status is not ok. */
   error?: string;
   warnings: Warning[];
-  /** --strict's verdict: passed only when nothing was left unverified, else one failure line per thing left. */
+  /** --strict's verdict: passed only when no check failed and nothing was left unverified, else one line per failed check and per thing left. */
   strict?: { passed: boolean; failures: string[] };
 }
 

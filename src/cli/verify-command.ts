@@ -160,10 +160,12 @@ const percent = (lnRatio: number): string => `${Math.round(Math.exp(lnRatio) * 1
 
 /** Exit code and stderr line of a finished verification (a document starts as ok), with --strict's verdict recorded in it. */
 export function verdict(doc: ReportDocument, report: VerifyReport, consequence: string): number {
-  if (report.strictMode) doc.strict = { passed: report.unverified.length === 0, failures: report.unverified };
-  if (report.checks.some((c) => c.status === 'FAILED')) {
+  // The strict gate fails on a failed check as well as on anything left unverified, so its verdict is the exit code's.
+  const failed = report.checks.filter((c) => c.status === 'FAILED').map((c) => `${c.name} FAILED: ${c.summary}`);
+  if (report.strictMode) doc.strict = { passed: report.passed, failures: [...failed, ...report.unverified] };
+  if (failed.length) {
     settle(doc, 1, `verification FAILED${consequence}`);
-  } else if (doc.strict && !doc.strict.passed) {
+  } else if (doc.strict?.failures.length) {
     const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
     settle(doc, 1, `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
   }

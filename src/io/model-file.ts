@@ -166,6 +166,22 @@ export function inputFiles(model: ModelProto): string[] {
   return [...own, ...externalFiles(model).map((f) => f.file)];
 }
 
+/**
+ * The checks the write makes on its target, made before any long work (a verification) so that a refusal comes
+ * first: not an input, not a folder, not existing without `force`, in a folder that exists and can be written.
+ */
+export function checkTarget(file: string, options: Pick<WriteOptions, 'force' | 'protect'> = {}): void {
+  const target = path.resolve(file);
+  const dir = path.dirname(target);
+  guardTarget(file, target, options.protect ?? [], options.force);
+  checkFolder(file, dir);
+  try {
+    fs.accessSync(dir, fs.constants.W_OK);
+  } catch {
+    throw new InputError(`${file}: cannot write (folder ${dir} is not writable)`);
+  }
+}
+
 function guardTarget(label: string, target: string, inputs: string[], force?: boolean): void {
   for (const p of inputs) {
     if (samePath(p, target)) throw new InputError(`${label}: refusing to overwrite the input model${p.endsWith('.onnx') ? '' : ` (its external data ${path.basename(p)})`}`);

@@ -1,7 +1,9 @@
 /**
  * Choices that are allowed but probably not meant: an explicit n mode that contradicts the masks the graph
  * applies, and an s whose factor at the stated training length is far from 1 (the patched model then does not
- * reproduce the original at the length it was trained for). They are warnings, not errors: each has a use.
+ * reproduce the original at the length it was trained for), and a model whose attention lengths are fixed (or
+ * capped below L), where the patch changes the outputs at every length the model can run or none of them. They are
+ * warnings, not errors: each has a use.
  */
 import { NOption } from './n-mode';
 import { LayerScale } from './scale';
@@ -13,7 +15,9 @@ export interface Warning {
     | 's-far-from-train-len'
     | 'external-data-reference'
     | 'external-data-link'
-    | 'force-site-none';
+    | 'force-site-none'
+    | 'fixed-lengths'
+    | 'no-op';
   /** One line, for stderr and CI logs. */
   message: string;
   /** The attention sites concerned (node names), when the warning is about sites. */
@@ -76,3 +80,14 @@ export function trainLenWarnings(trainLen: number, sites: { node: string; s?: La
 }
 
 const count = (sites: SiteCausality[]): string => `${sites.length} attention site${sites.length === 1 ? '' : 's'}`;
+
+/**
+ * A model whose every attention length is fixed (or capped by a position table below L): what the factor does at the
+ * lengths it can run and what to do. A patch that changes nothing there is refused unless --allow-no-op, which
+ * this warns about instead.
+ */
+export function lengthWarnings(report: { effect: 'none' | 'changed' | 'unknown'; message: string } | undefined): Warning[] {
+  if (!report) return [];
+  if (report.effect === 'none') return [{ code: 'no-op', message: `written anyway (--allow-no-op): ${report.message.replace(/; re-export the model[^;]*$/, '')}` }];
+  return [{ code: 'fixed-lengths', message: report.message }];
+}

@@ -20,6 +20,7 @@ import { PatchResult } from './report';
 import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
 import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
+import { lengthReport, modelLengths } from '../verify/reach';
 
 export { cloneModel } from '../io/onnx';
 export type { PatchedSite, PatchReport, PatchResult } from './report';
@@ -32,6 +33,11 @@ export interface PatchOptions extends PlanOptions {
   detection?: Detection;
   /** The detection rules, in the order they are tried (default: RULES; add one with `[...RULES, myRule]`). */
   rules?: readonly Rule[];
+  /**
+   * Write a patch that can change no output at any length the model can run (its attention lengths are fixed, or
+   * capped by a position table, where the factor is 1): refused otherwise. Its s stays trainable.
+   */
+  allowNoOp?: boolean;
 }
 
 /**
@@ -65,9 +71,13 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
     return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes } };
   }
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`);
+  // Read before the factors go in: the shapes of the model as it was.
+  const lengths = modelLengths(scopes, detection);
   const report = insertFactors(out, scopes, detection, all, plan);
   checkInsertedTypes(out);
-  return { model: out, report: { ...report, notes: [...notes, ...report.notes] } };
+  const reach = lengthReport(lengths, report.sites, plan.preset, plan.trainLen);
+  if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message);
+  return { model: out, report: { ...report, notes: [...notes, ...report.notes], ...(reach ? { lengths: reach } : {}) } };
 }
 
 /**

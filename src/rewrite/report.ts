@@ -5,6 +5,7 @@ import type { PresetName } from '../policy/factor';
 import type { ThetaName } from '../policy/prior';
 import type { LayerScale } from '../policy/scale';
 import type { Target } from './insert-scale';
+import type { LengthReport } from '../verify/reach';
 
 export interface PatchedSite {
   node: string;
@@ -51,6 +52,8 @@ export interface PatchReport {
   nSources: number;
   /** What was accepted as onnxruntime accepts it (nodes out of order, names defined twice), and how. */
   notes: string[];
+  /** Set when every attention length of the model is fixed, or capped below L: the n it can run and what the factor does there. */
+  lengths?: LengthReport;
 }
 
 export interface PatchResult {

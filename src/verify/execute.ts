@@ -5,18 +5,18 @@
  * before the next is made, so one model's weights and one run's activations are resident at a time.
  */
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
 import { InputError, opt } from '../errors';
-import { synthesize } from './inputs';
+import { Feeds, synthesize } from './inputs';
 import { RunSpec } from './plan';
 import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
 import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { Setup } from './setup';
 import { CheckUnit, Outcome } from './checks/unit';
+import { makeScratch, removeScratch } from './scratch';
 
 export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
   const runs = setup.plan.runs;
@@ -68,8 +68,13 @@ async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec,
   return bytes;
 }
 
+/** The inputs of a run: the same for every session. */
+export function feedsFor(setup: Setup, run: RunSpec): Feeds {
+  return synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
+}
+
 async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {
-  const feeds = synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
+  const feeds = feedsFor(setup, run);
   const report = reports.get(run.id) ?? { id: run.id, kind: run.kind, batch: run.batch, seq: run.seq, past: run.past, padded: run.padded, ms: {} };
   reports.set(run.id, report);
   const start = performance.now();
@@ -137,7 +142,7 @@ class OriginalOutputs {
     const big = new Map<string, { dims: number[]; file: string; wide: boolean }>();
     for (const [name, t] of Object.entries(outputs)) {
       if (t.data.byteLength <= SPILL_BYTES) { small[name] = t; continue; }
-      this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-outputs-'));
+      this.dir ??= makeScratch('ssmax-verify-outputs-');
       const file = path.join(this.dir, `${this.spilled.size}-${big.size}.bin`);
       fs.writeFileSync(file, new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
       big.set(name, { dims: t.dims, file, wide: t.data instanceof Float64Array });
@@ -162,7 +167,7 @@ class OriginalOutputs {
   clear(): void {
     this.held.clear();
     this.spilled.clear();
-    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    if (this.dir) removeScratch(this.dir);
     this.dir = null;
   }
 }

@@ -46,9 +46,9 @@ export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, op
       continue;
     }
     const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
-    const slot = slotValue(graph, spec, shape);
+    const slot = slotValue(graph, spec, shape) ?? beamValue(graph, spec, specs, shape, fixed);
     feeds[spec.name] = slot !== undefined ? makeHost(hostTypeOf(spec.elemType, spec.name), dims, new Array<number>(elementCount(dims)).fill(slot))
-      : spec.role === 'lengths' ? lengths(graph, spec, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
+      : spec.role === 'lengths' ? lengths(graph, spec, specs, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
   }
   return feeds;
 }
@@ -65,7 +65,7 @@ function keyCount(k: HostTensor | undefined, shape: RunShape): number {
  * its function body was expanded into the graph, which keeps the names nonpad_kv_seqlen and K), the
  * past_sequence_length of MultiHeadAttention and DecoderMaskedMultiHeadAttention.
  */
-function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
+function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
   const type = hostTypeOf(spec.elemType, spec.name);
   const count = elementCount(dims);
   const fill = (v: number): HostTensor => makeHost(type, dims, new Array<number>(count).fill(v));
@@ -81,7 +81,24 @@ function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape,
   }
   // ONNX Attention expanded into its function body keeps the input's name, and K's: every key valid.
   if (spec.name === 'nonpad_kv_seqlen' && feeds.K) return fill(keyCount(feeds.K, shape));
+  const whole = itemLength(specs, spec, feeds);
+  if (whole !== undefined) return fill(whole);
   throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
+}
+
+/**
+ * Per-item lengths [B] beside the one input they can describe (torchaudio's wav2vec2, HuBERT, Conformer and
+ * Emformer take `lengths` so): a waveform's samples, else a float [B, T, D] input's frames. Every item is whole,
+ * its length the axis's size, the one value a length can have without knowing how the model pads.
+ */
+function itemLength(specs: InputSpec[], spec: InputSpec, feeds: Feeds): number | undefined {
+  if (spec.dims.length !== 1) return undefined;
+  const waveform = specs.find((s) => s.dims.some((d) => 'rule' in d && d.rule?.frames));
+  const frames = specs.filter((s) => s.role === 'values' && s.dims.length === 3 && !('value' in s.dims[1]));
+  const carrier = waveform ?? (frames.length === 1 ? frames[0] : undefined);
+  const tensor = carrier && feeds[carrier.name];
+  if (!tensor) return undefined;
+  return tensor.dims[waveform ? tensor.dims.length - 1 : 1];
 }
 
 /**
@@ -98,6 +115,24 @@ function slotValue(graph: Graph, spec: InputSpec, shape: RunShape): number | und
     const table = node.domain === 'com.microsoft' ? slots[node.opType] : undefined;
     const value = table?.[node.input.indexOf(spec.name)];
     if (value !== undefined) return value;
+  }
+  return undefined;
+}
+
+/**
+ * An operator's beam inputs (its spec's `contracts.beams`): the width is the cache indirection's beam axis, and
+ * the indirection holds beam 0 everywhere (every beam reads its own cache). Undefined for any other input.
+ */
+function beamValue(graph: Graph, spec: InputSpec, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>): number | undefined {
+  for (const node of readersThroughCasts(graph, spec.name)) {
+    const op = specOf(node);
+    const beams = op?.contracts.beams;
+    const role = op && roleAt(op, node.input.indexOf(spec.name));
+    if (!op || !beams || role === undefined) continue;
+    if (role === beams.indirection) return 0;
+    if (role !== beams.width) continue;
+    const indirection = specs.find((s) => s.name === inputOf(op, node, beams.indirection));
+    return indirection && indirection.dims.length >= 2 ? resolveDim(indirection, 1, shape, fixed).size : 1;
   }
   return undefined;
 }

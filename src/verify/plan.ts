@@ -129,10 +129,17 @@ function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]):
   const fixed = p.seqFree ? 0 : p.pinned.seq ?? p.fixedSeq ?? 1;
   if (!p.seqFree) notes.push(`the sequence length is fixed at ${fixed}: the sweep grows the cache instead`);
   const wanted = p.lengths ?? defaultSweep(p.trainLen);
-  const sweep = wanted.filter((t) => t <= cap && t > fixed + (p.minPast ?? 0) - 1);
+  const least = fixed + (p.minPast ?? 0);
+  const sweep = wanted.filter((t) => t <= cap && t >= least);
   const dropped = wanted.filter((t) => t > cap);
   if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
-  return sweep;
+  const short = wanted.filter((t) => t < least);
+  if (short.length && p.lengths) notes.push(`lengths ${short.join(', ')} not run: every run has at least ${least} keys (the fixed ${fixed} tokens${least > fixed ? ` after ${p.minPast} cached` : ''})`);
+  if (sweep.length >= 2 || p.seqFree) return sweep;
+  // Fixed tokens beyond the lengths asked for: the cache grows on top of them, by L, 4L and 16L.
+  const grown = [least, ...[1, 4, 16].map((k) => least + k * p.trainLen)].filter((t) => t <= cap);
+  if (grown.length >= 2) notes.push(`the sweep grows the cache from ${least} keys: lengths ${grown.join(', ')}`);
+  return grown.length >= 2 ? grown : sweep;
 }
 
 /**
@@ -148,5 +155,7 @@ export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number 
   if ((o.seqFree || o.pinned.seq === top) && !o.minPast) ids.push(addRun(plan.runs, 'retrofit', o.batch, top, 0));
   const seq = o.pinned.seq ?? 1;
   if (o.pastFree && seq < top) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, top - seq));
+  // More fixed tokens than L: causal rows still count up through L (which rows do is seen at run time).
+  if (!ids.length && !o.seqFree && seq > top) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, o.pastFree ? o.minPast ?? 0 : 0));
   return ids.length ? ids : `no run reaches n = ${top}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }

@@ -13,6 +13,9 @@ export interface OutputTensor {
 
 export type Outputs = Record<string, OutputTensor>;
 
+/** onnxruntime's graph optimisation levels verification uses. */
+export type Optimization = 'basic' | 'all';
+
 export class Runner {
   /** Milliseconds spent in session.run, summed over every run of this session. */
   runMs = 0;
@@ -20,7 +23,7 @@ export class Runner {
   private constructor(private readonly session: ort.InferenceSession, readonly label: string, readonly createMs: number) {}
 
   /** A session from the model's bytes, or from a model file (whose external data stays in files). */
-  static async create(model: Uint8Array | string, label: string, optimization: 'basic' | 'all' = 'all'): Promise<Runner> {
+  static async create(model: Uint8Array | string, label: string, optimization: Optimization = 'all'): Promise<Runner> {
     const start = performance.now();
     const runtime = onnxruntime();
     // No memory arena and no memory pattern: a long run's activations are returned after the run instead of staying

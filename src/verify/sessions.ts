@@ -10,7 +10,6 @@
  * or copied across file systems) and loaded from there: no protobuf of the whole model is built in memory.
  */
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 import { InputError } from '../errors';
 import { encodeModel, ModelProto } from '../io/onnx';
@@ -20,9 +19,10 @@ import { cloneModel } from '../rewrite/patch';
 import { addProbeOutputs, ProbeWiring } from './probe-model';
 import { SessionReport } from './report';
 import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
-import { Runner } from './run';
+import { Optimization, Runner } from './run';
 import { carryBf16AsFloat, withUnitFactor } from './runtime-model';
 import { PREFIX } from './nodes';
+import { makeScratch, removeScratch } from './scratch';
 import { VerifySite } from './sites';
 
 export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
@@ -49,8 +49,12 @@ export class SessionFactory {
   private dir: string | null = null;
   private readonly fromFile: boolean;
 
+  /**
+   * `optimization`: onnxruntime's graph optimisation level for the model variants ('basic' where the original's own
+   * outputs depend on it, see optimisationChanges).
+   */
   constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: VerifySite[],
-    private readonly sharpness: boolean) {
+    private readonly sharpness: boolean, private readonly optimization: Optimization = 'all') {
     this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
   }
 
@@ -60,9 +64,20 @@ export class SessionFactory {
     carryBf16AsFloat(model);
     // The probe copies read a tensor twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
     // tensor read that way, and the probe only reads values, so they run with basic optimisations.
-    const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : 'all';
+    const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : this.optimization;
+    return this.create(key, model, optimization);
+  }
+
+  /** The original as it is (no outputs added) at an optimisation level, for optimisationChanges. */
+  async openOriginal(optimization: Optimization): Promise<Runner> {
+    const model = cloneModel(this.original);
+    carryBf16AsFloat(model);
+    return this.create('original', model, optimization, `original-${optimization}`);
+  }
+
+  private async create(key: SessionKey, model: ModelProto, optimization: Optimization, folder: string = key): Promise<Runner> {
     try {
-      return await Runner.create(this.fromFile ? this.write(key, model) : encodeModel(model), SESSION_LABELS[key], optimization);
+      return await Runner.create(this.fromFile ? this.write(folder, model) : encodeModel(model), SESSION_LABELS[key], optimization);
     } catch (e) {
       if (e instanceof InputError) throw e;
       if (key === 'original') throw originalLoadError(e);
@@ -77,7 +92,7 @@ export class SessionFactory {
 
   /** Removes the temporary folder of model files, if any. */
   cleanup(): void {
-    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    if (this.dir) removeScratch(this.dir);
     this.dir = null;
   }
 
@@ -99,9 +114,9 @@ export class SessionFactory {
     return m;
   }
 
-  private write(key: SessionKey, model: ModelProto): string {
-    this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-verify-'));
-    const folder = path.join(this.dir, key);
+  private write(name: string, model: ModelProto): string {
+    this.dir ??= makeScratch('ssmax-verify-');
+    const folder = path.join(this.dir, name);
     fs.mkdirSync(folder);
     const file = path.join(folder, 'model.onnx');
     writeModel(file, model, { externalData: 'link' });

@@ -3,9 +3,9 @@
  * what its journal added is the original), the sites from the record and its journal, the preset and where it
  * promises a factor of 1, the inputs and how their dims are sized, L, and the runs.
  */
-import { detectAttention } from '../detect/find-attention';
+import { Detection, detectAttention } from '../detect/find-attention';
 import { InputError, opt } from '../errors';
-import { specOf } from '../graph/attention-ops';
+import { inputOf, specOf } from '../graph/attention-ops';
 import { Graph } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
@@ -15,6 +15,7 @@ import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
 import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { positionLimit } from './limits';
+import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from './reach';
 import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
@@ -62,35 +63,46 @@ export interface Setup {
   toleranceGiven: boolean;
   lowPrecisionOutputs: Set<string>;
   modelOutputs: string[];
+  /** The most keys the model lets any row see, when its lengths are fixed or capped: what no plan can go beyond. */
+  bound: LengthBound | null;
+  /** The most keys a row of the run sees, where the graph's shapes tell (a cross attention's cache, 1500 fixed frames + past), else past + sequence. */
+  keysOf: (run: RunShape) => number;
   /** Every output holds integers (generated token ids): outputs that do not change prove nothing. */
   integerOutputs: boolean;
 }
 
 export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
   const record = readRecord(patched);
+  if (!record && readRecord(original)) {
+    throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'), but the original has one: the two models are likely swapped (give the original first, then the model ssmax-patch wrote)`);
+  }
   if (!record) throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}' with its sites and journal): give a model written by ssmax-patch`);
   checkPair(original, patched, record);
   const graph = new Graph(original.graph!);
   const specs = describeInputs(graph);
+  oneBeam(graph, specs);
   const checks = new Set(options.checks ?? CHECK_IDS);
   const given = { ...readGivenInputs(specs, options.inputFiles ?? {}), ...checkGivenTensors(specs, options.inputs ?? {}) };
   const fixed = new Map(Object.entries(options.dims ?? {}));
   bindGivenDims(specs, given, fixed, new Map([...fixed.keys()].map((k) => [k, opt('dims', k)])));
+  checkDimNames(specs, options.dims ?? {}, given);
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
   const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));
+  const queryRows = fewestQueryRows(original);
   // A total length (past + sequence) lets the sequence vary only where no cache takes up the difference.
-  const seqFree = pinned.seq === undefined && (sources.has('seq') || (sources.has('total') && !pastFree));
-  const fixedSeq = seqFree ? undefined : fixedTokens(specs);
+  const seqFree = pinned.seq === undefined && queryRows === undefined && (sources.has('seq') || (sources.has('total') && !pastFree));
+  const fixedSeq = seqFree ? undefined : queryRows ?? fixedTokens(specs);
   const minPast = minCachedTokens(original);
   const preset = recordedPreset(record);
-  const { sites, refused, heads } = siteSetup(original, patched, record);
+  const { sites, refused, heads, detection } = siteSetup(original, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites);
   const plan = makePlan({
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
   });
+  const lengths = modelLengths(modelScopes(original), detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
@@ -98,6 +110,8 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
+    bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,
+    keysOf: (run) => runKeys(lengths, specs, fixed, run),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
@@ -108,6 +122,29 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const first = plan.runs[0];
   if (first) synthesize(graph, specs, first, { fixed, given, padded: first.padded });
   return setup;
+}
+
+function runKeys(lengths: ModelLengths, specs: InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {
+  // Value inputs as synthesis fills them: a past length, or a total.
+  const values = (name: string): number | undefined => (/total/i.test(name) ? run.seq + run.past : /past/i.test(name) ? run.past : undefined);
+  const keys = lengths.sites.map((s) => (s.keys ? evaluate(s.keys, specs, run, fixed, values) : undefined)).filter((k): k is number => k !== undefined);
+  return keys.length ? Math.max(...keys) : run.seq + run.past;
+}
+
+/**
+ * A --dim the model cannot honour is an error, never a run that only pretends to have that size: the name must be
+ * an input's dim, or an alias (seq, past, batch) of an axis some input has.
+ */
+function checkDimNames(specs: InputSpec[], dims: Record<string, number>, given: Feeds): void {
+  const open = dimSources(specs, new Map(), given);
+  for (const name of Object.keys(dims)) {
+    if (specs.some((s) => s.dims.some((d) => 'param' in d && d.param === name))) continue;
+    const alias = pinnedShape(new Map([[name, 1]]));
+    const source = (['seq', 'past', 'batch'] as const).find((k) => alias[k] !== undefined);
+    if (source && open.has(source)) continue;
+    const shapes = specs.map((s) => `${s.name} [${s.dims.map((d) => ('value' in d ? d.value : 'param' in d ? d.param : '?')).join(', ')}]`).join(', ');
+    throw new InputError(`${opt('dims', `${name}=${dims[name]}`)}: no input of this model has a dim '${name}'${source ? ` or an axis sized by the ${source === 'seq' ? 'sequence' : source}` : ''} (inputs: ${shapes})`);
+  }
 }
 
 /** The token count the model's inputs fix (axis 1 of its ids, or of a float input [B, S, D]), if any. */
@@ -127,7 +164,36 @@ function minCachedTokens(model: ModelProto): number {
   return most;
 }
 
-function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): { sites: VerifySite[]; refused: string[]; heads?: number } {
+/**
+ * A cache indirection [B, beams, max length] is synthesised for one beam (beam 0 everywhere), so its beam axis
+ * is 1 whatever its name says (a name like num_beams would otherwise be sized by position).
+ */
+function oneBeam(graph: Graph, specs: InputSpec[]): void {
+  for (const node of graph.nodes) {
+    const op = specOf(node);
+    const beams = op?.contracts.beams;
+    if (!op || !beams) continue;
+    const spec = specs.find((s) => s.name === inputOf(op, node, beams.indirection));
+    const d = spec?.dims[1];
+    if (d && !('value' in d)) d.rule = { source: 'fixed', size: 1, why: `the beams of ${op.opType}'s cache indirection: one` };
+  }
+}
+
+/** The query rows an operator's kernel takes, when it takes only so many (DecoderMaskedMultiHeadAttention: one token). */
+function fewestQueryRows(model: ModelProto): number | undefined {
+  let fewest: number | undefined;
+  for (const s of modelScopes(model)) {
+    for (const n of s.graph.nodes) {
+      const rows = specOf(n)?.contracts.queryRows;
+      if (rows !== undefined) fewest = Math.min(fewest ?? rows, rows);
+    }
+  }
+  return fewest;
+}
+
+interface SiteSetup { sites: VerifySite[]; refused: string[]; heads?: number; detection: Detection }
+
+function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): SiteSetup {
   // Forced sites are in the record; detection accepts them again by their (inner) node labels.
   const force = record.sites.map((s) => s.softmax.split(' → ').pop()!);
   const detection = detectAttention(original, modelScopes(original), { force });
@@ -135,7 +201,7 @@ function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecor
   const refused = detection.skipped.filter((k) => k.attention && !force.includes(k.node))
     .map((k) => `refused attention ${k.node}${k.scope ? ` [${k.scope}]` : ''}: ${k.reason}`);
   const known = [...detection.sites, ...detection.fused, ...detection.calls.map((c) => c.inner)].map((s) => s.heads.heads ?? 0);
-  return { sites, refused, heads: Math.max(0, ...known) || undefined };
+  return { sites, refused, heads: Math.max(0, ...known) || undefined, detection };
 }
 
 /**

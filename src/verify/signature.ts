@@ -8,6 +8,7 @@ import { constantOf } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType, Dimension, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
+import { ConvStep, convStack, describeStack, samplesFor } from './waveform';
 
 export type InputRole =
   | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
@@ -18,7 +19,13 @@ export type InputRole =
  */
 export type DimSpec = { value: number } | { param: string; rule?: DimRule } | { unknown: true; rule?: DimRule };
 
-export interface DimRule { source: DimSource; size?: number; why: string }
+export interface DimRule {
+  source: DimSource;
+  size?: number;
+  why: string;
+  /** A waveform's sample axis: the convolutions that make the run's sequence (in frames) out of its samples. */
+  frames?: ConvStep[];
+}
 
 /** The size of a dim that is neither a sequence, past nor batch axis and has a name no rule knows. */
 const OTHER_SIZE = 4;
@@ -67,6 +74,7 @@ export function describeInputs(graph: Graph): InputSpec[] {
     return { name: v.name, elemType: tensor.elemType, dims, role, ...(graphDims ? { graphDims } : {}) };
   });
   ruleUnknownDims(specs);
+  ruleWaveforms(graph, specs);
   return specs;
 }
 
@@ -88,6 +96,20 @@ function ruleUnknownDims(specs: InputSpec[]): void {
       d.rule = rule;
       if ('param' in d && !byName.has(d.param)) byName.set(d.param, rule);
     });
+  }
+}
+
+/**
+ * A float input [B, samples] or [B, 1, samples] that strided 1-D convolutions turn into frames: its last axis is
+ * sized from the run's sequence, counted in frames, whatever its name says.
+ */
+function ruleWaveforms(graph: Graph, specs: InputSpec[]): void {
+  for (const spec of specs) {
+    const rank = spec.dims.length;
+    const last = spec.dims[rank - 1];
+    if (spec.unshaped || spec.role !== 'values' || (rank !== 2 && rank !== 3) || !last || 'value' in last) continue;
+    const stack = convStack(graph, spec.name);
+    if (stack.length && samplesFor(stack, 2) > samplesFor(stack, 1) + 1) last.rule = { source: 'seq', why: describeStack(stack), frames: stack };
   }
 }
 
@@ -154,6 +176,7 @@ function roleOf(name: string, elemType: number): InputRole {
 export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixed: ReadonlyMap<string, number>): { size: number; source: DimSource } {
   const d = input.dims[axis];
   if ('value' in d) return { size: d.value, source: 'fixed' };
+  if (d.rule?.frames) return { size: samplesFor(d.rule.frames, shape.seq), source: 'seq' };
   if (input.unshaped) return { size: shape.seq, source: 'seq' };
   const r = 'param' in d ? resolveParam(d.param, shape, fixed) : unnamedDim(input, axis, shape);
   if (r) return r;

@@ -20,6 +20,8 @@ import { ruledDims } from './signature';
 import { elemTypeName, HostTensor } from './tensors';
 import { execute } from './execute';
 import { liftedProbes } from './lift';
+import { failedParityRun, optimisationChanges } from './optimisation';
+import { Optimization } from './run';
 import { skippedCheck } from './checks/common';
 import { LivenessCheck } from './checks/liveness';
 import { ProbeCheck } from './checks/probe';
@@ -70,11 +72,14 @@ export async function verifyForCli(original: ModelProto, patched: ModelProto, op
   return runVerification(original, patched, options, 'cli');
 }
 
-async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli'): Promise<VerifyReport> {
+/** `optimization`: 'basic' once the original's outputs turned out to depend on onnxruntime's optimisations (`why`). */
+async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli',
+  optimization: Optimization = 'all', why?: string): Promise<VerifyReport> {
   const started = performance.now();
   const setup = prepare(original, patched, options);
+  if (why) setup.plan.notes.push(why);
   const progress = options.progress ?? ((): void => undefined);
-  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
+  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization);
   const labels = setup.sites.map((s) => s.label);
   const again = (o: ModelProto, p: ModelProto, opts: FileVerifyOptions): Promise<VerifyReport> => runVerification(o, p, opts, audience);
   const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, again, labels) : undefined;
@@ -84,18 +89,19 @@ async function runVerification(original: ModelProto, patched: ModelProto, option
   const units: CheckUnit[] = [new RetrofitCheck(ctx), new WiringCheck(ctx), new ProbeCheck(ctx), new LivenessCheck(ctx), sharpness];
   progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
   let runs: RunReport[];
+  let checks: CheckResult[];
   try {
     runs = await execute(setup, factory, units, progress);
+    checks = judged(setup, units);
+    const failed = optimization === 'all' ? failedParityRun(setup, checks) : undefined;
+    const changed = failed ? await optimisationChanges(setup, factory, failed) : null;
+    if (changed) {
+      progress('verify: the original\'s outputs depend on onnxruntime\'s optimisation level: verifying again at \'basic\'');
+      return await runVerification(original, patched, options, audience, 'basic', changed);
+    }
   } finally {
     factory.cleanup();
   }
-  const done = new Map<CheckId, CheckResult>();
-  for (const id of CHECK_IDS) {
-    const unit = units.find((u) => u.id === id)!;
-    done.set(id, setup.checks.has(id) ? unit.judge(done)
-      : skippedCheck(id, unit.criterion, `not selected (${opt('checks')})`, 'not selected'));
-  }
-  const checks = CHECK_IDS.map((id) => done.get(id)!);
   const report: VerifyReport = {
     passed: false, strictMode: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refusedAttention: setup.refused,
     trainLen: setup.L, trainLenSource: setup.trainLenSource, tolerance: setup.tolerance, inputs: inputReports(setup), sweep: setup.plan.sweep,
@@ -104,6 +110,17 @@ async function runVerification(original: ModelProto, patched: ModelProto, option
   };
   report.passed = checks.every((c) => c.status !== 'FAILED') && (!setup.strict || report.unverified.length === 0);
   return rendered(report, audience);
+}
+
+/** Each check's verdict, in check order (a check reads the verdicts before it); checks not selected are skipped. */
+function judged(setup: Setup, units: CheckUnit[]): CheckResult[] {
+  const done = new Map<CheckId, CheckResult>();
+  for (const id of CHECK_IDS) {
+    const unit = units.find((u) => u.id === id)!;
+    done.set(id, setup.checks.has(id) ? unit.judge(done)
+      : skippedCheck(id, unit.criterion, `not selected (${opt('checks')})`, 'not selected'));
+  }
+  return CHECK_IDS.map((id) => done.get(id)!);
 }
 
 /** Everything a strict verification fails on: checks skipped for lack of evidence, sites not seen, refused attention. */

@@ -57,3 +57,19 @@ export function pixelAttentionModel(): ModelProto {
     outputs: [value('y', DataType.FLOAT, ['batch', 'tokens', HID])], initializers: inits,
   });
 }
+
+/**
+ * Self-attention whose residual Add and LayerNormalization onnxruntime's extended fusions turn into
+ * SkipLayerNormalization: its kernel computes the variance in one pass (E[x²] − E[x]²), which cancels where the
+ * activations sit far from 0 with a small spread (here 32 ± 1e-3), so the model's own outputs differ between graph
+ * optimisation levels 'basic' and 'all' (as in onnxruntime's GPT-2 fusion tests).
+ */
+export function skipLayerNormModel(): ModelProto {
+  const nodes: NodeProto[] = [node('Mul', ['x', 'small'], ['x_small']), node('Add', ['x_small', 'offset'], ['skip'])];
+  const inits: TensorProto[] = [
+    f32('small', [], [1e-3]), f32('offset', [], [32]), f32('ln_scale', [HID], new Array<number>(HID).fill(1)), f32('ln_bias', [HID], new Array<number>(HID).fill(0)),
+  ];
+  const hidden = attention('x_small', 'x_small', nodes, inits);
+  nodes.push(node('Add', [hidden, 'skip'], ['residual']), node('LayerNormalization', ['residual', 'ln_scale', 'ln_bias'], ['y'], { axis: -1 }));
+  return model({ nodes, inputs: [value('x', DataType.FLOAT, ['batch', 'sequence', HID])], outputs: [value('y', DataType.FLOAT, ['batch', 'sequence', HID])], initializers: inits });
+}

@@ -21,6 +21,7 @@ export const DECODER_MASKED_MULTI_HEAD_ATTENTION = patchedOp({
   contracts: {
     lengths: { past_sequence_length: 'past' },
     queryRows: 1,
+    beams: { width: 'beam_width', indirection: 'cache_indirection' },
     minPast: { tokens: 1, why: 'onnxruntime 1.30\'s CPU kernel corrupts memory (the process aborts) on an empty cache (past_sequence_length 0)' },
     sharedBuffer: { attribute: 'past_present_share_buffer', caches: ['past_key', 'past_value'], length: 'past_sequence_length' },
     notes: [

@@ -118,6 +118,8 @@ export interface Contracts<I extends string> {
   keyEnds?: I;
   /** Every run needs at least this many cached tokens, and why. */
   minPast?: { tokens: number; why: string };
+  /** Beam search's width input and the cache indirection [B, beams, max length] it must match (axis 1); the indirection holds beam indices. */
+  beams?: { width: I; indirection: I };
   /** The query rows the kernel takes, when it takes only so many. */
   queryRows?: number;
   /** Sizes that must divide exactly, as the documentation states them. */

@@ -45,7 +45,8 @@ export class LivenessCheck implements CheckUnit {
     for (const o of r.outputs.filter((x) => x.newNonFinite > 0)) {
       this.nonFinite.push(`${run.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
     }
-    if (key === 'patched' && run.seq + run.past > this.ctx.setup.liveFrom) {
+    // A short run past L counts too: a model fixed at one length beyond L has no other.
+    if (this.ctx.setup.keysOf(run) > this.ctx.setup.liveFrom && (key === 'patched' || run.kind === 'short')) {
       this.longRuns.push(r);
       if (this.saturated(run, original)) this.saturatedRuns.add(run.id);
     }
@@ -77,7 +78,14 @@ export class LivenessCheck implements CheckUnit {
     if (this.errors.length) return check('liveness', 'FAILED', this.errors[0], this.criterion, longRuns);
     if (this.nonFinite.length) return check('liveness', 'FAILED', this.nonFinite[0], this.criterion, longRuns);
     const finite = `all outputs finite in ${this.finiteRuns} run(s)`;
-    if (longRuns.length === 0) return skippedCheck('liveness', this.criterion, `no run longer than ${this.beyond} (${finite}); raise the longest length to check`);
+    const bound = setup.bound;
+    if (longRuns.length === 0 && bound?.longest !== undefined && bound.longest <= setup.liveFrom) {
+      return skippedCheck('liveness', this.criterion, `no attention row of this model can see more than ${bound.longest} keys (${bound.why}), never beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
+    }
+    if (longRuns.length === 0 && bound?.kind === 'fixed' && !setup.seqFree && !setup.pastFree) {
+      return skippedCheck('liveness', this.criterion, `the model's inputs fix every length (${bound.why}) and its one run is not beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
+    }
+    if (longRuns.length === 0) return skippedCheck('liveness', this.criterion, `no run longer than ${this.beyond} (${finite}); ${noLongRun(setup)}`);
     const dead = longRuns.find((r) => !r.passed && !this.saturatedRuns.has(r.run));
     if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond ${this.beyond}`, this.criterion, longRuns);
     const alive = longRuns.filter((r) => r.passed);
@@ -88,4 +96,13 @@ export class LivenessCheck implements CheckUnit {
     const o = longest.outputs.reduce((a, b) => (b.maxAbsFinite > a.maxAbsFinite ? b : a));
     return check('liveness', 'PASSED', `outputs differ from the original's at ${alive.map((r) => r.length.seq + r.length.past).join(', ')} (> ${this.beyond}; ${o.name} max abs ${e2(o.maxAbsFinite)} at ${longest.length.seq + longest.length.past}); ${finite}`, this.criterion, longRuns);
   }
+}
+
+/** What to do when no run went beyond L although the model can: the cap that stopped the plan, or the lengths asked for. */
+function noLongRun(setup: UnitContext['setup']): string {
+  const { plan } = setup;
+  if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
+  if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;
+  if (!plan.sweep.length && plan.notes[0]) return plan.notes[0];
+  return 'give longer lengths to check';
 }

@@ -30,7 +30,9 @@ export class SharpnessCheck implements CheckUnit {
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
     const means = (out: Outputs, names: Map<number, string>): number[] =>
       layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
-    this.points.push(sharpnessPoint(run.seq + run.past, means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs)));
+    const point = sharpnessPoint(this.ctx.setup.keysOf(run), means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs));
+    // An original with no finite attention (a run whose rows see no key: a cross-attention cache left empty) has no sharpness to keep.
+    if (Number.isFinite(point.original)) this.points.push(point);
   }
 
   judge(): CheckResult {
@@ -48,14 +50,26 @@ export class SharpnessCheck implements CheckUnit {
   private verdict(unseen: string[]): CheckResult {
     const { setup, factory } = this.ctx;
     const { original, patched } = factory.rowMax;
+    const bound = setup.bound;
+    if (this.points.length < 2 && bound && (bound.kind === 'fixed' || (bound.longest ?? 0) <= setup.liveFrom)) {
+      const what = bound.kind === 'fixed' ? `the model runs at one length only (${bound.why})` : `no length beyond ${bound.longest} (${bound.why})`;
+      return skippedCheck('sharpness', this.criterion, `${what}: no curve over lengths beyond L can exist; re-export it with dynamic axes to check it`, 'not applicable');
+    }
     if (![...(patched?.outputs.keys() ?? [])].some((i) => original?.outputs.has(i))) {
       return skippedCheck('sharpness', this.criterion, unseen.length ? `no site shows its attention probabilities (${unseen[0]})` : 'no run reached the sweep');
+    }
+    const broken = this.points.find((x) => !Number.isFinite(x.patched) && Number.isFinite(x.original));
+    if (broken) {
+      return check('sharpness', 'FAILED', `the patched model's attention probabilities are not finite at ${broken.length} (NaN or Inf where the original's are finite): the factor overflows or divides by zero`, this.criterion);
     }
     if (this.points.length < 2) return skippedCheck('sharpness', this.criterion, `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${this.points.length}`})`);
     const curve = sharpnessCurve(setup.L, this.points);
     // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
     this.curve = curve;
     const first = curve.points[0], last = curve.points[curve.points.length - 1];
+    if (last.length <= setup.liveFrom && setup.bound?.longest !== undefined && setup.bound.longest <= setup.liveFrom) {
+      return skippedCheck('sharpness', this.criterion, `no attention row of this model can see more than ${setup.bound.longest} keys (${setup.bound.why}), never beyond L = ${setup.liveFrom}; re-export it with dynamic axes to check it`, 'not applicable');
+    }
     if (last.length <= setup.liveFrom) {
       return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
     }

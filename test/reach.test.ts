@@ -1,0 +1,141 @@
+/**
+ * What a model's lengths allow (issue 24): a patch-time report and warning where every attention length is fixed,
+ * a patch that changes nothing refused unless --allow-no-op, and verification that plans its runs from what the
+ * model accepts (fixed tokens with a growing cache, DecoderMaskedMultiHeadAttention's one query token) and calls a
+ * check that cannot apply by construction not applicable, so --strict passes a correct patch.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, describe, it } from 'node:test';
+import { Graph } from '../src/graph/graph';
+import { readModel } from '../src/io/model-file';
+import { makePlan } from '../src/verify/plan';
+import { convStack, samplesFor } from '../src/verify/waveform';
+import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
+import { FIXTURES, TORCH } from './support/ref';
+
+after(removeScratch);
+
+const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
+const corpus = (name: string): string => path.join(CORPUS, name);
+const absent = (name: string): false | string => (fs.existsSync(corpus(name)) ? false : 'corpus not present');
+
+interface CheckLine { id: string; status: string; skip?: string; summary: string }
+const checksOf = (stdout: string): CheckLine[] => (JSON.parse(stdout) as { checks: CheckLine[] }).checks;
+
+describe('patch time: fixed lengths', () => {
+  const fixed = 'burn_attention_3d.onnx';
+  it('warns with the n the model runs, the factor there and what to do; the JSON report has it', { skip: absent(fixed) }, () => {
+    const r = cli([corpus(fixed), '--train-len', '64', '--dry-run', '--json']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stderr, /warning: every attention length of this model is fixed \(the model's inputs have no dynamic axis but the batch\): n = 2 at every site, where the factor s·ln n is 0\.167: the patched model differs from the original at every length it can run \(never n = L = 64\).*give --train-len 2/);
+    const report = JSON.parse(r.stdout) as { lengths?: { kind: string; effect: string; sites: { n: number[] }[] }; warnings: { code: string }[] };
+    assert.equal(report.lengths?.kind, 'fixed');
+    assert.equal(report.lengths?.effect, 'changed');
+    assert.deepEqual(report.lengths?.sites.map((s) => s.n), [[2, 2]]);
+    assert.ok(report.warnings.some((w) => w.code === 'fixed-lengths'));
+  });
+
+  it('refuses a patch that can change no output (qwen-logn below L), writes nothing; --allow-no-op writes it with a warning', { skip: absent(fixed) }, () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'p.onnx');
+    const r = cli([corpus(fixed), '--train-len', '64', '--preset', 'qwen-logn', '-o', out]);
+    assertOneLineError(r, 2, /^ssmax-patch: the patch can never change any output: .*n = 1 … 2 at every site, and the factor max\(1, ln n \/ ln L\) is 1 at every n the model can run; re-export the model with dynamic axes, or give --allow-no-op/);
+    assert.ok(!fs.existsSync(out));
+    const forced = cli([corpus(fixed), '--train-len', '64', '--preset', 'qwen-logn', '--allow-no-op', '-o', out]);
+    assert.equal(forced.code, 0, forced.stderr);
+    assert.match(forced.stderr, /warning: written anyway \(--allow-no-op\): the patch can never change any output/);
+    assert.ok(fs.existsSync(out));
+  });
+
+  it('says nothing on a model with a dynamic sequence', () => {
+    const r = cli([path.join(TORCH, 'gpt2_past.onnx'), '--train-len', '64', '--dry-run', '--json']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal((JSON.parse(r.stdout) as { lengths?: unknown }).lengths, undefined);
+    assert.doesNotMatch(r.stderr, /fixed/);
+  });
+});
+
+describe('plan: fixed tokens beyond the lengths asked for', () => {
+  const base = { trainLen: 28, batch: 2, limit: null, seqFree: false, pastFree: true, pinned: {}, canPad: false, fixedSeq: 1500 };
+  it('grows the cache on top of the fixed tokens by L, 4L and 16L', () => {
+    const plan = makePlan(base);
+    assert.deepEqual(plan.sweep, [1500, 1528, 1612, 1948]);
+    assert.deepEqual(plan.runs.filter((r) => r.kind === 'sweep').map((r) => [r.seq, r.past]), [[1500, 0], [1500, 28], [1500, 112], [1500, 448]]);
+  });
+  it('names the lengths asked for that every run exceeds', () => {
+    const plan = makePlan({ ...base, lengths: [16, 64, 1600, 2000] });
+    assert.deepEqual(plan.sweep, [1600, 2000]);
+    assert.ok(plan.notes.includes('lengths 16, 64 not run: every run has at least 1500 keys (the fixed 1500 tokens)'), plan.notes.join('\n'));
+  });
+});
+
+describe('verify --strict on what the model accepts', () => {
+  it('a --dim the model cannot honour is a one-line error (a model fixed at 2 tokens has no sequence to set)', { skip: absent('burn_attention_3d.onnx') }, () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'b.onnx');
+    const original = corpus('burn_attention_3d.onnx');
+    assert.equal(cli([original, '--train-len', '64', '-o', out]).code, 0);
+    assertOneLineError(cli(['verify', original, out, '--dim', 'seq=128']), 2,
+      /^ssmax-patch: --dim seq=128: no input of this model has a dim 'seq' or an axis sized by the sequence \(inputs: .*\)/);
+    assert.equal(cli(['verify', original, out, '--strict']).code, 0);
+  });
+
+  it('Whisper decoder self-attention with past (1500 fixed tokens), --s 0.3: liveness beyond L passes, strict exit 0', { skip: absent('ort_whisper_decoder_with_past_self_mha_fused.onnx') }, () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'w.onnx');
+    const original = corpus('ort_whisper_decoder_with_past_self_mha_fused.onnx');
+    assert.equal(cli([original, '--s', '0.3', '-o', out]).code, 0);
+    const r = cli(['verify', original, out, '--strict', '--json']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const live = checksOf(r.stdout).find((c) => c.id === 'liveness')!;
+    assert.equal(live.status, 'PASSED');
+    assert.match(live.summary, /differ from the original's at .*1948 \(> L = 28/);
+  });
+
+  it('DecoderMaskedMultiHeadAttention (cross attention over 10 keys): one query token, one beam; strict exit 0 without --dim, the checks it cannot see not applicable', { skip: absent('ort_dmmha_cross_attn.onnx') }, () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'd.onnx');
+    const original = corpus('ort_dmmha_cross_attn.onnx');
+    assert.equal(cli([original, '--train-len', '64', '-o', out]).code, 0);
+    const r = cli(['verify', original, out, '--strict', '--json']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const checks = checksOf(r.stdout);
+    assert.deepEqual(checks.map((c) => [c.id, c.status, c.skip ?? '']), [
+      ['wiring', 'PASSED', ''], ['probe', 'PASSED', ''], ['retrofit', 'SKIPPED', 'not applicable'], ['liveness', 'SKIPPED', 'not applicable'], ['sharpness', 'SKIPPED', 'not applicable'],
+    ]);
+    assert.match(checks[3].summary, /^no attention row of this model can see more than 10 keys \(every attention site's key count is a constant of the graph\), never beyond L = 64/);
+  });
+});
+
+describe('audio: a waveform sized in frames of the attention', () => {
+  const file = path.join(FIXTURES, 'audio', 'wav2vec2_tiny.onnx');
+  it('the conv stack (10/5, 3/2, 3/2, 2/2) is read from the graph; its samples make exactly the frames asked for on onnxruntime', async () => {
+    const graph = new Graph(readModel(file).graph!);
+    const stack = convStack(graph, 'waveforms');
+    assert.deepEqual(stack.map((s) => [s.kernel, s.stride]), [[10, 5], [3, 2], [3, 2], [2, 2]]);
+    assert.equal(samplesFor(stack, 1), 60);
+    assert.equal(samplesFor(stack, 12), 60 + 11 * 40);
+    const ort = await import('onnxruntime-node');
+    const session = await ort.InferenceSession.create(file);
+    for (const frames of [7, 64]) {
+      const samples = samplesFor(stack, frames);
+      const out = await session.run({ waveforms: new ort.Tensor('float32', new Float32Array(samples).fill(0.5), [1, samples]) });
+      assert.deepEqual(out.features.dims, [1, frames, 16]);
+    }
+    await session.release();
+  });
+
+  it('verify --strict passes a correct patch without --dim: runs in frames, beyond L', () => {
+    const dir = tmpdir('ssmax-reach-');
+    const out = path.join(dir, 'w.onnx');
+    assert.equal(cli([file, '--train-len', '64', '--n', 'keys', '-o', out]).code, 0);
+    const r = cli(['verify', file, out, '--strict', '--json']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const report = JSON.parse(r.stdout) as { sweep: number[]; inputs: { sized?: string[] }[]; checks: CheckLine[] };
+    assert.deepEqual(report.sweep, [16, 32, 64, 128, 256, 512, 1024]);
+    assert.deepEqual(report.inputs[0].sized, ["dim 1 'samples': a waveform: 4 strided convolution(s) make one frame of 60 samples and one more every 40; runs are sized in frames"]);
+    assert.match(report.checks.find((c) => c.id === 'liveness')!.summary, /^outputs differ from the original's at 128, 256, 512, 1024/);
+  });
+});
