@@ -81,7 +81,7 @@ function lengths(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape,
   }
   // ONNX Attention expanded into its function body keeps the input's name, and K's: every key valid.
   if (spec.name === 'nonpad_kv_seqlen' && feeds.K) return fill(keyCount(feeds.K, shape));
-  throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
+  throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`, 'cannot-verify');
 }
 
 /**
