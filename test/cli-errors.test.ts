@@ -14,7 +14,7 @@ import { makeTensor } from '../src/graph/tensor';
 import { readModel, writeModel, writeModelAsync } from '../src/io/model-file';
 import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
-import { f32, i64, model, node, randoms, value } from './support/build';
+import { classifierOnly, i64, model, node, value } from './support/build';
 import { cli, CliResult, removeScratch, sha, snapshot, tmpdir, writeExternal } from './support/io';
 import { blocks, runShell, section } from './support/readme';
 import { TORCH } from './support/ref';
@@ -65,6 +65,7 @@ describe('options that would be ignored are errors', () => {
     ['--floor-scale without --preset llama4 (was: ignored)', [...gpt2, '--floor-scale', '4096'], /--floor-scale applies to --preset llama4 only/],
     ['--attn-scale with qwen-logn', [...gpt2, '--preset', 'qwen-logn', '--attn-scale', '0.2'], /--attn-scale applies to --preset llama4 only/],
     ['--b with llama4', ['gpt2_past.onnx', '--preset', 'llama4', '--b', '0.1'], /--b applies to --preset ssmax only/],
+    ['--n with --preset none (was: ignored, and warned about as if it counted)', ['gpt2_past.onnx', '--preset', 'none', '--prior', 'ggd', '--n', 'keys'], /--preset none has no factor, so no n: --n keys would be ignored/],
     ['--s 1e300 (was: written as float32 Infinity)', ['gpt2_past.onnx', '--s', '1e300'], /--s: 1e\+300 overflows float32 .*it would be stored as Infinity/],
     ['--s 1e-300 (was: written as 0)', ['gpt2_past.onnx', '--s', '1e-300'], /--s: 1e-300 underflows float32 .*it would be stored as 0\b/],
     ['--s 1e-40, a float32 subnormal', ['gpt2_past.onnx', '--s', '1e-40'], /--s: 1e-40 underflows float32 \(smallest normal 1\.1754944e-38\): it would be stored as 9\.99994/],
@@ -129,12 +130,6 @@ const flatAttention = (): ModelProto => model({
   outputs: [value('Y', DataType.FLOAT, [])],
 });
 
-const classifier = (): ModelProto => model({
-  nodes: [node('MatMul', ['x', 'w'], ['logits']), node('Softmax', ['logits'], ['p'], { axis: -1 })],
-  inputs: [value('x', DataType.FLOAT, ['batch', 16])], outputs: [value('p', DataType.FLOAT, ['batch', 5])],
-  initializers: [f32('w', [16, 5], randoms(80, 3))],
-});
-
 describe('every error has a code, which sets the exit code', () => {
   const dir = workdir();
   const save = (name: string, m: ModelProto): void => fs.writeFileSync(path.join(dir, name), encodeModel(m));
@@ -142,7 +137,7 @@ describe('every error has a code, which sets the exit code', () => {
   save('flat.onnx', flatAttention());
   // The query reshaped to a fixed length: the original runs at no length but 7, and verification tries others.
   save('fixed.onnx', attentionModel(-1, 'Qr', [node('Reshape', ['Q', 'shape'], ['Qr'])], [i64('shape', [1, 2, 7, 8])]));
-  save('cls.onnx', classifier());
+  save('cls.onnx', classifierOnly());
   fs.writeFileSync(path.join(dir, 'per-head.json'), JSON.stringify({ s: [0.3, 0.4] }));
   fs.mkdirSync(path.join(dir, 'ext'));
   writeExternal(fs.readFileSync(path.join(dir, 'gpt2_past.onnx')), path.join(dir, 'ext'), 'm.onnx');
@@ -214,12 +209,12 @@ describe('the library\'s errors carry the same codes', () => {
       }
       assert.fail('nothing thrown');
     };
-    const none = thrown(() => patchModel(classifier(), { s: 0.3 }));
+    const none = thrown(() => patchModel(classifierOnly(), { s: 0.3 }));
     assert.deepEqual([none.code, none.exitCode], ['no-attention', 4]);
     const overflow = thrown(() => patchModel(readModel(path.join(TORCH, 'gpt2_past.onnx')), { s: 1e300 }));
     assert.deepEqual([overflow.code, overflow.exitCode], ['usage', 2]);
     assert.match(overflow.message, /option s: 1e\+300 overflows float32/);
-    const large = thrown(() => writeModel(path.join(tmpdir(), 'big.onnx'), classifier(), { maxProtobufBytes: 100 }));
+    const large = thrown(() => writeModel(path.join(tmpdir(), 'big.onnx'), classifierOnly(), { maxProtobufBytes: 100 }));
     assert.equal(large.code, 'too-large');
     const theta = thrown(() => patchModel(readModel(path.join(TORCH, 'gpt2_past.onnx')), { trainLen: 64, prior: 'alibi', theta: { beta: 1e39 } }));
     assert.match(theta.message, /θbeta: 1e\+39 overflows float32/);
@@ -228,7 +223,7 @@ describe('the library\'s errors carry the same codes', () => {
   it('an input cut short while it is copied is an io error, not an internal one (was: exit 3)', async () => {
     const dir = tmpdir();
     const input = path.join(dir, 'in.onnx');
-    const m = classifier();
+    const m = classifierOnly();
     // Large enough to be copied in several chunks, between which the event loop runs.
     m.graph!.initializer.push(makeTensor('table', DataType.FLOAT, [1 << 20], new Array<number>(1 << 20).fill(0.5)));
     fs.writeFileSync(input, encodeModel(m));

@@ -56,6 +56,8 @@ function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOption
   const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
   if (preset.kind === 'none') {
     if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`, 'usage');
+    // n is the factor's alone: the prior reads positions.
+    if (o.n !== undefined && o.n !== 'auto') throw new InputError(`${opt('preset', 'none')} has no factor, so no n: ${opt('n', o.n)} would be ignored`, 'usage');
     if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`, 'usage');
     return undefined;
   }
