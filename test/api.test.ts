@@ -92,23 +92,25 @@ describe('docs/api.md examples, against the built package', () => {
     return dir;
   }
 
-  it('the CommonJS example compiles under strict TypeScript and runs', () => {
+  /** The TypeScript block under `heading` compiled under strict TypeScript as CommonJS: its folder, with example.js. */
+  function compiled(heading: string): string {
     const dir = project();
-    fs.writeFileSync(path.join(dir, 'example.ts'), block('## Example (TypeScript or JavaScript, CommonJS)', 'ts'));
+    fs.writeFileSync(path.join(dir, 'example.ts'), block(heading, 'ts'));
     fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions: { module: 'commonjs', target: 'ES2022', strict: true, types: ['node'] }, files: ['example.ts'] }));
     const tsc = spawnSync(process.execPath, [path.join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', dir], { encoding: 'utf8' });
     assert.equal(tsc.status, 0, tsc.stdout + tsc.stderr);
+    return dir;
+  }
+
+  it('the CommonJS example compiles under strict TypeScript and runs', () => {
+    const dir = compiled('## Example (TypeScript or JavaScript, CommonJS)');
     const r = spawnSync(process.execPath, [path.join(dir, 'example.js')], { cwd: ROOT, encoding: 'utf8' });
     assert.equal(r.status, 0, r.stderr);
     assert.match(r.stdout, /^2 Softmax sites, 0 fused operators\nlayer 0: n=causal-padding on query\nlayer 1: n=causal-padding on query\n$/);
   });
 
   it('the error example skips a model without attention by its code and stops on any other error', () => {
-    const dir = project();
-    fs.writeFileSync(path.join(dir, 'example.ts'), block('## Example: errors a pipeline branches on', 'ts'));
-    fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions: { module: 'commonjs', target: 'ES2022', strict: true, types: ['node'] }, files: ['example.ts'] }));
-    const tsc = spawnSync(process.execPath, [path.join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', dir], { encoding: 'utf8' });
-    assert.equal(tsc.status, 0, tsc.stdout + tsc.stderr);
+    const dir = compiled('## Example: errors a pipeline branches on');
     const gpt2 = path.join(dir, 'gpt2.onnx');
     const cls = path.join(dir, 'cls.onnx');
     const bad = path.join(dir, 'bad.onnx');
