@@ -252,6 +252,15 @@ describe('help', () => {
     assert.equal(r.stderr, "ssmax-patch: unknown command 'bogus' (commands: patch, verify, revert) (see ssmax-patch --help)\n");
   });
 
+  it('help help and help verify: the help asked for, exit 0', () => {
+    const top = cli(['help', 'help']);
+    assert.equal(top.code, 0, top.stderr);
+    assert.equal(top.stdout, cli(['--help']).stdout);
+    const verify = cli(['help', 'verify']);
+    assert.equal(verify.code, 0, verify.stderr);
+    assert.match(verify.stdout, /^Usage: ssmax-patch verify \[options\] <original> <patched>/);
+  });
+
   it('a second model that exists is not suggested as -o (it would be overwritten); a new name is', () => {
     const dir = workdir();
     const before = sha(path.join(dir, 'llama_gqa.onnx'));

@@ -61,15 +61,27 @@ async function dispatch(argv: string[], run: Run): Promise<number> {
   add('patch', patchProgram, patchCommand as Action);
   add('verify', verifyProgram, verifyCommand as Action);
   add('revert', revertProgram, revertCommand as Action);
+  const helped = helpBeforeParsing(argv, program);
+  if (helped !== null) return helped;
+  await program.parseAsync(argv, { from: 'user' });
+  return code;
+}
+
+/** The help commander would get wrong, answered here: its exit code, or null to parse the arguments. */
+function helpBeforeParsing(argv: string[], program: Command): number | null {
   // Bare, it is asked what it is: the help, on stderr with exit 2, since a script whose model variable came out
   // empty (ssmax-patch $MODEL) must not pass as a success.
   if (argv.length === 0) {
     program.outputHelp({ error: true });
     return 2;
   }
+  // commander's own help command has no help: it would print the whole help as an error, then "(outputHelp)".
+  if (argv[0] === 'help' && argv[1] === 'help') {
+    program.outputHelp();
+    return 0;
+  }
   refuseUnknownHelpTopic(argv);
-  await program.parseAsync(argv, { from: 'user' });
-  return code;
+  return null;
 }
 
 /** Commander throws instead of exiting, and prints nothing on errors: fail() prints the one line. */
