@@ -29,30 +29,83 @@ export function render(message: string, audience: 'api' | 'cli'): string {
   });
 }
 
+/**
+ * What went wrong, in words a pipeline can branch on (stable across versions), and the exit code each gives at the
+ * command line. The README's exit-code table and docs/report.schema.json list the same codes.
+ */
+export const ERROR_CODES = {
+  /** A bad option, option value, argument or combination, for the CLI as for the library. */
+  usage: 2,
+  /** A file cannot be read or written: missing, a folder, no permission, a full disk, changed while being read. */
+  io: 2,
+  /** The output exists and overwriting it was not asked for (--force). */
+  'output-exists': 2,
+  /** Not an ONNX model this tool reads (truncated, corrupt, another format), or its graph is invalid. */
+  'bad-model': 2,
+  /** External data missing, too short, or where it cannot be placed. */
+  'bad-external-data': 2,
+  /** Too large for one protobuf (2 GB) where the model must be one. */
+  'too-large': 2,
+  /** No attention in the model: nothing to patch. Exit 4, so that a loop over models can skip these. */
+  'no-attention': 4,
+  /** Attention found, but every node was refused (--force-site patches one anyway). */
+  'attention-refused': 2,
+  /** The model's attention cannot take the patch as asked (its opset, an unknown head count or mask layout). */
+  'cannot-patch': 2,
+  /** The model is patched already (--update-s replaces s). */
+  'already-patched': 2,
+  /** revert: the patch cannot be taken out (the model was edited after patching). */
+  'cannot-revert': 2,
+  /** The model has no patch of this tool to revert, update or verify. */
+  'not-patched': 2,
+  /** verify: the patched model is not a patch of the original given. */
+  'wrong-original': 2,
+  /** Verification needs onnxruntime, which cannot be loaded. */
+  'no-runtime': 2,
+  /** Verification cannot run this model: inputs it cannot make, an original that fails on them or does not load. */
+  'cannot-verify': 2,
+  /** A verification check failed. */
+  'verify-failed': 1,
+  /** --strict: a check was skipped or an attention node refused. */
+  'strict-failed': 1,
+  /** A bug of this tool. */
+  internal: 3,
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+/** The codes an InputError takes: every code but the verdicts of a verification and a bug. */
+export type InputErrorCode = Exclude<ErrorCode, 'verify-failed' | 'strict-failed' | 'internal'>;
+
 /** Errors that reach the user as one line and an exit code, never as a stack trace. */
 export class SsmaxError extends Error {
   /** The message with options named by their command-line flags. */
   readonly cliMessage: string;
+  /** The exit code of the command line, from the code. */
+  readonly exitCode: number;
 
   /** `raw`: the message with its option tokens, to be prefixed by a caller that adds context. */
-  constructor(readonly raw: string, readonly exitCode: number) {
+  constructor(readonly raw: string, readonly code: ErrorCode) {
     super(oneLine(render(raw, 'api')));
     this.cliMessage = oneLine(render(raw, 'cli'));
+    this.exitCode = ERROR_CODES[code];
     this.name = new.target.name;
   }
 }
 
-/** Bad model file, bad option value, nothing to patch: exit code 2. */
+/** Bad model file, bad option value, nothing to patch: exit code 2 (4 for no-attention). */
 export class InputError extends SsmaxError {
-  constructor(message: string) {
-    super(message, 2);
+  declare readonly code: InputErrorCode;
+
+  constructor(message: string, code: InputErrorCode) {
+    super(message, code);
   }
 }
 
 /** A verification check failed: exit code 1. */
 export class VerificationError extends SsmaxError {
   constructor(message: string) {
-    super(message, 1);
+    super(message, 'verify-failed');
   }
 }
 

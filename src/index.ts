@@ -81,4 +81,5 @@ export type { HostTensor, HostType, HostData } from './verify/tensors';
 export { sharpnessSvg } from './verify/plot';
 export type { PlotLabels } from './verify/plot';
 
-export { InputError, VerificationError, SsmaxError } from './errors';
+export { InputError, VerificationError, SsmaxError, ERROR_CODES } from './errors';
+export type { ErrorCode, InputErrorCode } from './errors';

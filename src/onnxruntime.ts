@@ -56,7 +56,7 @@ export function runtimeLabel(r: RuntimeReport): string {
 
 function load(choice: string): Runtime {
   const names = CHOICES[choice];
-  if (!names) throw new InputError(`SSMAX_PATCH_RUNTIME must be node or web, got '${choice}'`);
+  if (!names) throw new InputError(`SSMAX_PATCH_RUNTIME must be node or web, got '${choice}'`, 'usage');
   const failures: string[] = [];
   for (const name of names) {
     try {
@@ -68,7 +68,7 @@ function load(choice: string): Runtime {
     }
   }
   const hint = names.includes('onnxruntime-node') ? `; ${INSTALL_HINT}` : '';
-  throw new InputError(`verification needs onnxruntime: ${failures.join('; ')}${hint}`);
+  throw new InputError(`verification needs onnxruntime: ${failures.join('; ')}${hint}`, 'no-runtime');
 }
 
 function loadNode(): Runtime {

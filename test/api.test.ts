@@ -9,8 +9,10 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import {
-  detectAttention, findAttentionSoftmax, InputError, modelScopes, ModelProto, patchModel, readModel, Rule, RULES, serializeModel,
+  detectAttention, findAttentionSoftmax, InputError, modelScopes, ModelProto, patchModel, readModel, Rule, RULES, serializeModel, SsmaxError,
 } from '../src/index';
+import { encodeModel } from '../src/io/onnx';
+import { classifierOnly } from './support/build';
 import { removeScratch, tmpdir } from './support/io';
 import { TORCH } from './support/ref';
 
@@ -19,7 +21,9 @@ after(removeScratch);
 const ROOT = path.resolve(__dirname, '../..');
 
 /** Never called: the compiler holds these to the option types (an unused @ts-expect-error fails the build). */
-export function optionTypes(m: ModelProto): void {
+export function optionTypes(m: ModelProto, e: SsmaxError): void {
+  // @ts-expect-error an error code outside the list
+  if (e.code === 'no-attentoin') return;
   // @ts-expect-error no such preset
   patchModel(m, { preset: 'bogus', trainLen: 64 });
   // @ts-expect-error no such n mode
@@ -88,15 +92,40 @@ describe('docs/api.md examples, against the built package', () => {
     return dir;
   }
 
-  it('the CommonJS example compiles under strict TypeScript and runs', () => {
+  /** The TypeScript block under `heading` compiled under strict TypeScript as CommonJS: its folder, with example.js. */
+  function compiled(heading: string): string {
     const dir = project();
-    fs.writeFileSync(path.join(dir, 'example.ts'), block('## Example (TypeScript or JavaScript, CommonJS)', 'ts'));
+    fs.writeFileSync(path.join(dir, 'example.ts'), block(heading, 'ts'));
     fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions: { module: 'commonjs', target: 'ES2022', strict: true, types: ['node'] }, files: ['example.ts'] }));
     const tsc = spawnSync(process.execPath, [path.join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', dir], { encoding: 'utf8' });
     assert.equal(tsc.status, 0, tsc.stdout + tsc.stderr);
+    return dir;
+  }
+
+  it('the CommonJS example compiles under strict TypeScript and runs', () => {
+    const dir = compiled('## Example (TypeScript or JavaScript, CommonJS)');
     const r = spawnSync(process.execPath, [path.join(dir, 'example.js')], { cwd: ROOT, encoding: 'utf8' });
     assert.equal(r.status, 0, r.stderr);
     assert.match(r.stdout, /^2 Softmax sites, 0 fused operators\nlayer 0: n=causal-padding on query\nlayer 1: n=causal-padding on query\n$/);
+  });
+
+  it('the error example skips a model without attention by its code and stops on any other error', () => {
+    const dir = compiled('## Example: errors a pipeline branches on');
+    const gpt2 = path.join(dir, 'gpt2.onnx');
+    const cls = path.join(dir, 'cls.onnx');
+    const bad = path.join(dir, 'bad.onnx');
+    fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), gpt2);
+    fs.writeFileSync(cls, encodeModel(classifierOnly()));
+    fs.writeFileSync(bad, 'not a model');
+    const run = (...files: string[]) => spawnSync(process.execPath, [path.join(dir, 'example.js'), ...files], { cwd: ROOT, encoding: 'utf8' });
+    const r = run(gpt2, cls);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stdout, `${gpt2}: 2 sites patched\n${cls}: skipped (no-attention; the command line exits 4)\n`);
+    assert.ok(fs.existsSync(path.join(dir, 'gpt2.ssmax.onnx')) && !fs.existsSync(path.join(dir, 'cls.ssmax.onnx')));
+    const stopped = run(bad, gpt2);
+    assert.notEqual(stopped.status, 0);
+    assert.match(stopped.stderr, /bad\.onnx: not (a readable|an) ONNX model/);
+    assert.equal(stopped.stdout, '', 'the loop stopped at the bad model');
   });
 
   it('the ES module example imports the named exports and runs', () => {

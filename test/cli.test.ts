@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
+import { ERROR_CODES, ErrorCode } from '../src/errors';
 import { encodeModel } from '../src/io/onnx';
 import { f32, model, node, randoms, value } from './support/build';
 import { TORCH } from './support/ref';
@@ -72,47 +73,50 @@ describe('ssmax-patch CLI', () => {
     assert.equal(JSON.parse(r.stdout).updated, true);
   });
 
-  const bad: [string, (dir: string) => string[], RegExp][] = [
-    ['a missing file', (d) => [path.join(d, 'nope.onnx'), '--s', '0.3'], /no such file/],
+  const bad: [string, (dir: string) => string[], RegExp, ErrorCode][] = [
+    ['a missing file', (d) => [path.join(d, 'nope.onnx'), '--s', '0.3'], /no such file/, 'io'],
     ['a truncated file', (d) => {
       fs.writeFileSync(path.join(d, 'cut.onnx'), fs.readFileSync(path.join(d, 'bert.onnx')).subarray(0, 5000));
       return [path.join(d, 'cut.onnx'), '--s', '0.3'];
-    }, /not (a readable|an) ONNX model/],
+    }, /not (a readable|an) ONNX model/, 'bad-model'],
     ['a file that is not ONNX', (d) => {
       fs.writeFileSync(path.join(d, 'x.onnx'), '{"hello": "world"}\n');
       return [path.join(d, 'x.onnx'), '--s', '0.3'];
-    }, /not (a readable|an) ONNX model/],
-    ['a model with no attention Softmax', (d) => [path.join(d, 'cls-head.onnx'), '--s', '0.3'], /no (attention )?Softmax/],
-    ['an unknown option', (d) => [path.join(d, 'bert.onnx'), '--frobnicate'], /unknown option/],
-    ['no s given', (d) => [path.join(d, 'bert.onnx')], /give --s or --s-file or --train-len/],
-    ['a non-positive s', (d) => [path.join(d, 'bert.onnx'), '--s', '-1'], /positive/],
+    }, /not (a readable|an) ONNX model/, 'bad-model'],
+    ['a model with no attention Softmax', (d) => [path.join(d, 'cls-head.onnx'), '--s', '0.3'], /no (attention )?Softmax/, 'no-attention'],
+    ['an unknown option', (d) => [path.join(d, 'bert.onnx'), '--frobnicate'], /unknown option/, 'usage'],
+    ['no s given', (d) => [path.join(d, 'bert.onnx')], /give --s or --s-file or --train-len/, 'usage'],
+    ['a non-positive s', (d) => [path.join(d, 'bert.onnx'), '--s', '-1'], /positive/, 'usage'],
     ['an s-file with the wrong head count', (d) => {
       fs.writeFileSync(path.join(d, 's.json'), JSON.stringify({ s: [0.1, 0.2, 0.3] }));
       return [path.join(d, 'bert.onnx'), '--s-file', path.join(d, 's.json')];
-    }, /3 heads for layer 0, the model has 4/],
+    }, /3 heads for layer 0, the model has 4/, 'usage'],
     ['an s-file with the wrong layer count', (d) => {
       fs.writeFileSync(path.join(d, 's.json'), JSON.stringify({ s: [[0.1, 0.2, 0.3, 0.4]] }));
       return [path.join(d, 'bert.onnx'), '--s-file', path.join(d, 's.json')];
-    }, /1 layers, the model has 2 attention layers/],
+    }, /1 layers, the model has 2 attention layers/, 'usage'],
     ['an s-file with a zero s', (d) => {
       fs.writeFileSync(path.join(d, 's.json'), JSON.stringify({ s: [0.1, 0, 0.3, 0.4] }));
       return [path.join(d, 'bert.onnx'), '--s-file', path.join(d, 's.json')];
-    }, /positive/],
+    }, /positive/, 'usage'],
     ['an s-file that is not JSON', (d) => {
       fs.writeFileSync(path.join(d, 's.json'), 's = 0.3');
       return [path.join(d, 'bert.onnx'), '--s-file', path.join(d, 's.json')];
-    }, /not valid JSON/],
-    ['the output path equal to the input', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '-o', path.join(d, 'bert.onnx'), '--force'], /refusing to overwrite the input/],
-    ['a bad --n', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '--n', 'rows'], /--n must be one of auto, keys, causal, padding, causal-padding, mask; got 'rows'/],
+    }, /not valid JSON/, 'usage'],
+    ['the output path equal to the input', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '-o', path.join(d, 'bert.onnx'), '--force'], /refusing to overwrite the input/, 'usage'],
+    ['a bad --n', (d) => [path.join(d, 'bert.onnx'), '--s', '0.3', '--n', 'rows'], /--n must be one of auto, keys, causal, padding, causal-padding, mask; got 'rows'/, 'usage'],
   ];
-  for (const [what, args, pattern] of bad) {
-    it(`rejects ${what} with one line, exit 2, and no output file`, () => {
+  for (const [what, args, pattern, code] of bad) {
+    it(`rejects ${what} with one line, exit ${ERROR_CODES[code]}, error code ${code}, and no output file`, () => {
       const dir = workdir();
       writeClassifierOnly(dir);
       const argv = args(dir);
       const before = fs.readdirSync(dir).map((f) => `${f}:${sha(path.join(dir, f))}`).sort();
       const r = cli(argv);
-      assertOneLineError(r, 2, pattern);
+      assertOneLineError(r, ERROR_CODES[code], pattern);
+      const json = cli([...argv, '--json']);
+      assert.equal(json.code, ERROR_CODES[code]);
+      assert.equal(JSON.parse(json.stdout).error.code, code);
       const after = fs.readdirSync(dir).map((f) => `${f}:${sha(path.join(dir, f))}`).sort();
       assert.deepEqual(after, before, 'files in the folder changed');
     });

@@ -8,6 +8,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
+import { ErrorCode } from '../src/errors';
 import { encodeModel, ModelProto } from '../src/io/onnx';
 import { decodeAs, encodeAs } from '../src/io/proto';
 import { varintField } from '../src/io/wire';
@@ -70,9 +71,11 @@ function folder(): { dir: string; input: string } {
   return { dir, input };
 }
 
-function expectRefusal(dir: string, args: string[], pattern: RegExp): void {
+/** One line, exit 2, the folder as it was; with --json, the report's error has `code`. */
+function expectRefusal(dir: string, args: string[], pattern: RegExp, code: ErrorCode): void {
   const before = snapshot(dir);
   assertOneLineError(cli(args), 2, pattern);
+  assert.equal(JSON.parse(cli([...args, '--json']).stdout).error.code, code);
   assert.deepEqual(snapshot(dir), before, 'the folder changed');
 }
 
@@ -83,7 +86,7 @@ describe('bad input files', () => {
       const { dir } = folder();
       const bad = path.join(dir, 'bad.onnx');
       fs.writeFileSync(bad, bytes());
-      expectRefusal(dir, [bad, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], pattern);
+      expectRefusal(dir, [bad, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], pattern, 'bad-model');
     });
   }
 });
@@ -99,7 +102,7 @@ describe('bad external data', () => {
       const dir = tmpdir('ssmax-faults-');
       const input = writeExternal(good, dir, 'm.onnx');
       damage(dir);
-      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], pattern);
+      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], pattern, 'bad-external-data');
     });
   }
 
@@ -113,7 +116,7 @@ describe('bad external data', () => {
       const m = decodeAs<ModelProto>('ModelProto', fs.readFileSync(input));
       for (const t of m.graph!.initializer) for (const kv of t.externalData) if (kv.key === 'location') kv.value = location;
       fs.writeFileSync(input, encodeAs('ModelProto', m));
-      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], pattern);
+      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], pattern, 'bad-external-data');
     });
   }
 
@@ -124,7 +127,7 @@ describe('bad external data', () => {
     const kv = m.graph!.initializer.find((t) => t.name === 'wte')!.externalData.find((e) => e.key === 'length')!;
     kv.value = String(Number(kv.value) - 4);
     fs.writeFileSync(input, encodeAs('ModelProto', m));
-    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], /external data length \d+, but dims \[30, 16\] need 1920 bytes/);
+    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx')], /external data length \d+, but dims \[30, 16\] need 1920 bytes/, 'bad-external-data');
   });
 });
 
@@ -135,24 +138,24 @@ describe('bad output targets', () => {
     fs.symlinkSync(input, path.join(dir, 'sym.onnx'));
     fs.linkSync(input, path.join(dir, 'hard.onnx'));
     for (const out of [input, path.join(dir, 'sym.onnx'), path.join(dir, 'hard.onnx'), path.join(dir, '.', 'm.onnx')]) {
-      expectRefusal(dir, [input, '--train-len', '8', '-o', out, '--force'], /refusing to overwrite the input model/);
+      expectRefusal(dir, [input, '--train-len', '8', '-o', out, '--force'], /refusing to overwrite the input model/, 'usage');
     }
   });
 
   it("the output path equal to the input's external data file", () => {
     const dir = tmpdir('ssmax-faults-');
     const input = writeExternal(good, dir, 'm.onnx');
-    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'm.onnx.data'), '--force'], /refusing to overwrite the input model \(its external data m\.onnx\.data\)/);
+    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'm.onnx.data'), '--force'], /refusing to overwrite the input model \(its external data m\.onnx\.data\)/, 'usage');
   });
 
   it('an output folder that does not exist', () => {
     const { dir, input } = folder();
-    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'no', 'such', 'out.onnx')], /folder .* does not exist/);
+    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'no', 'such', 'out.onnx')], /folder .* does not exist/, 'io');
   });
 
   it('a bad --external-data mode', () => {
     const { dir, input } = folder();
-    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx'), '--external-data', 'symlink'], /--external-data must be reference, copy or link/);
+    expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(dir, 'out.onnx'), '--external-data', 'symlink'], /--external-data must be reference, copy or link/, 'usage');
   });
 
   it('a read-only target folder', (t) => {
@@ -164,7 +167,7 @@ describe('bad output targets', () => {
       return;
     }
     try {
-      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(target, 'out.onnx')], /cannot write \((permission denied|operation not permitted|read-only file system)\)/);
+      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(target, 'out.onnx')], /cannot write \((permission denied|operation not permitted|read-only file system)\)/, 'io');
     } finally {
       unlock(target);
     }
@@ -180,7 +183,7 @@ describe('bad output targets', () => {
       return;
     }
     try {
-      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(target, 'out.onnx')], /cannot write \(no space left on the device\)/);
+      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(target, 'out.onnx')], /cannot write \(no space left on the device\)/, 'io');
       assert.deepEqual(fs.readdirSync(target), []);
     } finally {
       spawnSync('umount', [target]);

@@ -105,14 +105,14 @@ describe('JSON report and its schema', () => {
     assert.equal(r.code, 0, r.stderr);
     const doc = JSON.parse(r.stdout);
     assertValid(doc, 'patch --verify');
-    assert.equal(doc.schemaVersion, 1);
+    assert.equal(doc.schemaVersion, 2);
     assert.deepEqual([doc.command, doc.status, doc.exitCode, doc.output, doc.target], ['patch', 'ok', 0, out, out]);
     assert.equal(doc.sites.length, 2);
     assert.equal(doc.verification.checks.length, 5);
     assert.deepEqual(JSON.parse(fs.readFileSync(report, 'utf8')), doc);
   });
 
-  it('a refusal still prints a report: the error and every skipped node with its reason (exit 2, nothing written)', () => {
+  it('a model without attention still prints a report: the error, its code and every skipped node with its reason (exit 4, nothing written)', () => {
     fs.copyFileSync(path.join(TORCH, 'classifier.onnx'), path.join(w.dir, 'cls.onnx'));
     const cls = path.join(w.dir, 'cls-only.onnx');
     const m = model({
@@ -122,32 +122,32 @@ describe('JSON report and its schema', () => {
     });
     fs.writeFileSync(cls, encodeModel(m));
     const r = cli([cls, '--s', '0.3', '--json']);
-    assert.equal(r.code, 2);
+    assert.equal(r.code, 4);
     const doc = JSON.parse(r.stdout);
     assertValid(doc, 'refusal');
-    assert.deepEqual([doc.status, doc.exitCode, doc.output, doc.sites.length], ['error', 2, null, 0]);
-    assert.match(doc.error, /no attention Softmax found/);
+    assert.deepEqual([doc.status, doc.exitCode, doc.output, doc.sites.length, doc.error.code], ['error', 4, null, 0, 'no-attention']);
+    assert.match(doc.error.message, /no attention Softmax found/);
     assert.deepEqual(doc.skipped, [{
       node: 'head', reason: 'logits come from a MatMul with a constant weight (a projection, not query·key)', rule: 'softmax/matmul-qk', stoppedAt: 'MatMul_logits',
     }]);
-    assert.equal(r.stderr, `ssmax-patch: ${doc.error}\n`, 'stderr carries the same one line');
+    assert.equal(r.stderr, `ssmax-patch: ${doc.error.message}\n`, 'stderr carries the same one line');
     assert.ok(!fs.existsSync(path.join(w.dir, 'cls-only.ssmax.onnx')));
   });
 
   it('usage and input errors print a report too, for every command', () => {
-    const cases: [string[], string, RegExp][] = [
-      [[w.original, '--s', '0.3', '--n', 'rows', '--json'], 'patch', /--n must be one of/],
-      [['patch', '--json'], 'patch', /missing required argument 'model'/],
-      [['verify', w.original, path.join(w.dir, 'nope.onnx'), '--json'], 'verify', /nope\.onnx: no such file/],
-      [['revert', w.original, '--json', '-o', path.join(w.dir, 'r.onnx')], 'revert', /no SSMax patch|not patched/],
+    const cases: [string[], string, string, RegExp][] = [
+      [[w.original, '--s', '0.3', '--n', 'rows', '--json'], 'patch', 'usage', /--n must be one of/],
+      [['patch', '--json'], 'patch', 'usage', /missing required argument 'model'/],
+      [['verify', w.original, path.join(w.dir, 'nope.onnx'), '--json'], 'verify', 'io', /nope\.onnx: no such file/],
+      [['revert', w.original, '--json', '-o', path.join(w.dir, 'r.onnx')], 'revert', 'not-patched', /no SSMax patch|not patched/],
     ];
-    for (const [args, command, pattern] of cases) {
+    for (const [args, command, code, pattern] of cases) {
       const r = cli(args);
       assert.equal(r.code, 2, r.stderr);
       const doc = JSON.parse(r.stdout);
       assertValid(doc, args.join(' '));
-      assert.deepEqual([doc.command, doc.status, doc.exitCode], [command, 'error', 2]);
-      assert.match(doc.error, pattern);
+      assert.deepEqual([doc.command, doc.status, doc.exitCode, doc.error.code], [command, 'error', 2, code]);
+      assert.match(doc.error.message, pattern);
     }
   });
 
@@ -182,7 +182,10 @@ describe('JSON report and its schema', () => {
       ['an error status without the error', { ...p, status: 'error', exitCode: 2 }],
       ['an unknown field', { ...p, extra: true }],
       ['an n mode outside the vocabulary', { ...p, sites: [{ ...p.sites[0], n: 'rows' }] }],
-      ['another schema version', { ...p, schemaVersion: 2 }],
+      ['another schema version', { ...p, schemaVersion: 1 }],
+      ['an error as schema version 1 wrote it, a string', { ...p, status: 'error', exitCode: 2, error: 'bad' }],
+      ['an error without its code', { ...p, status: 'error', exitCode: 2, error: { message: 'bad' } }],
+      ['an error code outside the list', { ...p, status: 'error', exitCode: 2, error: { code: 'bad', message: 'bad' } }],
       ['a verify report without its checks', { ...v, checks: undefined }],
       ['a check with an unknown status', { ...v, checks: [{ ...v.checks[0], status: 'MAYBE' }] }],
     ];

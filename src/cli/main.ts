@@ -1,12 +1,12 @@
 /**
  * The ssmax-patch command line: subcommands patch (the default: `ssmax-patch MODEL` patches), verify and revert.
- * Every failure ends here as one line on stderr (and, with --json, a report on stdout) and an exit code:
- * 1 a failed verification, 2 a usage or input error, 3 a bug.
+ * Every failure ends here as one line on stderr (and, with --json, a report on stdout with the error's code) and
+ * an exit code: 1 a failed verification, 2 a usage or input error, 3 a bug, 4 no attention to patch.
  */
 import { Command, CommanderError } from 'commander';
-import { oneLine, SsmaxError } from '../errors';
+import { ERROR_CODES, ErrorCode, InputError, oneLine, SsmaxError } from '../errors';
 import { VERSION } from '../version';
-import { rejectEmptyValues } from './parse';
+import { rejectEmptyValues, rejectRepeatedOptions } from './parse';
 import { patchCommand, patchProgram } from './patch-command';
 import { CommandName, documentJson, settle } from './report';
 import { revertCommand, revertProgram } from './revert-command';
@@ -22,7 +22,9 @@ Examples:
   ssmax-patch model.onnx --train-len 4096 --verify --strict --report r.json --junit j.xml
   ssmax-patch verify model.onnx model.ssmax.onnx --strict
   ssmax-patch revert model.ssmax.onnx
-A model file named like a command: ssmax-patch patch verify (or ./verify).`;
+A model file named like a command: ssmax-patch patch verify (or ./verify).
+Exit codes: 0 done; 1 a verification check failed (or --strict found something unverified); 2 usage or input
+error; 3 a bug; 4 no attention to patch. With --json, the report's error.code says which error.`;
 
 type Action = (args: string[], options: never, run: Run) => Promise<number>;
 
@@ -32,10 +34,10 @@ export async function main(argv: string[]): Promise<number> {
   const stopSignals = cleanUpOnSignals();
   try {
     const code = await dispatch(argv, run);
-    if (code !== 0 && run.doc.error && run.failureOnStderr) process.stderr.write(`ssmax-patch: ${run.doc.error}\n`);
+    if (code !== 0 && run.doc.error && run.failureOnStderr) process.stderr.write(`ssmax-patch: ${run.doc.error.message}\n`);
     return code;
   } catch (err) {
-    return fail(err, run);
+    return fail(err, run, argv[0] === 'help' ? 'ssmax-patch --help' : `ssmax-patch ${run.command} --help`);
   } finally {
     stopSignals();
   }
@@ -49,6 +51,7 @@ async function dispatch(argv: string[], run: Run): Promise<number> {
     .addHelpText('after', EXAMPLES);
   const add = (name: CommandName, build: (c: Command) => Command, action: Action): void => {
     const cmd = build(quiet(program.command(name, name === 'patch' ? { isDefault: true } : {})));
+    rejectRepeatedOptions(cmd);
     cmd.allowExcessArguments(true).action(async (...a: unknown[]) => {
       const self = a[a.length - 1] as Command;
       rejectEmptyValues(self);
@@ -58,8 +61,27 @@ async function dispatch(argv: string[], run: Run): Promise<number> {
   add('patch', patchProgram, patchCommand as Action);
   add('verify', verifyProgram, verifyCommand as Action);
   add('revert', revertProgram, revertCommand as Action);
+  const helped = helpBeforeParsing(argv, program);
+  if (helped !== null) return helped;
   await program.parseAsync(argv, { from: 'user' });
   return code;
+}
+
+/** The help commander would get wrong, answered here: its exit code, or null to parse the arguments. */
+function helpBeforeParsing(argv: string[], program: Command): number | null {
+  // Bare, it is asked what it is: the help, on stderr with exit 2, since a script whose model variable came out
+  // empty (ssmax-patch $MODEL) must not pass as a success.
+  if (argv.length === 0) {
+    program.outputHelp({ error: true });
+    return 2;
+  }
+  // commander's own help command has no help: it would print the whole help as an error, then "(outputHelp)".
+  if (argv[0] === 'help' && argv[1] === 'help') {
+    program.outputHelp();
+    return 0;
+  }
+  refuseUnknownHelpTopic(argv);
+  return null;
 }
 
 /** Commander throws instead of exiting, and prints nothing on errors: fail() prints the one line. */
@@ -67,25 +89,34 @@ function quiet(cmd: Command): Command {
   return cmd.exitOverride().configureOutput({ outputError: () => undefined }).showSuggestionAfterError(true);
 }
 
-function fail(err: unknown, run: Run): number {
-  let code: number;
-  let message: string;
-  if (err instanceof CommanderError) {
-    if (err.exitCode === 0) return 0; // --help, --version, help
-    code = 2;
-    message = err.message.replace(/^error: /, '');
-  } else if (err instanceof SsmaxError) {
-    code = err.exitCode;
-    message = err.cliMessage;
-  } else {
-    code = 3;
-    message = `internal error: ${String((err as Error)?.message ?? err).replace(/^internal error: /, '')} (a bug: please report it with the model)`;
+/** commander answers `help bogus` with the whole help on stderr and an "(outputHelp)" error: one line instead. */
+function refuseUnknownHelpTopic(argv: string[]): void {
+  const topic = argv[0] === 'help' ? argv[1] : undefined;
+  if (topic !== undefined && !(COMMANDS as readonly string[]).includes(topic)) {
+    throw new InputError(`unknown command '${topic}' (commands: ${COMMANDS.join(', ')})`, 'usage');
   }
-  const line = oneLine(code === 2 ? `${message} (see ssmax-patch ${run.command} --help)` : message);
-  settle(run.doc, code, line);
+}
+
+/** Prints the failure (with `help`, the command whose help to see) and returns its exit code; 0 for --help and --version. */
+function fail(err: unknown, run: Run, help: string): number {
+  const error = errorOf(err);
+  if (!error) return 0;
+  const exit = ERROR_CODES[error.code];
+  const line = oneLine(exit === 2 ? `${error.message} (see ${help})` : error.message);
+  settle(run.doc, error.code, line);
   if (run.json && !run.printed) process.stdout.write(documentJson(run.doc));
   process.stderr.write(`ssmax-patch: ${line}\n`);
-  return code;
+  return exit;
+}
+
+function errorOf(err: unknown): { code: ErrorCode; message: string } | null {
+  if (err instanceof CommanderError) {
+    if (err.exitCode === 0) return null; // --help, --version, help
+    return { code: 'usage', message: err.message.replace(/^error: /, '') };
+  }
+  if (err instanceof SsmaxError) return { code: err.code, message: err.cliMessage };
+  const message = String((err as Error)?.message ?? err).replace(/^internal error: /, '');
+  return { code: 'internal', message: `internal error: ${message} (a bug: please report it with the model)` };
 }
 
 /** The subcommand the arguments name; patch is the default, as commander dispatches it. */

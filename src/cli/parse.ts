@@ -14,7 +14,7 @@ export const collect = (v: string, all: string[] = []): string[] => [...all, v];
 export function optionalInteger(v: string | undefined, flag: string, min: number): number | undefined {
   if (v === undefined) return undefined;
   const x = Number(v);
-  if (!INTEGER.test(v) || !Number.isSafeInteger(x) || x < min) throw new InputError(`${flag}: expected an integer ≥ ${min}, got '${v}'`);
+  if (!INTEGER.test(v) || !Number.isSafeInteger(x) || x < min) throw new InputError(`${flag}: expected an integer ≥ ${min}, got '${v}'`, 'usage');
   return x;
 }
 
@@ -22,16 +22,33 @@ export function optionalInteger(v: string | undefined, flag: string, min: number
 export function optionalReal(v: string | undefined, flag: string, min = -Infinity): number | undefined {
   if (v === undefined) return undefined;
   const x = Number(v);
-  if (!REAL.test(v) || !Number.isFinite(x)) throw new InputError(`${flag}: expected a number, got '${v}'`);
-  if (x < min) throw new InputError(`${flag}: expected a number ≥ ${min}, got '${v}'`);
+  if (!REAL.test(v) || !Number.isFinite(x)) throw new InputError(`${flag}: expected a number, got '${v}'`, 'usage');
+  if (x < min) throw new InputError(`${flag}: expected a number ≥ ${min}, got '${v}'`, 'usage');
   return x;
 }
 
 /** A comma-separated list without empty items ("16,,64" and "16," are errors, not 16 and 64). */
 export function listValue(v: string, flag: string): string[] {
   const items = v.split(',').map((t) => t.trim());
-  if (items.some((t) => t === '')) throw new InputError(`${flag}: empty item in '${v}'`);
+  if (items.some((t) => t === '')) throw new InputError(`${flag}: empty item in '${v}'`, 'usage');
   return items;
+}
+
+/**
+ * An option that takes one value, given twice, is an error: commander would keep the last value silently
+ * (`--s 0.3 --s 0.4`). Flags given twice mean the same as once; options that collect values are repeatable.
+ */
+export function rejectRepeatedOptions(cmd: Command): void {
+  const seen = new Map<string, string>();
+  for (const option of cmd.options) {
+    if (option.isBoolean() || option.parseArg === collect) continue;
+    const name = option.name();
+    cmd.on(`option:${name}`, (value: string) => {
+      const first = seen.get(name);
+      if (first !== undefined) throw new InputError(`${option.long}: given twice ('${first}', then '${value}'); it takes one value`, 'usage');
+      seen.set(name, value);
+    });
+  }
 }
 
 /** `--s ""` is an error, not 0 (or a silently ignored option): every option value must be non-empty. */
@@ -40,7 +57,7 @@ export function rejectEmptyValues(cmd: Command): void {
   for (const option of cmd.options) {
     const value = values[option.attributeName()];
     const empty = value === '' || (Array.isArray(value) && value.some((x) => x === ''));
-    if (empty) throw new InputError(`${option.long ?? option.short}: empty value`);
+    if (empty) throw new InputError(`${option.long ?? option.short}: empty value`, 'usage');
   }
 }
 
@@ -48,5 +65,5 @@ export function rejectEmptyValues(cmd: Command): void {
 export function rejectExtraArguments(args: string[], expected: number, what: string, hint = ''): void {
   if (args.length <= expected) return;
   const extra = args.slice(expected).map((a) => `'${a}'`).join(', ');
-  throw new InputError(`unexpected argument ${extra}: ${what}${hint}`);
+  throw new InputError(`unexpected argument ${extra}: ${what}${hint}`, 'usage');
 }

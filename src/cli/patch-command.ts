@@ -1,4 +1,5 @@
 /** `ssmax-patch patch MODEL` (also `ssmax-patch MODEL`): patch, warn, optionally verify, write, report. */
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Command } from 'commander';
 import { Detection, explainNode } from '../detect/find-attention';
@@ -51,7 +52,7 @@ export function patchProgram(cmd: Command): Command {
     .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
     .option('--force', 'overwrite an existing output file')
     .option('--n <mode>', `how n is computed: ${N_OPTIONS.join(' | ')}`, 'auto')
-    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4 | none (a prior alone)', 'ssmax')
+    .option('--preset <name>', 'factor: ssmax (s·ln n, the default) | qwen-logn (max(1, ln n / ln L)) | llama4 | none (a prior alone)')
     .option('--prior <name>', 'add a positional prior to the logits: ggd (BAM, neutral θ = 0) | alibi')
     .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
     .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
@@ -101,8 +102,8 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
 /** --explain prints a trace and writes nothing: options that patch, verify or write would be ignored. */
 function explain(args: string[], o: PatchCliOptions, run: Run): number {
   rejectExtraArguments(args, 1, 'patch takes one model');
-  const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto') && !(k === 'preset' && o.preset === 'ssmax'));
-  if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`);
+  const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto'));
+  if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`, 'usage');
   run.printed = true;
   process.stdout.write(formatExplain(explainNode(readModel(args[0]), o.explain!)).join('\n') + '\n');
   return 0;
@@ -126,9 +127,22 @@ export function defaultOutput(input: string, output: string | undefined): string
   return output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
 }
 
+/** The options addVerifyOptions adds: on patch, each matters only with --verify. */
+const VERIFY_ONLY = addVerifyOptions(new Command()).options.map((o) => ({ key: o.attributeName() as keyof VerifyCliOptions, flag: o.long! }));
+
+/**
+ * What `ssmax-patch in.onnx out.onnx` probably meant: -o out.onnx, unless out.onnx exists, when it is more likely a
+ * second model to patch, which -o would overwrite.
+ */
+export function outputHint(command: 'patch' | 'revert', args: string[]): string {
+  if (args.length !== 2) return '';
+  if (!fs.existsSync(args[1])) return ` (the output file is given with -o ${args[1]})`;
+  return ` (${args[1]} exists, so it is not taken for the output: ${command} one model per command; -o names a new output file)`;
+}
+
 /** Arguments and option values, all checked before any model is read. */
 function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
-  rejectExtraArguments(args, 1, 'patch takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
+  rejectExtraArguments(args, 1, 'patch takes one model', outputHint('patch', args));
   const input = args[0];
   const output = defaultOutput(input, o.output);
   Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
@@ -136,8 +150,8 @@ function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): Patc
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
   const values = patchValues(o, n, trainLen);
   const verifyOptions = verifyOptionsFrom(o, trainLen);
-  const needVerify = [o.report && '--report', o.plot && '--plot', o.junit && '--junit', o.strict && '--strict'].filter((x): x is string => Boolean(x));
-  if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`);
+  const needVerify = VERIFY_ONLY.filter((v) => o[v.key] !== undefined).map((v) => v.flag);
+  if (!o.verify && needVerify.length) throw new InputError(`${sentence(needVerify)} ${needVerify.length > 1 ? 'need' : 'needs'} --verify`, 'usage');
   const write = writeOptions(o, input);
   // The write refuses these too, but only after patching and verifying: a verification can take minutes.
   if (!o.dryRun) checkTarget(output, write);
@@ -147,11 +161,13 @@ function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): Patc
 
 /** Flags and files as the library's typed options. */
 function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefined): PatchOptions {
-  if (o.s !== undefined && o.sFile !== undefined) throw new InputError('--s and --s-file are exclusive: give one');
+  if (o.s !== undefined && o.sFile !== undefined) throw new InputError('--s and --s-file are exclusive: give one', 'usage');
   const s = o.sFile !== undefined ? sFileValue(o.sFile) : optionalReal(o.s, '--s');
   const theta = o.priorFile !== undefined ? priorFileValue(o.priorFile) : undefined;
   return {
-    n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: presetValue(o.preset ?? 'ssmax'),
+    n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS,
+    // No preset given: ssmax, or with --update-s the one the model was patched with.
+    preset: o.preset === undefined ? undefined : presetValue(o.preset),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
     layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
@@ -239,7 +255,7 @@ export const EXTERNAL_DATA_HELP = 'output in another folder than its input: copy
 export function writeOptions(o: Pick<PatchCliOptions, 'externalData' | 'force' | 'quiet'>, input: string): WriteOptions {
   const modes = ['reference', 'copy', 'link'];
   if (o.externalData !== undefined && !modes.includes(o.externalData)) {
-    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`);
+    throw new InputError(`--external-data must be reference, copy or link, got '${o.externalData}'`, 'usage');
   }
   return { force: o.force, protect: [input], externalData: o.externalData as ExternalDataMode | undefined, progress: terminalProgress({ quiet: o.quiet }) };
 }

@@ -4,6 +4,7 @@
  * docs/report.schema.json; SCHEMA_VERSION changes when a field changes meaning or goes away.
  */
 import type { SkippedSoftmax } from '../detect/find-attention';
+import { ERROR_CODES, ErrorCode } from '../errors';
 import type { Placement } from '../io/model-file';
 import type { Stray } from '../io/sink';
 import type { Warning } from '../policy/warnings';
@@ -12,20 +13,27 @@ import type { RevertedSite } from '../rewrite/revert';
 import type { VerifyReport } from '../verify/verify';
 import { VERSION } from '../version';
 
-export const SCHEMA_VERSION = 1;
+/** 2: error became {code, message} (it was the message alone). */
+export const SCHEMA_VERSION = 2;
 
 export type CommandName = 'patch' | 'verify' | 'revert';
+
+/** A failure: its stable code (errors.ts ERROR_CODES, which gives the exit code) and the one line printed on stderr. */
+export interface ReportError {
+  code: ErrorCode;
+  message: string;
+}
 
 interface DocumentBase {
   schemaVersion: typeof SCHEMA_VERSION;
   tool: 'ssmax-patch';
   version: string;
   command: CommandName;
-  /** ok: exit 0. failed: a check failed, or --strict found a skip or a refused site (exit 1). error: exit 2 or 3. */
+  /** ok: exit 0. failed: a check failed, or --strict found a skip or a refused site (exit 1). error: exit 2, 3 or 4. */
   status: 'ok' | 'failed' | 'error';
   exitCode: number;
-  /** The one-line message printed on stderr, when status is not ok. */
-  error?: string;
+  /** Why status is not ok. */
+  error?: ReportError;
   warnings: Warning[];
   /** --strict's verdict: passed only when no check failed and nothing was left unverified, else one line per failed check and per thing left. */
   strict?: { passed: boolean; failures: string[] };
@@ -76,11 +84,11 @@ export function newDocument(command: CommandName): ReportDocument {
   return { ...base('patch'), input: null, target: null, output: null, dryRun: false, sites: [], skipped: [] };
 }
 
-/** Sets the verdict; `message` is the stderr line for failures. */
-export function settle(doc: ReportDocument, exitCode: number, message?: string): void {
-  doc.exitCode = exitCode;
-  doc.status = exitCode === 0 ? 'ok' : exitCode === 1 ? 'failed' : 'error';
-  if (message !== undefined) doc.error = message;
+/** Records a failure: its code sets the exit code; `message` is the stderr line. */
+export function settle(doc: ReportDocument, code: ErrorCode, message: string): void {
+  doc.exitCode = ERROR_CODES[code];
+  doc.status = doc.exitCode === 1 ? 'failed' : 'error';
+  doc.error = { code, message };
 }
 
 export const documentJson = (doc: ReportDocument): string => JSON.stringify(doc, null, 2) + '\n';

@@ -5,7 +5,7 @@ import { readModel, writeModelAsync } from '../io/model-file';
 import { revertModel } from '../rewrite/revert';
 import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
-import { EXTERNAL_DATA_HELP, recordWrite, writeOptions } from './patch-command';
+import { EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
 import { RevertDocument } from './report';
 import { Run } from './run';
 
@@ -29,7 +29,7 @@ export function revertProgram(cmd: Command): Command {
 
 export async function revertCommand(args: string[], o: RevertCliOptions, run: Run): Promise<number> {
   const doc = run.doc as RevertDocument;
-  rejectExtraArguments(args, 1, 'revert takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
+  rejectExtraArguments(args, 1, 'revert takes one model', outputHint('revert', args));
   const input = args[0];
   doc.input = input;
   const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);

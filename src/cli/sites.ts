@@ -60,7 +60,7 @@ export function expandForceSites(patterns: string[], detection: Detection): { na
     }
     const matched = p === 'all' ? refusable : refusable.filter((n) => glob(p).test(n));
     if (matched.length === 0 && p !== 'all') {
-      throw new InputError(`--force-site ${p}: matches no refused attention node${refusable.length ? ` (refused: ${refusable.join(', ')})` : ' (none is refused)'}`);
+      throw new InputError(`--force-site ${p}: matches no refused attention node${refusable.length ? ` (refused: ${refusable.join(', ')})` : ' (none is refused)'}`, 'usage');
     }
     if (matched.length === 0) empty.push(p);
     names.push(...matched);

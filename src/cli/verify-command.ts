@@ -57,7 +57,7 @@ export function addVerifyOptions(cmd: Command): Command {
 function pairs(list: string[], flag: string, what: string): [string, string][] {
   return list.map((item) => {
     const eq = item.indexOf('=');
-    if (eq <= 0 || eq === item.length - 1) throw new InputError(`${flag} ${item}: expected ${what}`);
+    if (eq <= 0 || eq === item.length - 1) throw new InputError(`${flag} ${item}: expected ${what}`, 'usage');
     return [item.slice(0, eq), item.slice(eq + 1)];
   });
 }
@@ -67,7 +67,7 @@ export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): FileV
   const lengths = o.lengths === undefined ? undefined : listValue(o.lengths, '--lengths').map((v) => optionalInteger(v, '--lengths', 2)!);
   const checks = o.checks === undefined ? undefined : listValue(o.checks, '--checks');
   for (const c of checks ?? []) {
-    if (!CHECK_IDS.includes(c as CheckId)) throw new InputError(`--checks: unknown check '${c}' (checks: ${CHECK_IDS.join(', ')})`);
+    if (!CHECK_IDS.includes(c as CheckId)) throw new InputError(`--checks: unknown check '${c}' (checks: ${CHECK_IDS.join(', ')})`, 'usage');
   }
   const dims = Object.fromEntries(pairs(o.dim ?? [], '--dim', 'name=size').map(([k, v]) => [k, optionalInteger(v, `--dim ${k}`, 0)!]));
   const inputFiles = Object.fromEntries(pairs(o.input ?? [], '--input', 'name=file'));
@@ -164,10 +164,10 @@ export function verdict(doc: ReportDocument, report: VerifyReport, consequence: 
   const failed = report.checks.filter((c) => c.status === 'FAILED').map((c) => `${c.name} FAILED: ${c.summary}`);
   if (report.strictMode) doc.strict = { passed: report.passed, failures: [...failed, ...report.unverified] };
   if (failed.length) {
-    settle(doc, 1, `verification FAILED${consequence}`);
+    settle(doc, 'verify-failed', `verification FAILED${consequence}`);
   } else if (doc.strict?.failures.length) {
     const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
-    settle(doc, 1, `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
+    settle(doc, 'strict-failed', `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
   }
   return doc.exitCode;
 }

@@ -156,7 +156,7 @@ export function explainNode(model: ModelProto, name: string): Explanation[] {
   const pattern = new RegExp(`^${name.split('*').map((p) => p.replace(/[.+?^$()|[\]{}\\]/g, '\\$&')).join('.*')}$`, 's');
   const chosen = d.traces.filter((t) => pattern.test(t.node));
   const some = d.traces.slice(0, 5).map((t) => t.node).join(', ') + (d.traces.length > 5 ? `, … ${d.traces.length} in all` : '');
-  if (chosen.length === 0) throw new InputError(`no attention candidate named '${name}' (${some ? `candidates: ${some}` : 'the model has none'})`);
+  if (chosen.length === 0) throw new InputError(`no attention candidate named '${name}' (${some ? `candidates: ${some}` : 'the model has none'})`, 'usage');
   return chosen.map((t) => {
     const k = d.skipped.find((s) => s.node === t.node && (s.scope ?? 'main') === t.scope);
     return { ...t, verdict: k ? `${k.attention ? 'refused' : 'skipped'}: ${k.reason}` : `attention (rule ${t.rule})` };
@@ -190,7 +190,7 @@ export function rebindDetection(detection: Detection, from: ModelProto, to: Mode
     const mapped = counterpart.get(v);
     if (mapped) return mapped;
     if (Array.isArray(v)) return v.map(rebind);
-    if ('opType' in v && 'input' in v && 'output' in v) throw new InputError('the detection given to patchModel names a node of another model: run detectAttention on this model');
+    if ('opType' in v && 'input' in v && 'output' in v) throw new InputError('the detection given to patchModel names a node of another model: run detectAttention on this model', 'usage');
     return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, rebind(x)]));
   };
   return rebind(detection) as Detection;

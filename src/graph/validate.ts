@@ -30,24 +30,24 @@ function check(g: GraphProto, outer: Set<string>, where: string, findings: Graph
   const visible = new Set<string>([...available, ...producer.keys()]);
   let unsorted: string | null = null;
   g.node.forEach((node, i) => {
-    if (!node.opType) throw new InputError(`${where}: node #${i} ('${nodeLabel(node)}') has no op_type`);
+    if (!node.opType) throw new InputError(`${where}: node #${i} ('${nodeLabel(node)}') has no op_type`, 'bad-model');
     for (const name of readsOf(node)) {
       if (available.has(name)) continue;
       const p = producer.get(name);
-      if (!p) throw new InputError(`${where}: node '${nodeLabel(node)}' reads '${name}', which no node, initializer or input defines`);
+      if (!p) throw new InputError(`${where}: node '${nodeLabel(node)}' reads '${name}', which no node, initializer or input defines`, 'bad-model');
       unsorted ??= `node '${nodeLabel(node)}' reads '${name}' before node '${nodeLabel(p)}' produces it`;
     }
     for (const o of node.output) if (o) available.add(o);
     for (const sub of subgraphsOf(node)) check(sub, visible, `subgraph of '${nodeLabel(node)}'`, findings);
   });
   for (const v of g.output) {
-    if (!available.has(v.name)) throw new InputError(`${where}: output '${v.name}' is not produced by any node, initializer or input`);
+    if (!available.has(v.name)) throw new InputError(`${where}: output '${v.name}' is not produced by any node, initializer or input`, 'bad-model');
   }
   if (unsorted) {
     try {
       topoSort({ ...g, node: [...g.node] }); // a cycle is an error, not a finding
     } catch (e) {
-      throw e instanceof CycleError ? new InputError(`${where}: ${e.message}`) : e;
+      throw e instanceof CycleError ? new InputError(`${where}: ${e.message}`, 'bad-model') : e;
     }
     findings.unsorted.push(`${where}: ${unsorted}`);
   }
@@ -61,7 +61,7 @@ function check(g: GraphProto, outer: Set<string>, where: string, findings: Graph
 function definitions(g: GraphProto, where: string, findings: GraphFindings): Map<string, NodeProto> {
   const inputs = new Set<string>();
   for (const v of g.input) {
-    if (inputs.has(v.name)) throw new InputError(`${where}: input '${v.name}' is declared twice`);
+    if (inputs.has(v.name)) throw new InputError(`${where}: input '${v.name}' is declared twice`, 'bad-model');
     inputs.add(v.name);
   }
   const initializers = new Set(g.initializer.map((t) => t.name));
@@ -71,9 +71,9 @@ function definitions(g: GraphProto, where: string, findings: GraphFindings): Map
       if (!o) continue;
       const other = producer.get(o);
       const constant = node.opType === 'Constant' && (!other || other.opType === 'Constant');
-      if (other && !constant) throw new InputError(`${where}: tensor '${o}' is produced twice (by '${nodeLabel(other)}' and '${nodeLabel(node)}')`);
-      if (inputs.has(o)) throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already a graph input`);
-      if (initializers.has(o) && !constant) throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already an initializer`);
+      if (other && !constant) throw new InputError(`${where}: tensor '${o}' is produced twice (by '${nodeLabel(other)}' and '${nodeLabel(node)}')`, 'bad-model');
+      if (inputs.has(o)) throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already a graph input`, 'bad-model');
+      if (initializers.has(o) && !constant) throw new InputError(`${where}: node '${nodeLabel(node)}' produces '${o}', which is already an initializer`, 'bad-model');
       producer.set(o, node);
     }
   }
@@ -86,7 +86,7 @@ function describeRepeated(name: string, defs: ConstantDef[]): string {
   const chosen = chosenDefinition(defs);
   if (chosen === null) {
     throw new InputError(`'${name}' is defined ${defs.length} times with different values (${kinds.join(', ')}), some under and some over `
-      + "onnxruntime's 128-byte threshold, so which one it uses is not defined: keep one definition");
+      + "onnxruntime's 128-byte threshold, so which one it uses is not defined: keep one definition", 'bad-model');
   }
   return `'${name}' is defined ${defs.length} times (${kinds.join(', ')}); every reader sees the ${ordinal(chosen, defs.length)} one (the ${kinds[chosen]}), as onnxruntime reads it, and the output keeps them all`;
 }

@@ -268,7 +268,7 @@ function locate(t: TensorProto): { file: string; ref: ReturnType<typeof external
   const ctx = externalContext(t);
   const ref = externalRef(t);
   if (!ctx || ctx.dir === null) {
-    throw new InputError(`tensor '${t.name}': its external data cannot be found (model read from memory without its folder)`);
+    throw new InputError(`tensor '${t.name}': its external data cannot be found (model read from memory without its folder)`, 'bad-external-data');
   }
   return { file: dataFile(ctx.dir, ref.location), ref };
 }

@@ -46,19 +46,19 @@ export function externalRef(t: TensorProto): ExternalRef {
   const entry = (key: string): string | undefined => t.externalData.find((kv) => kv.key === key)?.value;
   const label = `tensor '${t.name}'`;
   const location = entry('location');
-  if (!location) throw new ModelFormatError(`${label}: external data without a location`);
+  if (!location) throw new ModelFormatError(`${label}: external data without a location`, 'bad-external-data');
   const number = (key: string): number | undefined => {
     const v = entry(key);
     if (v === undefined) return undefined;
-    if (!/^\d+$/.test(v) || !Number.isSafeInteger(Number(v))) throw new ModelFormatError(`${label}: external data ${key} '${v}' is not a byte count`);
+    if (!/^\d+$/.test(v) || !Number.isSafeInteger(Number(v))) throw new ModelFormatError(`${label}: external data ${key} '${v}' is not a byte count`, 'bad-external-data');
     return Number(v);
   };
   const count = t.dims.map(toNumber).reduce((a, b) => a * b, 1);
   const needed = rawByteLength(t.dataType, count);
   const length = number('length') ?? needed;
-  if (length === undefined) throw new ModelFormatError(`${label}: external data of data type ${t.dataType} needs a length`);
+  if (length === undefined) throw new ModelFormatError(`${label}: external data of data type ${t.dataType} needs a length`, 'bad-external-data');
   if (needed !== undefined && length !== needed) {
-    throw new ModelFormatError(`${label}: external data length ${length}, but dims [${t.dims.map(toNumber).join(', ')}] need ${needed} bytes`);
+    throw new ModelFormatError(`${label}: external data length ${length}, but dims [${t.dims.map(toNumber).join(', ')}] need ${needed} bytes`, 'bad-external-data');
   }
   return { location, offset: number('offset') ?? 0, length };
 }
@@ -70,7 +70,7 @@ export function externalRef(t: TensorProto): ExternalRef {
  */
 export function dataFile(dir: string, location: string): string {
   if (path.isAbsolute(location) || /^[A-Za-z]:[\\/]/.test(location)) {
-    throw new ModelFormatError(`external data location '${location}' is an absolute path (onnx and onnxruntime refuse those)`);
+    throw new ModelFormatError(`external data location '${location}' is an absolute path (onnx and onnxruntime refuse those)`, 'bad-external-data');
   }
   return path.resolve(dir, location);
 }
@@ -89,7 +89,7 @@ export function checkExternalData(model: ModelProto, dir: string): void {
     const file = dataFile(dir, ref.location);
     const size = memo(sizes, file, () => fileSize(file, ref.location, t.name));
     if (ref.offset + ref.length > size) {
-      throw new ModelFormatError(`tensor '${t.name}': external data at offset ${ref.offset} + ${ref.length} bytes runs past the end of '${ref.location}' (${size} bytes)`);
+      throw new ModelFormatError(`tensor '${t.name}': external data at offset ${ref.offset} + ${ref.length} bytes runs past the end of '${ref.location}' (${size} bytes)`, 'bad-external-data');
     }
   });
 }
@@ -97,12 +97,12 @@ export function checkExternalData(model: ModelProto, dir: string): void {
 function fileSize(file: string, location: string, tensor: string): number {
   try {
     const st = fs.statSync(file);
-    if (!st.isFile()) throw new ModelFormatError(`tensor '${tensor}': external data '${location}' is not a file`);
+    if (!st.isFile()) throw new ModelFormatError(`tensor '${tensor}': external data '${location}' is not a file`, 'bad-external-data');
     return st.size;
   } catch (e) {
     if (e instanceof ModelFormatError) throw e;
     const code = (e as NodeJS.ErrnoException).code;
-    throw new ModelFormatError(`tensor '${tensor}': external data file '${location}' ${code === 'ENOENT' ? 'not found' : `cannot be read (${code})`}`);
+    throw new ModelFormatError(`tensor '${tensor}': external data file '${location}' ${code === 'ENOENT' ? 'not found' : `cannot be read (${code})`}`, 'bad-external-data');
   }
 }
 

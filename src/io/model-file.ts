@@ -39,7 +39,7 @@ export function parseModel(bytes: Uint8Array, label: string, options: ParseOptio
 export function readModel(file: string): ModelProto {
   const abs = path.resolve(file);
   try {
-    if (!fs.statSync(abs).isFile()) throw new InputError(`${file}: not a file`);
+    if (!fs.statSync(abs).isFile()) throw new InputError(`${file}: not a file`, 'io');
     return decodeChecked(new FileSource(abs), path.dirname(abs));
   } catch (e) {
     throw ioError(file, e, 'read');
@@ -62,7 +62,7 @@ export interface SerializeOptions {
 export function serializeModel(model: ModelProto, options: SerializeOptions = {}): Uint8Array {
   const out = emitModel(model, { inline: options.inlineExternalData ?? true });
   if (out.size > PROTOBUF_LIMIT) {
-    throw new InputError(`the model is ${(out.size / 2 ** 30).toFixed(2)} GB: too large for one protobuf in memory (2 GB at most)`);
+    throw new InputError(`the model is ${(out.size / 2 ** 30).toFixed(2)} GB: too large for one protobuf in memory (2 GB at most)`, 'too-large');
   }
   try {
     return toBytes(out);
@@ -137,7 +137,7 @@ function planWrite(file: string, model: ModelProto, options: WriteOptions): { jo
     const data = new Out();
     out = emitModel(model, { relocate: placed.relocate, externalize: { location, data, minBytes: 1024 } });
     if (out.size > limit) {
-      throw new InputError(`${file}: the model exceeds ${limit} bytes even with its initializers in external data`);
+      throw new InputError(`${file}: the model exceeds ${limit} bytes even with its initializers in external data`, 'too-large');
     }
     const dataTarget = path.join(dir, location);
     guardTarget(dataTarget, dataTarget, inputs, options.force);
@@ -178,24 +178,24 @@ export function checkTarget(file: string, options: Pick<WriteOptions, 'force' | 
   try {
     fs.accessSync(dir, fs.constants.W_OK);
   } catch {
-    throw new InputError(`${file}: cannot write (folder ${dir} is not writable)`);
+    throw new InputError(`${file}: cannot write (folder ${dir} is not writable)`, 'io');
   }
 }
 
 function guardTarget(label: string, target: string, inputs: string[], force?: boolean): void {
   for (const p of inputs) {
-    if (samePath(p, target)) throw new InputError(`${label}: refusing to overwrite the input model${p.endsWith('.onnx') ? '' : ` (its external data ${path.basename(p)})`}`);
+    if (samePath(p, target)) throw new InputError(`${label}: refusing to overwrite the input model${p.endsWith('.onnx') ? '' : ` (its external data ${path.basename(p)})`}`, 'usage');
   }
   const st = statOrNull(target);
   if (!st) return;
-  if (st.isDirectory()) throw new InputError(`${label}: is a folder`);
-  if (!force) throw new InputError(`${label}: already exists (${opt('overwrite')} overwrites it)`);
+  if (st.isDirectory()) throw new InputError(`${label}: is a folder`, 'io');
+  if (!force) throw new InputError(`${label}: already exists (${opt('overwrite')} overwrites it)`, 'output-exists');
 }
 
 function checkFolder(label: string, dir: string): void {
   const st = statOrNull(dir);
-  if (!st) throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`);
-  if (!st.isDirectory()) throw new InputError(`${label}: cannot write (${dir} is not a folder)`);
+  if (!st) throw new InputError(`${label}: cannot write (folder ${dir} does not exist)`, 'io');
+  if (!st.isDirectory()) throw new InputError(`${label}: cannot write (${dir} is not a folder)`, 'io');
 }
 
 interface Placed {
@@ -217,7 +217,7 @@ function placeExternalData(model: ModelProto, outDir: string, mode: ExternalData
       placed.report.push({ file: f.file, how: 'referenced' });
     } else {
       if (!isInside(outDir, dest)) {
-        throw new InputError(`external data '${f.location}' lies outside its model's folder: it cannot be placed beside the output (use ${opt('externalData', 'reference')})`);
+        throw new InputError(`external data '${f.location}' lies outside its model's folder: it cannot be placed beside the output (use ${opt('externalData', 'reference')})`, 'bad-external-data');
       }
       const kind = mode === 'link' ? 'link' : 'copy';
       // A hard link to the input's data (an earlier --external-data link): kept as it is for link; a copy replaces
@@ -273,10 +273,10 @@ const errnoText: Record<string, string> = {
 /** An error met reading or writing `label`, as the InputError the user sees; errors of unknown kind pass through. */
 function ioError(label: string, e: unknown, verb: 'read' | 'write'): Error {
   if (e instanceof SsmaxError) return e;
-  if (e instanceof SourceChangedError) return new InputError(e.message);
-  if (verb === 'read' && e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`);
-  if (verb === 'read' && e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`);
+  if (e instanceof SourceChangedError) return new InputError(e.message, 'io');
+  if (verb === 'read' && e instanceof ModelFormatError) return new InputError(`${label}: ${e.message}`, e.code);
+  if (verb === 'read' && e instanceof WireError) return new InputError(`${label}: not a readable ONNX model (${e.message})`, 'bad-model');
   const code = (e as NodeJS.ErrnoException)?.code;
-  if (verb === 'read' && code === 'ENOENT') return new InputError(`${label}: no such file`);
-  return code ? new InputError(`${label}: cannot ${verb} (${errnoText[code] ?? code})`) : (e as Error);
+  if (verb === 'read' && code === 'ENOENT') return new InputError(`${label}: no such file`, 'io');
+  return code ? new InputError(`${label}: cannot ${verb} (${errnoText[code] ?? code})`, 'io') : (e as Error);
 }

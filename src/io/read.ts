@@ -159,7 +159,7 @@ function checkTensor(t: TensorProto, rawLength: number | undefined, decoded: boo
   const count = dims.reduce((a, b) => a * b, 1);
   if (!Number.isSafeInteger(count)) throw new ModelFormatError(`${label}: dims [${dims.join(', ')}] are too large`);
   if (t.dataLocation === EXTERNAL) {
-    if (!t.externalData.some((kv) => kv.key === 'location' && kv.value)) throw new ModelFormatError(`${label}: external data without a location`);
+    if (!t.externalData.some((kv) => kv.key === 'location' && kv.value)) throw new ModelFormatError(`${label}: external data without a location`, 'bad-external-data');
     return;
   }
   if (t.dataLocation !== 0 && t.dataLocation !== undefined) throw new ModelFormatError(`${label}: unknown data_location ${t.dataLocation}`);

@@ -19,7 +19,7 @@ import * as path from 'node:path';
 import { memo } from '../memo';
 import { Out } from './emit';
 import { Progress } from './progress';
-import { FileSource, Source } from './source';
+import { FileSource, Source, SourceChangedError } from './source';
 
 /**
  * Puts an existing file at `target`: a hard link (one file under two names: a write through either changes both),
@@ -210,7 +210,7 @@ function* writePieces(out: Out, file: string, progress: Progress | null): Genera
       if (!(p instanceof Uint8Array) && p.src instanceof FileSource) {
         const src = p.src;
         const sfd = memo(open, src, () => src.open());
-        yield* copyRange(sfd, p.start, p.end, fd, pos, progress);
+        yield* copyRange(src.name, sfd, p.start, p.end, fd, pos, progress);
       } else {
         // Bytes in memory: a piece of its own, or a span of a buffer.
         const bytes = p instanceof Uint8Array ? p : p.src.read(p.start, p.end);
@@ -231,7 +231,7 @@ function* writePieces(out: Out, file: string, progress: Progress | null): Genera
 let chunk: Buffer | null = null;
 let zeros: Buffer | null = null;
 
-function* copyRange(sfd: number, start: number, end: number, fd: number, pos: number, progress: Progress | null): Generator<void> {
+function* copyRange(name: string, sfd: number, start: number, end: number, fd: number, pos: number, progress: Progress | null): Generator<void> {
   chunk ??= Buffer.allocUnsafe(CHUNK);
   let offset = start;
   while (offset < end) {
@@ -239,7 +239,8 @@ function* copyRange(sfd: number, start: number, end: number, fd: number, pos: nu
     let got = 0;
     while (got < want) {
       const n = fs.readSync(sfd, chunk, got, want - got, offset + got);
-      if (n === 0) throw new Error(`input ended at byte ${offset + got}, before the ${end - start} bytes expected`);
+      // Shortened after it was opened: the identity check at the end would say so too, but this read comes first.
+      if (n === 0) throw new SourceChangedError(`${name}: changed while being read (it ended at byte ${offset + got})`);
       got += n;
     }
     if (!isZero(chunk, want)) writeAt(fd, chunk.subarray(0, want), pos + offset - start);

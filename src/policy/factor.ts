@@ -7,6 +7,7 @@
  *   none       c = 1: no factor (a positional prior alone)
  */
 import { InputError, opt } from '../errors';
+import { checkFloat32 } from './float32';
 
 export type Preset =
   | { kind: 'ssmax'; b?: number }
@@ -31,23 +32,32 @@ export interface PresetOptions {
 
 export function resolvePreset(o: PresetOptions): Preset {
   const name = o.preset ?? 'ssmax';
-  if (name !== 'ssmax' && o.b !== undefined) throw new InputError(`${opt('b')} applies to ${opt('preset', 'ssmax')} only`);
+  refuseOtherPresetsParameters(name, o);
   if (name === 'ssmax') {
-    if (o.b !== undefined && !Number.isFinite(o.b)) throw new InputError(`${opt('b')} must be a finite number, got ${o.b}`);
-    return o.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: o.b };
+    if (o.b !== undefined && !Number.isFinite(o.b)) throw new InputError(`${opt('b')} must be a finite number, got ${o.b}`, 'usage');
+    return o.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: checkFloat32(o.b, opt('b')) };
   }
   if (name === 'qwen-logn') {
-    if (o.trainLen === undefined) throw new InputError(`${opt('preset', 'qwen-logn')} needs ${opt('trainLen')}`);
+    if (o.trainLen === undefined) throw new InputError(`${opt('preset', 'qwen-logn')} needs ${opt('trainLen')}`, 'usage');
     return { kind: 'qwen-logn', trainLen: o.trainLen };
   }
   if (name === 'llama4') {
     const floorScale = o.floorScale ?? 8192;
     const attnScale = o.attnScale ?? 0.1;
-    if (!(floorScale >= 1) || !(attnScale > 0)) throw new InputError(`${opt('floorScale')} must be ≥ 1 and ${opt('attnScale')} > 0`);
-    return { kind: 'llama4', floorScale, attnScale };
+    if (!(floorScale >= 1) || !(attnScale > 0)) throw new InputError(`${opt('floorScale')} must be ≥ 1 and ${opt('attnScale')} > 0`, 'usage');
+    return { kind: 'llama4', floorScale: checkFloat32(floorScale, opt('floorScale')), attnScale: checkFloat32(attnScale, opt('attnScale')) };
   }
   if (name === 'none') return { kind: 'none' };
-  throw new InputError(`${opt('preset')} must be ssmax, qwen-logn, llama4 or none, got '${name}'`);
+  throw new InputError(`${opt('preset')} must be ssmax, qwen-logn, llama4 or none, got '${name}'`, 'usage');
+}
+
+/** A parameter of another preset than the one chosen would be ignored. */
+function refuseOtherPresetsParameters(name: PresetName, o: PresetOptions): void {
+  if (name !== 'ssmax' && o.b !== undefined) throw new InputError(`${opt('b')} applies to ${opt('preset', 'ssmax')} only`, 'usage');
+  const llama4 = [o.floorScale !== undefined && opt('floorScale'), o.attnScale !== undefined && opt('attnScale')].filter((x): x is string => Boolean(x));
+  if (name !== 'llama4' && llama4.length) {
+    throw new InputError(`${llama4.join(' and ')} ${llama4.length > 1 ? 'apply' : 'applies'} to ${opt('preset', 'llama4')} only`, 'usage');
+  }
 }
 
 /** Presets defined on absolute positions always use the per-row (causal) n. */

@@ -10,17 +10,17 @@ export type LayerSpec = { kind: 'all' } | { kind: 'list'; layers: number[]; text
 export function layerSpec(selection: LayerSelection | undefined): LayerSpec {
   if (selection === undefined) return { kind: 'all' };
   if (typeof selection !== 'object' || selection === null) {
-    throw new InputError(`${opt('layers')} must be a list of layer indices or { every: k }, got ${JSON.stringify(selection)}`);
+    throw new InputError(`${opt('layers')} must be a list of layer indices or { every: k }, got ${JSON.stringify(selection)}`, 'usage');
   }
   if (Array.isArray(selection)) {
     const layers = [...selection] as unknown[];
     if (layers.length === 0 || !layers.every((l) => Number.isSafeInteger(l) && (l as number) >= 0)) {
-      throw new InputError(`${opt('layers')} must list layer indices (integers ≥ 0), got ${JSON.stringify(selection)}`);
+      throw new InputError(`${opt('layers')} must list layer indices (integers ≥ 0), got ${JSON.stringify(selection)}`, 'usage');
     }
     return { kind: 'list', layers: layers as number[], text: layers.join(',') };
   }
   const k = (selection as { every?: unknown }).every;
-  if (typeof k !== 'number' || !Number.isSafeInteger(k) || k < 1) throw new InputError(`${opt('layers', 'every:k')} needs an integer k ≥ 1, got ${JSON.stringify(k)}`);
+  if (typeof k !== 'number' || !Number.isSafeInteger(k) || k < 1) throw new InputError(`${opt('layers', 'every:k')} needs an integer k ≥ 1, got ${JSON.stringify(k)}`, 'usage');
   return { kind: 'every', k, text: `every:${k}` };
 }
 
@@ -30,6 +30,6 @@ export function selectLayers(spec: LayerSpec, count: number): Set<number> {
   if (spec.kind === 'every') return new Set(all.filter((i) => (i + 1) % spec.k === 0));
   if (spec.kind === 'all') return new Set(all);
   const missing = spec.layers.filter((l) => l >= count);
-  if (missing.length) throw new InputError(`${opt('layers', missing.join(','))}: the model has ${count} attention layers (0..${count - 1})`);
+  if (missing.length) throw new InputError(`${opt('layers', missing.join(','))}: the model has ${count} attention layers (0..${count - 1})`, 'usage');
   return new Set(spec.layers);
 }

@@ -24,7 +24,7 @@ export interface NChoice {
 
 export function parseNOption(v: string): NOption {
   if ((N_OPTIONS as readonly string[]).includes(v)) return v as NOption;
-  throw new InputError(`${opt('n')} must be one of ${N_OPTIONS.join(', ')}; got '${v}'`);
+  throw new InputError(`${opt('n')} must be one of ${N_OPTIONS.join(', ')}; got '${v}'`, 'usage');
 }
 
 /** `where` names the site in errors, e.g. "layer 3". */
@@ -51,12 +51,12 @@ export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, 
 function checkPaddingMask(option: NOption, uses: MaskUse[], where: string): void {
   if (uses.some((u) => u.role === 'padding')) return;
   const found = uses.length ? `its masks are ${[...new Set(uses.map((u) => u.role))].join(', ')}` : 'it has no mask';
-  throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`);
+  throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`, 'usage');
 }
 
 /** The per-row n the presets defined on positions need, whatever the mask. */
 export function positionN(option: NOption): NChoice {
-  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: ${opt('n', option)} does not apply`);
+  if (option !== 'auto' && option !== 'causal') throw new InputError(`this preset is defined on positions: ${opt('n', option)} does not apply`, 'usage');
   return { mode: 'causal', reason: 'preset: n is the 1-based position' };
 }
 

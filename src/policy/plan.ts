@@ -40,7 +40,7 @@ export interface PatchPlan {
 export function resolvePlan(o: PlanOptions): PatchPlan {
   const n = parseNOption(o.n ?? 'auto');
   if (o.force !== undefined && (!Array.isArray(o.force) || o.force.some((f: unknown) => typeof f !== 'string' || f === ''))) {
-    throw new InputError(`${opt('force')} must be a list of node names`);
+    throw new InputError(`${opt('force')} must be a list of node names`, 'usage');
   }
   if (o.updateS) refuseIgnoredByUpdate(o);
   const preset = resolvePreset(o);
@@ -55,8 +55,10 @@ export function resolvePlan(o: PlanOptions): PatchPlan {
 function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions): ScaleSpec | undefined {
   const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
   if (preset.kind === 'none') {
-    if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`);
-    if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`);
+    if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`, 'usage');
+    // n is the factor's alone: the prior reads positions.
+    if (o.n !== undefined && o.n !== 'auto') throw new InputError(`${opt('preset', 'none')} has no factor, so no n: ${opt('n', o.n)} would be ignored`, 'usage');
+    if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`, 'usage');
     return undefined;
   }
   if (o.updateS && prior && !sGiven && preset.kind !== 'llama4') return undefined;
@@ -71,17 +73,17 @@ function refuseIgnoredByUpdate(o: PlanOptions): void {
   ];
   const given = ignored.filter(([, g]) => g).map(([k]) => opt(k));
   if (given.length) {
-    throw new InputError(`${opt('updateS')} replaces s in place and keeps everything else of the patch: ${given.join(', ')} would be ignored; revert and patch again to change them`);
+    throw new InputError(`${opt('updateS')} replaces s in place and keeps everything else of the patch: ${given.join(', ')} would be ignored; revert and patch again to change them`, 'usage');
   }
 }
 
 /** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
 function scaleSpecFor(preset: Preset, options: PlanOptions): ScaleSpec {
   if (preset.kind === 'qwen-logn' && options.s !== undefined) {
-    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')}`);
+    throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')}`, 'usage');
   }
   if (preset.kind === 'llama4') {
-    if (options.s !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')}`);
+    if (options.s !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')}`, 'usage');
     return { kind: 'scalar', s: preset.attnScale, from: opt('attnScale') };
   }
   return resolveScaleSpec(options);

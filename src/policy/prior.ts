@@ -8,6 +8,7 @@
  * θ comes per layer and head like s: one number, a list per head, or a list per layer of lists per head.
  */
 import { InputError, opt } from '../errors';
+import { checkFloat32 } from './float32';
 import type { SValue } from './scale';
 
 export type PriorName = 'ggd' | 'alibi';
@@ -42,20 +43,20 @@ export interface PriorOptions {
 
 export function resolvePrior(o: PriorOptions): PriorSpec | undefined {
   if (o.prior === undefined) {
-    if (o.theta !== undefined) throw new InputError(`θ for a prior given without ${opt('prior')}`);
+    if (o.theta !== undefined) throw new InputError(`θ for a prior given without ${opt('prior')}`, 'usage');
     return undefined;
   }
-  if (!PRIORS.includes(o.prior)) throw new InputError(`${opt('prior')} must be ggd or alibi, got '${o.prior}'`);
+  if (!PRIORS.includes(o.prior)) throw new InputError(`${opt('prior')} must be ggd or alibi, got '${o.prior}'`, 'usage');
   if (o.theta !== undefined) return { kind: o.prior, theta: thetaSpecs(o.theta, 'θ'), from: o.thetaSource ?? 'given θ' };
   return { kind: o.prior, theta: {}, from: 'defaults' };
 }
 
 /** θ of a prior checked and laid out; `where` names it in errors. */
 export function thetaSpecs(theta: unknown, where: string): Partial<Record<ThetaName, ThetaSpec>> {
-  if (typeof theta !== 'object' || theta === null || Array.isArray(theta)) throw new InputError(`${where}: expected {alpha, beta, mu}`);
+  if (typeof theta !== 'object' || theta === null || Array.isArray(theta)) throw new InputError(`${where}: expected {alpha, beta, mu}`, 'usage');
   const record = theta as Record<string, unknown>;
   const unknown = Object.keys(record).filter((k) => !(THETAS as readonly string[]).includes(k));
-  if (unknown.length) throw new InputError(`${where}: unknown θ '${unknown[0]}' (θ: alpha, beta, mu)`);
+  if (unknown.length) throw new InputError(`${where}: unknown θ '${unknown[0]}' (θ: alpha, beta, mu)`, 'usage');
   const out: Partial<Record<ThetaName, ThetaSpec>> = {};
   for (const t of THETAS) {
     const v = record[t];
@@ -66,15 +67,15 @@ export function thetaSpecs(theta: unknown, where: string): Partial<Record<ThetaN
 
 function thetaSpec(v: unknown, where: string): ThetaSpec {
   const num = (x: unknown): number => {
-    if (typeof x !== 'number' || !Number.isFinite(x)) throw new InputError(`${where}: θ must be finite numbers, got ${JSON.stringify(x)}`);
-    return x;
+    if (typeof x !== 'number' || !Number.isFinite(x)) throw new InputError(`${where}: θ must be finite numbers, got ${JSON.stringify(x)}`, 'usage');
+    return checkFloat32(x, where);
   };
   if (typeof v === 'number') return { kind: 'scalar', v: num(v) };
   if (Array.isArray(v) && v.length > 0 && v.every((x) => !Array.isArray(x))) return { kind: 'per-head', v: v.map(num) };
   if (Array.isArray(v) && v.length > 0 && v.every((row) => Array.isArray(row) && row.length > 0)) {
     return { kind: 'per-layer', v: (v as unknown[][]).map((row) => row.map(num)) };
   }
-  throw new InputError(`${where}: expected a number, a list per head, or a list per layer of lists per head`);
+  throw new InputError(`${where}: expected a number, a list per head, or a list per layer of lists per head`, 'usage');
 }
 
 /**
@@ -85,7 +86,7 @@ export function thetasForLayers(spec: PriorSpec, heads: (number | undefined)[]):
   for (const t of THETAS) {
     const s = spec.theta[t];
     if (s?.kind === 'per-layer' && s.v.length !== heads.length) {
-      throw new InputError(`theta_${t} has ${s.v.length} layers, the model has ${heads.length} attention layers`);
+      throw new InputError(`theta_${t} has ${s.v.length} layers, the model has ${heads.length} attention layers`, 'usage');
     }
   }
   return heads.map((h, layer) => (h === undefined ? null : layerTheta(spec, h, layer)));
@@ -96,7 +97,7 @@ function layerTheta(spec: PriorSpec, heads: number, layer: number): LayerTheta {
   for (const t of THETAS) {
     const s = spec.theta[t];
     const row = !s ? defaults(spec.kind, heads)[t] : s.kind === 'scalar' ? Array(heads).fill(s.v) : s.kind === 'per-head' ? s.v : s.v[layer];
-    if (row.length !== heads) throw new InputError(`theta_${t} gives ${row.length} heads for layer ${layer}, the model has ${heads} heads there`);
+    if (row.length !== heads) throw new InputError(`theta_${t} gives ${row.length} heads for layer ${layer}, the model has ${heads} heads there`, 'usage');
     out[t] = [...row];
   }
   return out;

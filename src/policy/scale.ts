@@ -2,6 +2,7 @@
  * Where s comes from (a value, a training length) and what it becomes per layer: one value or one per head.
  */
 import { InputError, opt } from '../errors';
+import { checkFloat32 } from './float32';
 
 /** s for one layer: a scalar for all heads, or one value per head. */
 export type LayerScale = number | number[];
@@ -32,9 +33,9 @@ export function scaleFromTrainLen(trainLen: number): number {
  * (recorded for verification; a warning says when s·ln L is far from 1).
  */
 export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
-  if (options.s === undefined && options.trainLen === undefined) throw new InputError(`give ${opt('sOrFile')} or ${opt('trainLen')}`);
+  if (options.s === undefined && options.trainLen === undefined) throw new InputError(`give ${opt('sOrFile')} or ${opt('trainLen')}`, 'usage');
   if (options.trainLen !== undefined && (!Number.isInteger(options.trainLen) || options.trainLen < 2)) {
-    throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`);
+    throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`, 'usage');
   }
   if (options.s !== undefined) return scaleSpecOf(options.s, opt('s'), options.sSource ?? 'given');
   return { kind: 'scalar', s: scaleFromTrainLen(options.trainLen!), from: `1/ln ${options.trainLen}` };
@@ -42,9 +43,9 @@ export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
 
 function checkS(v: unknown, where: string): number {
   if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) {
-    throw new InputError(`${where}: s must be a positive finite number, got ${JSON.stringify(v)}`);
+    throw new InputError(`${where}: s must be a positive finite number, got ${JSON.stringify(v)}`, 'usage');
   }
-  return v;
+  return checkFloat32(v, where);
 }
 
 /** An s value (number, per head, per layer of per head) as a spec; `from` names a scalar's source in the record. */
@@ -56,19 +57,19 @@ export function scaleSpecOf(s: unknown, where: string, from = where): ScaleSpec 
   if (Array.isArray(s) && s.length > 0 && s.every((row) => Array.isArray(row) && row.length > 0)) {
     return { kind: 'per-layer', s: (s as unknown[][]).map((row) => row.map((x) => checkS(x, where))) };
   }
-  throw new InputError(`${where}: expected a number, a list per head or a list per layer of lists per head`);
+  throw new InputError(`${where}: expected a number, a list per head or a list per layer of lists per head`, 'usage');
 }
 
 /** s for each layer, checked against the layer count and each layer's head count where the graph tells it. */
 export function scalesForLayers(spec: ScaleSpec, heads: (number | undefined)[]): LayerScale[] {
   if (spec.kind === 'scalar') return heads.map(() => spec.s);
   if (spec.kind === 'per-layer' && spec.s.length !== heads.length) {
-    throw new InputError(`s has ${spec.s.length} layers, the model has ${heads.length} attention layers`);
+    throw new InputError(`s has ${spec.s.length} layers, the model has ${heads.length} attention layers`, 'usage');
   }
   return heads.map((h, layer) => {
     const row = spec.kind === 'per-head' ? spec.s : spec.s[layer];
     if (h !== undefined && row.length !== h) {
-      throw new InputError(`s gives ${row.length} heads for layer ${layer}, the model has ${h} heads there`);
+      throw new InputError(`s gives ${row.length} heads for layer ${layer}, the model has ${h} heads there`, 'usage');
     }
     return [...row];
   });

@@ -58,13 +58,13 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   const target = chooseTarget(ctx, site, countedMasks(n.mode, uses));
   const perHead = Array.isArray(s);
   if (perHead && target.rank !== 3 && target.rank !== 4) {
-    throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`);
+    throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`, 'cannot-patch');
   }
   const source = ctx.sources.get(site, n.mode, uses);
   const heads = perHead ? s.length : site.heads.heads;
   const counted4d = source.view === 'batch-rows' && source.rank === 4;
   if (source.view === 'batch-rows' && source.rank === 3 && target.rank !== 3) {
-    throw new InputError(`layer ${site.layer}: n was counted on 3-D masked logits but the factor goes on a rank-${target.rank} tensor`);
+    throw new InputError(`layer ${site.layer}: n was counted on 3-D masked logits but the factor goes on a rank-${target.rank} tensor`, 'cannot-patch');
   }
   // Per-head s on [B·H, ·, ·] tensors is tiled over the batch, unless n is counted in the 4-D view (merged below).
   const sTensor = perHead && target.rank === 3 && !counted4d ? tileOverBatch(b, sName, target.tensor, s.length) : sName;
@@ -80,7 +80,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
  * s·ln(group size) for the whole tensor, multiplied into the logits where the factor would go (before any mask).
  */
 export function insertGroupScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, sName: string): InsertedScale {
-  if (Array.isArray(s)) throw new InputError(`layer ${site.layer}: per-head s needs the head count, and these logits have no known rank; give one s for the layer`);
+  if (Array.isArray(s)) throw new InputError(`layer ${site.layer}: per-head s needs the head count, and these logits have no known rank; give one s for the layer`, 'cannot-patch');
   const shape = b.op('Shape', [site.logits], {}, 'logits_shape');
   const rows = b.op('ReduceProd', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('group_axis', [site.groupAxis!])], {}, 'row_dims')], { keepdims: 0 }, 'rows');
   const n = b.op('Div', [b.op('Size', [site.logits], {}, 'size'), rows], {}, 'n_group');
@@ -120,7 +120,7 @@ function batchOf(b: Builder, target: string, heads: number): string {
 
 /** A factor counted in the 4-D mask view [B|1, H|1, R, 1] → [B·H, R, 1] for a 3-D target. */
 function mergeHeads(b: Builder, site: AttentionSite, factor: string, target: string, heads: number | undefined): string {
-  if (!heads) throw new InputError(`layer ${site.layer}: counting n from masks for [B·H, Tq, Tk] logits needs the head count, not found in the graph`);
+  if (!heads) throw new InputError(`layer ${site.layer}: counting n from masks for [B·H, Tq, Tk] logits needs the head count, not found in the graph`, 'cannot-patch');
   const batch = batchOf(b, target, heads);
   const full = b.op('Expand', [factor, b.op('Concat', [batch, b.int64('heads_1_1', [heads, 1, 1])], { axis: 0 }, 'bh11')], {}, 'factor_bh');
   const rows = b.op('Slice', [b.op('Shape', [full], {}, 'factor_shape'), b.int64('from2', [2]), b.int64('to4', [4])], {}, 'rows_1');

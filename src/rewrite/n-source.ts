@@ -102,7 +102,7 @@ export class NSources {
   }
 
   private buildPositions(site: AttentionSite): Positions {
-    if (this.opset < 11) throw new InputError(`layer ${site.layer}: a positional prior needs opset ≥ 11 (Range)`);
+    if (this.opset < 11) throw new InputError(`layer ${site.layer}: a positional prior needs opset ≥ 11 (Range)`, 'cannot-patch');
     const b = this.b;
     const [q, k] = shapeSources(site);
     const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
@@ -179,9 +179,9 @@ export class NSources {
 
   /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
   private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
-    if (uses.length === 0) throw new InputError(`layer ${site.layer}: ${opt('n', 'mask')} needs a mask on the logits`);
+    if (uses.length === 0) throw new InputError(`layer ${site.layer}: ${opt('n', 'mask')} needs a mask on the logits`, 'usage');
     if (uses.some((u) => u.viewRank !== 3 && u.viewRank !== 4)) {
-      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits`);
+      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits`, 'cannot-patch');
     }
     const b = this.b;
     // Masks of both ranks are counted in the 4-D view: a 3-D one goes there through its [B·H] axis.
@@ -198,7 +198,7 @@ export class NSources {
    */
   private headsView(site: AttentionSite, v: string): string {
     const heads = site.heads.heads;
-    if (!heads) throw new InputError(`layer ${site.layer}: counting masks of 3-D and 4-D views together needs the head count, not found in the graph (${site.heads.reason})`);
+    if (!heads) throw new InputError(`layer ${site.layer}: counting masks of 3-D and 4-D views together needs the head count, not found in the graph (${site.heads.reason})`, 'cannot-patch');
     const b = this.b;
     const bh = b.op('Slice', [b.op('Shape', [shapeSources(site)[0]], {}, 'q_shape'), b.int64('zero1', [0]), b.int64('one1', [1])], {}, 'bh');
     const full = b.op('Expand', [v, b.op('Concat', [bh, b.int64('ones2', [1, 1])], { axis: 0 }, 'bh11')], {}, 'visible_bh');

@@ -32,7 +32,7 @@ export class OpsetGuard {
   ensure(scope: Scope, why: string): void {
     if (scope.opset >= PATCH_OPSET) return;
     if (scope.kind === 'function') {
-      throw new InputError(`${why} needs opset ≥ ${PATCH_OPSET}, and function '${scope.fn!.name}' imports opset ${scope.opset}: convert the model to opset ${PATCH_OPSET} or later (onnx.version_converter) and patch that`);
+      throw new InputError(`${why} needs opset ≥ ${PATCH_OPSET}, and function '${scope.fn!.name}' imports opset ${scope.opset}: convert the model to opset ${PATCH_OPSET} or later (onnx.version_converter) and patch that`, 'cannot-patch');
     }
     this.raise(why, scope.opset);
   }
@@ -47,7 +47,7 @@ export class OpsetGuard {
     if (blocking.length) {
       const ops = [...new Set(blocking.map((n) => n.opType))].join(', ');
       throw new InputError(`${why} needs opset ≥ ${PATCH_OPSET}; the model imports opset ${from}, and raising it would change what its `
-        + `${ops} node(s) mean (e.g. '${nodeLabel(blocking[0])}'): convert the model to opset ${PATCH_OPSET} or later (onnx.version_converter) and patch that`);
+        + `${ops} node(s) mean (e.g. '${nodeLabel(blocking[0])}'): convert the model to opset ${PATCH_OPSET} or later (onnx.version_converter) and patch that`, 'cannot-patch');
     }
     this.journal.raiseOpset(from, PATCH_OPSET);
     this.notes.push(`the default opset import was raised from ${from} to ${PATCH_OPSET}: ${why} needs ops of opset ${PATCH_OPSET}, and every node of the model means the same there (revert lowers it again)`);

@@ -64,19 +64,19 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
   // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
-  if (all.length === 0 && !record) throw new InputError(noAttentionMessage(detection));
+  if (all.length === 0 && !record) throw new InputError(noAttentionMessage(detection), detection.skipped.some((k) => k.attention) ? 'attention-refused' : 'no-attention');
   const existing = existingPatch(scopes, all, record);
   if (existing) {
-    if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`);
+    if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`, 'already-patched');
     return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes } };
   }
-  if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`);
+  if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`, 'not-patched');
   // Read before the factors go in: the shapes of the model as it was.
   const lengths = modelLengths(scopes, detection);
   const report = insertFactors(out, scopes, detection, all, plan);
   checkInsertedTypes(out);
   const reach = lengthReport(lengths, report.sites, plan.preset, plan.trainLen);
-  if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message);
+  if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message, 'cannot-patch');
   return { model: out, report: { ...report, notes: [...notes, ...report.notes], ...(reach ? { lengths: reach } : {}) } };
 }
 
@@ -128,7 +128,7 @@ function selectSites(all: AnySite[], skipped: SkippedSoftmax[], plan: PatchPlan)
   const count = Math.max(...all.map((a) => a.site.layer)) + 1;
   const chosen = selectLayers(spec, count);
   const sites = all.filter((a) => chosen.has(a.site.layer));
-  if (sites.length === 0) throw new InputError(`${opt('layers', spec.text)} selects none of the ${count} attention layers`);
+  if (sites.length === 0) throw new InputError(`${opt('layers', spec.text)} selects none of the ${count} attention layers`, 'usage');
   refuseSplitFunctions(all, chosen, spec.text);
   const left = all.filter((a) => !chosen.has(a.site.layer)).map((a) => ({
     node: siteNode(a), reason: `layer ${a.site.layer} not among the layers asked for (${spec.text})`, scope: a.site.scope,
@@ -145,7 +145,7 @@ function refuseSplitFunctions(all: AnySite[], chosen: Set<number>, text: string)
     if (a.kind !== 'call' || !chosen.has(a.site.layer)) continue;
     const left = all.filter((b) => b.kind === 'call' && b.site.fn === a.site.fn && !chosen.has(b.site.layer)).map((b) => b.site.layer);
     if (left.length) {
-      throw new InputError(`${opt('layers', text)} selects layer ${a.site.layer} but not layer(s) ${left.join(', ')}, which call the same function '${a.site.fn.name}'; its body is patched once for every call: select all of them or none`);
+      throw new InputError(`${opt('layers', text)} selects layer ${a.site.layer} but not layer(s) ${left.join(', ')}, which call the same function '${a.site.fn.name}'; its body is patched once for every call: select all of them or none`, 'usage');
     }
   }
 }
@@ -174,9 +174,9 @@ function checkForced(force: string[], d: Detection): void {
   for (const name of force) {
     if (known.has(name)) continue;
     const skipped = d.skipped.find((s) => s.node === name);
-    if (skipped) throw new InputError(`${opt('force', name)}: cannot be forced (${skipped.reason})`);
+    if (skipped) throw new InputError(`${opt('force', name)}: cannot be forced (${skipped.reason})`, 'usage');
     const refusable = d.skipped.filter((s) => s.forcible).map((s) => s.node);
-    throw new InputError(`${opt('force', name)}: no such attention node${refusable.length ? ` (refused sites: ${refusable.join(', ')})` : ''}`);
+    throw new InputError(`${opt('force', name)}: no such attention node${refusable.length ? ` (refused sites: ${refusable.join(', ')})` : ''}`, 'usage');
   }
 }
 

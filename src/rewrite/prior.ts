@@ -101,8 +101,8 @@ function layoutPrior(b: Builder, table: string, pos: Positions): string {
 export function insertPrior(ctx: ScaleContext, b: Builder, site: AttentionSite, theta: ThetaTensors,
   factor: { tensor: string; perHead: boolean } | undefined): void {
   const heads = site.heads.heads;
-  if (!heads) throw new InputError(`layer ${site.layer}: a positional prior needs the head count (${site.heads.reason})`);
-  if (site.logitsRank !== 3 && site.logitsRank !== 4) throw new InputError(`layer ${site.layer}: a positional prior needs logits of known rank 3 or 4`);
+  if (!heads) throw new InputError(`layer ${site.layer}: a positional prior needs the head count (${site.heads.reason})`, 'cannot-patch');
+  if (site.logitsRank !== 3 && site.logitsRank !== 4) throw new InputError(`layer ${site.layer}: a positional prior needs logits of known rank 3 or 4`, 'cannot-patch');
   const pos = ctx.sources.positions(site);
   const headScale = factor?.perHead ? b.op('Reshape', [factor.tensor, b.int64('head_vector', [-1])], {}, 'factor_heads') : undefined;
   let bias = layoutPrior(b, priorTable(b, theta, pos.d, headScale), pos);

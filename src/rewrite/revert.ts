@@ -61,7 +61,7 @@ export function revertModel(model: ModelProto): RevertResult {
       const result = revertByStructure(fallback);
       return { ...result, report: { ...result.report, note: e.message } };
     } catch {
-      throw new InputError(`cannot revert: ${e.message}, and no patch is recognisable from the graph's structure`);
+      throw new InputError(`cannot revert: ${e.message}, and no patch is recognisable from the graph's structure`, 'cannot-revert');
     }
   }
 }
@@ -163,7 +163,7 @@ function revertByStructure(out: ModelProto): { model: ModelProto; report: Revert
   const graph = new Graph(out.graph!);
   const factors = findFactors(graph);
   if (factors.length === 0) {
-    throw new InputError(`no SSMax patch in this model (no ${APPLY_NAME} node and no SSMax factor before a Softmax): nothing to revert`);
+    throw new InputError(`no SSMax patch in this model (no ${APPLY_NAME} node and no SSMax factor before a Softmax): nothing to revert`, 'not-patched');
   }
   const sites = factors.map((f, i) => describe(graph, f, i));
   for (const f of factors) rewire(graph, f);
@@ -189,6 +189,6 @@ function describe(graph: Graph, f: Factor, index: number): RevertedSite {
 /** Every reader of the scaled value reads the original (logits or query) again. */
 function rewire(graph: Graph, f: Factor): void {
   const product = f.product;
-  if (graph.outputs.has(product)) throw new InputError(`cannot revert: the scaled logits '${product}' are a graph output`);
+  if (graph.outputs.has(product)) throw new InputError(`cannot revert: the scaled logits '${product}' are a graph output`, 'cannot-revert');
   graph.redirect(product, f.logits);
 }

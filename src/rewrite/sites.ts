@@ -164,7 +164,7 @@ export class SitePatcher {
     const where = `${nodeLabel(site.node)} (${site.op})`;
     const plan = planFor(site, option === 'auto' ? modeOf(site.n) : option);
     if (countsMasks(option) && plan.kind !== 'mask-index') {
-      throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`);
+      throw new InputError(`${where}: ${opt('n', option)} needs the mask outside the kernel; use ${opt('n', 'auto')}, keys or causal`, 'usage');
     }
     const mode = modeOf(plan);
     this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
@@ -277,7 +277,7 @@ function rowsForSites<T>(sites: AnySite[], skipped: SkippedSoftmax[], rowsOf: (h
     try {
       rows.set(scope, rowsOf(list));
     } catch (e) {
-      if (e instanceof InputError && scope !== 'main') throw new InputError(`${scope}: ${e.raw}`);
+      if (e instanceof InputError && scope !== 'main') throw new InputError(`${scope}: ${e.raw}`, e.code);
       throw e;
     }
   }
@@ -313,7 +313,7 @@ export function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: Skipp
   return sites.map((a, i) => {
     const row = rows[i];
     if (Array.isArray(row) && row.length > 1 && headsOf(a) === undefined) {
-      throw new InputError(`${where(a)}: per-head s given, but the head count is unknown (${headsReason(a)}); give one s for the layer`);
+      throw new InputError(`${where(a)}: per-head s given, but the head count is unknown (${headsReason(a)}); give one s for the layer`, 'cannot-patch');
     }
     return row;
   });
@@ -323,7 +323,7 @@ export function scalesForSites(spec: ScaleSpec, sites: AnySite[], skipped: Skipp
 export function thetasForSites(prior: PriorSpec, sites: AnySite[], skipped: SkippedSoftmax[]): LayerTheta[] {
   const rows = rowsForSites(sites, skipped, (heads) => thetasForLayers(prior, heads));
   return sites.map((a, i) => {
-    if (!rows[i]) throw new InputError(`${where(a)}: a positional prior needs the head count (${headsReason(a)})`);
+    if (!rows[i]) throw new InputError(`${where(a)}: a positional prior needs the head count (${headsReason(a)})`, 'cannot-patch');
     return rows[i]!;
   });
 }

@@ -23,9 +23,9 @@ import { AnySite, headsByScope, headsOf, orderedSites, scalesForSites, siteNode,
  */
 export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: Detection, record: PatchRecord, plan: PatchPlan): PatchReport {
   if (record.preset !== plan.preset.kind) {
-    throw new InputError(`the model is patched with the ${record.preset} preset; an update keeps it: give no other preset, or revert and patch again`);
+    throw new InputError(`the model is patched with the ${record.preset} preset; an update keeps it: give no other preset, or revert and patch again`, 'usage');
   }
-  if (plan.prior && !record.prior) throw new InputError(`the patch has no positional prior to update: revert and patch again with ${opt('prior')}`);
+  if (plan.prior && !record.prior) throw new InputError(`the patch has no positional prior to update: revert and patch again with ${opt('prior')}`, 'cannot-patch');
   const all = orderedSites(detection, scopes);
   const rows = plan.spec && layerScales(plan.spec, all, record, detection.skipped);
   const thetas = plan.prior && thetasForSites(plan.prior, all, detection.skipped);
@@ -34,7 +34,7 @@ export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: 
   const sites = record.sites.map((rec): PatchedSite => {
     const scope = rec.scope ?? 'main';
     const i = byLayer.get(`${scope}|${rec.layer}`);
-    if (i === undefined && !rec.expanded) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`);
+    if (i === undefined && !rec.expanded) throw new InputError(`layer ${rec.layer}${scope === 'main' ? '' : ` of ${scope}`}: patched, but no longer found as attention`, 'cannot-patch');
     const graph = graphOf.get(scope)!;
     if (rows && rec.sInitializer) {
       const s = rows.get(scope)![rec.layer];
@@ -77,9 +77,9 @@ export function updateByNames(model: ModelProto, scopes: Scope[], detection: Det
   const out = sites.map((a, i): PatchedSite => {
     const scope = byPath.get(a.site.scope)!;
     const apply = a.kind === 'call' ? a.site.inner.patchedBy : a.site.patchedBy;
-    if (!apply) throw new InputError(`layer ${a.site.layer}: not patched while other layers are; patch the original model instead`);
+    if (!apply) throw new InputError(`layer ${a.site.layer}: not patched while other layers are; patch the original model instead`, 'cannot-patch');
     const name = a.kind === 'call' ? callScaleName(a.site, byPath, apply) : findScaleTensor(scope.graph, apply);
-    if (!name || !scope.graph.initializers.has(name)) throw new InputError(`layer ${a.site.layer}: patched, but its s initializer was not found`);
+    if (!name || !scope.graph.initializers.has(name)) throw new InputError(`layer ${a.site.layer}: patched, but its s initializer was not found`, 'cannot-patch');
     replaceScale(scope.graph, name, scales[i], a.site.layer);
     return updatedSite(a, scales[i], name, 'unchanged');
   });
@@ -92,7 +92,7 @@ export function updateRenamed(model: ModelProto, graph: Graph, factors: Factor[]
   const scales = scalesForLayers(spec, factors.map(() => undefined));
   const sites = factors.map((f, i): PatchedSite => {
     const name = findScaleTensor(graph, f.apply, f.factor, f.logits);
-    if (!name || !graph.initializers.has(name)) throw new InputError(`factor ${nodeLabel(f.apply)}: its s initializer was not found`);
+    if (!name || !graph.initializers.has(name)) throw new InputError(`factor ${nodeLabel(f.apply)}: its s initializer was not found`, 'cannot-patch');
     replaceScale(graph, name, scales[i], i);
     return {
       node: f.softmax ? nodeLabel(f.softmax) : nodeLabel(f.apply), layer: f.layer ?? i, scope: 'main', kind: 'Softmax', n: 'unchanged',
@@ -114,7 +114,7 @@ function report(model: ModelProto, sites: PatchedSite[], skipped: SkippedSoftmax
 
 /** Without the record, only s can be found (from the structure of each factor). */
 export function specOf(plan: PatchPlan): ScaleSpec {
-  if (plan.prior) throw new InputError(`updating a prior needs the patch record (it is gone): revert and patch again`);
+  if (plan.prior) throw new InputError(`updating a prior needs the patch record (it is gone): revert and patch again`, 'cannot-patch');
   return plan.spec!;
 }
 
@@ -138,9 +138,9 @@ function replaceScale(graph: Graph, name: string, s: LayerScale, layer: number):
 /** Replaces the values of a float initializer in place; its shape must stay. */
 function replaceValues(graph: Graph, name: string, dims: number[], values: number | number[], layer: number, what: string): void {
   const old = graph.initializers.get(name);
-  if (!old) throw new StaleRecord(`layer ${layer}: its initializer '${name}' is not in the model (renamed after patching?)`);
+  if (!old) throw new StaleRecord(`layer ${layer}: its initializer '${name}' is not in the model (renamed after patching?)`, 'cannot-patch');
   if (old.dims.map(toNumber).join() !== dims.join()) {
-    throw new InputError(`layer ${layer}: cannot change ${what} from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`);
+    throw new InputError(`layer ${layer}: cannot change ${what} from shape [${old.dims.join(',')}] to [${dims.join(',')}] in place; patch the original model instead`, 'cannot-patch');
   }
   // The initializer may belong to an enclosing graph.
   let owner: Graph | undefined = graph;

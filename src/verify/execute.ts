@@ -98,7 +98,7 @@ function original(setup: Setup, run: RunSpec, outcome: Outcome, store: OriginalO
     return;
   }
   if (run === setup.plan.runs[0]) {
-    throw new InputError(`the original model fails on the synthesised inputs (${run.id}): ${outcome.error}; set sizes with ${opt('dims', 'NAME=N')} or give inputs with ${opt('inputFiles', 'NAME=FILE')}`);
+    throw new InputError(`the original model fails on the synthesised inputs (${run.id}): ${outcome.error}; set sizes with ${opt('dims', 'NAME=N')} or give inputs with ${opt('inputFiles', 'NAME=FILE')}`, 'cannot-verify');
   }
   dropped.add(run.id);
   if (run.kind === 'sweep') {

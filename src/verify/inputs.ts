@@ -83,7 +83,7 @@ function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number
   if (spec.name === 'nonpad_kv_seqlen' && feeds.K) return fill(keyCount(feeds.K, shape));
   const whole = itemLength(specs, spec, feeds);
   if (whole !== undefined) return fill(whole);
-  throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`);
+  throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`, 'cannot-verify');
 }
 
 /**

@@ -137,7 +137,7 @@ function filesSize(m: ModelProto): number {
 /** The original runs with the sharpness check's row maxima added: a failure in those nodes is ssmax-patch's, not the model's. */
 export function originalLoadError(e: unknown): InputError {
   const ours = firstLine(e).includes(PREFIX) ? ' with the sharpness check\'s nodes added (an ssmax-patch bug; --checks without sharpness avoids it)' : '';
-  return new InputError(`onnxruntime cannot load the original model${ours}: ${firstLine(e)}`);
+  return new InputError(`onnxruntime cannot load the original model${ours}: ${firstLine(e)}`, 'cannot-verify');
 }
 
 /** The first line of an error's message (onnxruntime's may run to many). */

@@ -74,9 +74,9 @@ export interface Setup {
 export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
   const record = readRecord(patched);
   if (!record && readRecord(original)) {
-    throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'), but the original has one: the two models are likely swapped (give the original first, then the model ssmax-patch wrote)`);
+    throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'), but the original has one: the two models are likely swapped (give the original first, then the model ssmax-patch wrote)`, 'wrong-original');
   }
-  if (!record) throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}' with its sites and journal): give a model written by ssmax-patch`);
+  if (!record) throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}' with its sites and journal): give a model written by ssmax-patch`, 'not-patched');
   checkPair(original, patched, record);
   const graph = new Graph(original.graph!);
   const specs = describeInputs(graph);
@@ -143,7 +143,7 @@ function checkDimNames(specs: InputSpec[], dims: Record<string, number>, given: 
     const source = (['seq', 'past', 'batch'] as const).find((k) => alias[k] !== undefined);
     if (source && open.has(source)) continue;
     const shapes = specs.map((s) => `${s.name} [${s.dims.map((d) => ('value' in d ? d.value : 'param' in d ? d.param : '?')).join(', ')}]`).join(', ');
-    throw new InputError(`${opt('dims', `${name}=${dims[name]}`)}: no input of this model has a dim '${name}'${source ? ` or an axis sized by the ${source === 'seq' ? 'sequence' : source}` : ''} (inputs: ${shapes})`);
+    throw new InputError(`${opt('dims', `${name}=${dims[name]}`)}: no input of this model has a dim '${name}'${source ? ` or an axis sized by the ${source === 'seq' ? 'sequence' : source}` : ''} (inputs: ${shapes})`, 'usage');
   }
 }
 
@@ -213,7 +213,7 @@ function checkPair(original: ModelProto, patched: ModelProto, record: PatchRecor
   const added = new Set(main.flatMap((e) => [...e.initializers, ...e.inputs]));
   const o = original.graph!, p = patched.graph!;
   const mismatch = (what: string): never => {
-    throw new InputError(`the patched model is not a patch of this original: ${what}`);
+    throw new InputError(`the patched model is not a patch of this original: ${what}`, 'wrong-original');
   };
   const values = (list: ValueInfoProto[]): Map<string, string> =>
     new Map(list.filter((v) => !added.has(v.name)).map((v) => [v.name, v.type?.tensorType ? String(v.type.tensorType.elemType) : 'not a tensor']));
@@ -236,10 +236,10 @@ function compareSets(what: string, original: Map<string, string>, patched: Map<s
 function checkGivenTensors(specs: InputSpec[], tensors: Record<string, HostTensor>): Feeds {
   for (const [name, t] of Object.entries(tensors)) {
     const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`${opt('inputs', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    if (!spec) throw new InputError(`${opt('inputs', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`, 'usage');
     const type = hostTypeOf(spec.elemType, name);
-    if (t.type !== type) throw new InputError(`${opt('inputs', name)}: a ${t.type} tensor, but the model declares ${elemTypeName(spec.elemType)} (${type})`);
-    if (t.data.length !== elementCount(t.dims)) throw new InputError(`${opt('inputs', name)}: ${t.data.length} values for dims [${t.dims.join(', ')}]`);
+    if (t.type !== type) throw new InputError(`${opt('inputs', name)}: a ${t.type} tensor, but the model declares ${elemTypeName(spec.elemType)} (${type})`, 'usage');
+    if (t.data.length !== elementCount(t.dims)) throw new InputError(`${opt('inputs', name)}: ${t.data.length} values for dims [${t.dims.join(', ')}]`, 'usage');
   }
   return tensors;
 }
@@ -248,7 +248,7 @@ function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Fee
   const given: Feeds = {};
   for (const [name, file] of Object.entries(files)) {
     const spec = specs.find((s) => s.name === name);
-    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`);
+    if (!spec) throw new InputError(`${opt('inputFiles', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`, 'usage');
     given[name] = readTensorFile(file, name, spec.elemType);
   }
   return given;
@@ -260,7 +260,7 @@ function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Fee
  */
 function trainLength(option: number | undefined, record: PatchRecord, preset: Preset, sites: VerifySite[]): { L: number; known: boolean; source: string } {
   if (option !== undefined) {
-    if (!Number.isInteger(option) || option < 2) throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${option}`);
+    if (!Number.isInteger(option) || option < 2) throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${option}`, 'usage');
     return { L: option, known: true, source: 'the given train length' };
   }
   if (preset.kind === 'llama4') return { L: preset.floorScale, known: true, source: 'llama4: floor_scale, below which the factor is 1' };

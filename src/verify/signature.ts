@@ -63,7 +63,7 @@ export function describeInputs(graph: Graph): InputSpec[] {
   let shapes: Shapes | undefined;
   const specs = graph.proto.input.filter((v) => !graph.initializers.has(v.name)).map((v) => {
     const tensor = v.type?.tensorType;
-    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`);
+    if (!tensor) throw new InputError(`input '${v.name}': not a tensor; only tensor inputs can be synthesised (give it with ${opt('inputFiles', `${v.name}=FILE`)})`, 'cannot-verify');
     const role = roleOf(v.name, tensor.elemType);
     if (!tensor.shape && FLOAT_TYPES.includes(tensor.elemType)) {
       const rule: DimRule = { source: 'seq', why: 'has no declared shape: synthesised as a square [seq, seq] matrix' };
@@ -252,15 +252,15 @@ export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: 
     if (spec.unshaped) continue;
     const shape = `[${tensor.dims.join(', ')}]`;
     if (spec.dims.length && tensor.dims.length !== spec.dims.length) {
-      throw new InputError(`${opt('inputFiles', name)}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`);
+      throw new InputError(`${opt('inputFiles', name)}: shape ${shape} has rank ${tensor.dims.length}, the model declares rank ${spec.dims.length}`, 'usage');
     }
     spec.dims.forEach((d, axis) => {
       const size = tensor.dims[axis];
-      if ('value' in d && d.value !== size) throw new InputError(`${opt('inputFiles', name)}: dim ${axis} is ${size}, the model declares ${d.value}`);
+      if ('value' in d && d.value !== size) throw new InputError(`${opt('inputFiles', name)}: dim ${axis} is ${size}, the model declares ${d.value}`, 'usage');
       if (!('param' in d)) return;
       const known = fixed.get(d.param);
       if (known !== undefined && known !== size) {
-        throw new InputError(`${opt('inputFiles', name)}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`);
+        throw new InputError(`${opt('inputFiles', name)}: dim ${axis} ('${d.param}') is ${size}, but ${origin.get(d.param)} sets it to ${known}`, 'usage');
       }
       fixed.set(d.param, size);
       origin.set(d.param, opt('inputFiles', name));

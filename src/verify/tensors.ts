@@ -39,7 +39,7 @@ export function elemTypeName(elemType: number): string {
 /** The host type an ONNX element type is fed as (bfloat16 as float32), or an InputError naming the input. */
 export function hostTypeOf(elemType: number, input: string): HostType {
   const t = HOST_TYPES[elemType];
-  if (!t) throw new InputError(`input '${input}': element type ${elemTypeName(elemType)} is not supported by onnxruntime-node; give a model without it`);
+  if (!t) throw new InputError(`input '${input}': element type ${elemTypeName(elemType)} is not supported by onnxruntime-node; give a model without it`, 'cannot-verify');
   return t;
 }
 

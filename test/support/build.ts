@@ -41,6 +41,13 @@ export function model(opts: {
   };
 }
 
+/** A classifier head and nothing else: its Softmax normalises a projection, so the model has no attention. */
+export const classifierOnly = (): ModelProto => model({
+  nodes: [node('MatMul', ['x', 'w'], ['logits']), node('Softmax', ['logits'], ['p'], { axis: -1 })],
+  inputs: [value('x', DataType.FLOAT, ['batch', 16])], outputs: [value('p', DataType.FLOAT, ['batch', 5])],
+  initializers: [f32('w', [16, 5], randoms(80, 3))],
+});
+
 /** Deterministic pseudo-random values in [-amp, amp]. */
 export function randoms(count: number, seed: number, amp = 1): number[] {
   let x = seed;

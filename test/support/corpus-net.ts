@@ -47,6 +47,8 @@ export interface SetOutcome {
   exit: number;
   sites?: string[];
   refused?: string[];
+  /** The error's code (errors.ts ERROR_CODES), which sets the exit code. */
+  code?: string;
   error?: string;
   checks?: Record<string, string>;
   output?: OutputOutcome;
@@ -62,7 +64,7 @@ export type Outcomes = Record<string, FileOutcome>;
 
 interface ReportDoc {
   exitCode: number;
-  error?: string | { message: string };
+  error?: { code: string; message: string };
   sites?: { layer: number; scope: string; node: string; rule: string; n: string; target: string; kind: string }[];
   skipped?: { node: string; reason: string; attention?: boolean; scope?: string }[];
   verification?: { checks: { id: string; status: string; summary: string }[] };
@@ -101,7 +103,10 @@ async function patchOutcome(file: string, args: string[], out: string): Promise<
   }
   const refused = (doc.skipped ?? []).filter((k) => k.attention);
   if (refused.length) o.refused = refused.map((k) => `${k.node}${k.scope && k.scope !== 'main' ? ` [${k.scope}]` : ''}: ${k.reason}`);
-  if (doc.error) o.error = stable(typeof doc.error === 'string' ? doc.error : doc.error.message);
+  if (doc.error) {
+    o.code = doc.error.code;
+    o.error = stable(doc.error.message);
+  }
   if (doc.verification) {
     o.checks = Object.fromEntries(doc.verification.checks.map((c) => [c.id, c.status === 'PASSED' ? c.status : `${c.status}: ${stable(c.summary)}`]));
   }
