@@ -167,7 +167,7 @@ describe('bad output targets', () => {
       return;
     }
     try {
-      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(target, 'out.onnx')], /cannot write \((permission denied|operation not permitted|read-only file system)\)/, 'io');
+      expectRefusal(dir, [input, '--train-len', '8', '-o', path.join(target, 'out.onnx')], /cannot write \((permission denied|operation not permitted|read-only file system|folder \S+ is not writable)\)/, 'io');
     } finally {
       unlock(target);
     }
