@@ -110,7 +110,7 @@ export class SitePatcher {
   }
 
   private softmax(scope: Scope, b: Builder, site: AttentionSite, p: SiteParams, inputs: BodyInputs): SiteResult {
-    const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
+    const uses = maskUses(scope.graph, { steps: site.afterLogits, qk: site.qkMatMul.output[0] }, scope.shapes);
     const n = this.preset.kind === 'none' ? { mode: 'none', reason: 'no factor (preset none)' }
       : site.groupAxis !== undefined ? groupN(site.groupAxis)
         : presetNeedsPositions(this.preset) ? positionN(this.option)

@@ -5,7 +5,7 @@
  * with n from the operator's n plan evaluated on the run's actual input shapes and lengths.
  */
 import { FusedSite } from '../detect/fused';
-import { HIDDEN_BELOW } from '../detect/mask-uses';
+import { HIDDEN_GAP } from '../detect/mask-uses';
 import { inputAt, NPlan, opSpec, queryInput, QueryPlan, Term } from '../graph/attention-ops';
 import { planFor } from '../rewrite/fused';
 import { NMode } from '../policy/n-mode';
@@ -91,11 +91,19 @@ function miscounts(n: (g: number, i: number) => number): ProbeView['alternatives
   return [{ name: 'n doubled (2n)', n: (g, i) => 2 * n(g, i) }, { name: 'n off by one (n + 1)', n: (g, i) => n(g, i) + 1 }];
 }
 
+/**
+ * Keys the masked logits leave visible per row, by the patch's rule (a mask entry at least HIDDEN_GAP below its row's
+ * largest hides its key) read where content and masks are summed: an entry that far below the row's largest and below
+ * −HIDDEN_GAP itself is hidden (visible content logits are rarely both).
+ */
 function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
   const counts = new Int32Array(masked.length / tk);
   for (let row = 0; row < counts.length; row++) {
+    let max = -Infinity;
+    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > max) max = masked[row * tk + j]; // NaN is never the max
+    const limit = Math.min(max - HIDDEN_GAP, -HIDDEN_GAP);
     let n = 0;
-    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > HIDDEN_BELOW) n++;
+    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > limit) n++;
     counts[row] = n;
   }
   return counts;
