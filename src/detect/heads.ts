@@ -105,7 +105,8 @@ function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shape
     return perm ? [{ name: node.input[0], axis: perm[axis], merged }] : null;
   }
   if (node.opType === 'Reshape') {
-    const shape = shapeElements(graph, node.input[1]);
+    // The symbolic shape pass also reads shapes built from slices of Shape (torch's qkv.reshape(B, T, 3, H, d)).
+    const shape = shapeElements(graph, node.input[1]) ?? shapes.values(node.input[1])?.map((d) => constantOf(d));
     // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
     if (merged && shape?.length === 3 && shapes.rank(node.input[0]) === 4) return [{ name: node.input[0], axis: 1, merged: false }];
     const folded = merged ? foldedHeads(node, axis, shapes) : undefined;
