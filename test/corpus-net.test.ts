@@ -1,6 +1,7 @@
 /**
- * The corpus regression net (skipped when ../shared/corpus is absent): every real file's outcome under every
- * option set of test/support/corpus-net.ts must equal the committed test/corpus-expected.json, and whatever the
+ * The corpus regression net (skipped when ../shared/corpus is absent): every real file's outcome, and every
+ * fixtures/torchlib model's (torchvision/torchaudio exports), under every option set of test/support/corpus-net.ts
+ * must equal the committed test/corpus-expected.json, and whatever the
  * expectations say, no outcome may break the tool's promises: no internal error, no cycle the tool made, every
  * written model runs on onnxruntime to finite outputs, passes onnx.checker wherever its input does, and reverts
  * to the original exactly.
@@ -14,7 +15,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { before, describe, it } from 'node:test';
-import { corpusFiles, corpusOutcomes, FileOutcome, onnxCheckerAvailable, Outcomes, readExpected } from './support/corpus-net';
+import { corpusFiles, corpusOutcomes, FileOutcome, inCorpus, onnxCheckerAvailable, Outcomes, readExpected } from './support/corpus-net';
 import { CORPUS } from './support/ref';
 
 const files = corpusFiles();
@@ -26,7 +27,7 @@ const withoutChecker = (o: FileOutcome): FileOutcome => ({
   sets: Object.fromEntries(Object.entries(o.sets).map(([k, v]) => [k, v.output ? { ...v, output: { runs: v.output.runs, revert: v.output.revert } } : v])),
 });
 
-describe('the corpus regression net', { skip: files.length === 0 ? `${CORPUS} not present` : false }, () => {
+describe('the corpus regression net', { skip: !files.some(inCorpus) ? `${CORPUS} not present` : false }, () => {
   let actual: Outcomes = {};
   const expected = readExpected();
 
@@ -38,7 +39,7 @@ describe('the corpus regression net', { skip: files.length === 0 ? `${CORPUS} no
     assert.ok(checker, 'python3-onnx is missing: apt-get install -y python3-onnx (.ci/run installs it)');
   });
 
-  it('the expectations list exactly the corpus files', () => assert.deepEqual(Object.keys(expected).sort(), files));
+  it('the expectations list exactly the corpus files and the net\'s fixtures', () => assert.deepEqual(Object.keys(expected).sort(), files));
 
   for (const file of files) {
     it(file, () => {
@@ -71,7 +72,7 @@ describe('the corpus regression net', { skip: files.length === 0 ? `${CORPUS} no
 
 describe('the README corpus tally is the net\'s', () => {
   it('patched, refused and without attention (train-len 64)', () => {
-    const sets = Object.values(readExpected()).map((o) => o.sets['train-len 64']);
+    const sets = Object.entries(readExpected()).filter(([f]) => inCorpus(f)).map(([, o]) => o.sets['train-len 64']);
     const failed = sets.filter((s) => s.exit !== 0);
     const count = [sets.length - failed.length, failed.filter((s) => s.refused).length, failed.filter((s) => !s.refused).length];
     const readme = fs.readFileSync(path.resolve(__dirname, '../../README.md'), 'utf8').replace(/\s+/g, ' ');

@@ -14,7 +14,7 @@
  *
  * bias = attn_mask (bool: 0 or −inf; a last axis shorter than the keys padded with −inf) + the causal mask
  * (key j ≤ i + P, P the past length, or nonpad_kv_seqlen[b] − S with a static cache) + nonpad_kv_seqlen padding.
- * n = keys the row may see: entries of the bias above −9000 (the plain-op convention, mask-uses.ts), or Tk.
+ * n = keys the row may see: entries of the bias less than HIDDEN_GAP below the row's largest (the plain-op convention, mask-uses.ts), or Tk.
  */
 import { FusedSite } from '../detect/fused';
 import { inputOf, ONNX_ATTENTION, outputOf } from '../graph/attention-ops';
