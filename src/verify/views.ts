@@ -67,7 +67,9 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   let counts: Int32Array | null = null;
   if (x.masked) {
     if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
-    counts = visibleCounts(x.masked.data, tk);
+    counts = x.keys === undefined && x.after.data.length === x.masked.data.length
+      ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
+      : strongMaskCounts(x.masked.data, tk);
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
@@ -92,18 +94,37 @@ function miscounts(n: (g: number, i: number) => number): ProbeView['alternatives
 }
 
 /**
- * Keys the masked logits leave visible per row, by the patch's rule (a mask entry at least HIDDEN_GAP below its row's
- * largest hides its key) read where content and masks are summed: an entry that far below the row's largest and below
- * −HIDDEN_GAP itself is hidden (visible content logits are rarely both).
+ * The terms added to the scaled logits before the Softmax (masks, biases): the masked logits less the content. The
+ * masked logits alone cannot be read by the patch's rule: peaked content logits are themselves 30 apart.
  */
-function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
-  const counts = new Int32Array(masked.length / tk);
+function termsOf(masked: ArrayLike<number>, content: ArrayLike<number>): Float64Array {
+  return Float64Array.from(masked, (m, i) => m - content[i]);
+}
+
+/** Keys the terms on the logits leave visible per row, by the patch's rule: an entry HIDDEN_GAP below its row's largest hides. */
+function visibleCounts(terms: ArrayLike<number>, tk: number): Int32Array {
+  return countRows(terms, tk, (max) => max - HIDDEN_GAP);
+}
+
+/**
+ * Where the content is not exposed (the factor on the query), keys the masked logits leave visible: only entries at
+ * or below STRONG_MASK count as hidden (−10000, finfo.min, −inf), far from any content logit. A milder mask
+ * (Swin's −100) has the factor on the logits, so its terms are read instead.
+ */
+function strongMaskCounts(masked: ArrayLike<number>, tk: number): Int32Array {
+  return countRows(masked, tk, () => STRONG_MASK);
+}
+
+const STRONG_MASK = -9000;
+
+function countRows(values: ArrayLike<number>, tk: number, limitOf: (max: number) => number): Int32Array {
+  const counts = new Int32Array(values.length / tk);
   for (let row = 0; row < counts.length; row++) {
     let max = -Infinity;
-    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > max) max = masked[row * tk + j]; // NaN is never the max
-    const limit = Math.min(max - HIDDEN_GAP, -HIDDEN_GAP);
+    for (let j = 0; j < tk; j++) if (values[row * tk + j] > max) max = values[row * tk + j]; // NaN is never the max
+    const limit = limitOf(max);
     let n = 0;
-    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > limit) n++;
+    for (let j = 0; j < tk; j++) if (values[row * tk + j] > limit) n++;
     counts[row] = n;
   }
   return counts;
