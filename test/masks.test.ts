@@ -10,6 +10,7 @@ import { describe, it } from 'node:test';
 import { DataType, ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Feeds } from '../src/verify/inputs';
+import { verifyPatch } from '../src/verify/verify';
 import { attention, bnsd, f32 as host, floats, maxDiff, runOnce } from './support/attention';
 import { f32, i64, model, node, value } from './support/build';
 
@@ -170,6 +171,13 @@ describe('Swin\'s shift mask: −100 chosen by a condition, added in a 5-D [B, w
     assert.equal(report.sites[0].n, 'mask');
     assert.match(report.sites[0].nReason, /hidden: 'shift5' entries at least 30 below their row's largest \(in a 5-D view\)/);
     await check(c, { s: 0.7 }, {}, visible, (g, i, j) => (visible(g, i, j) ? 0 : -100));
+  });
+
+  it('verify\'s probe expects the same per-window n (the −100 entries hidden)', async () => {
+    const original = build(c);
+    const r = await verifyPatch(original, patchModel(original, { s: 0.7 }).model);
+    const probe = r.checks.find((x) => x.id === 'probe')!;
+    assert.equal(probe.status, 'PASSED', probe.summary);
   });
 
   it('per-head s', async () => {

@@ -68,7 +68,7 @@ export const elementwise: ShapeRule = (node, ins) => {
 export const equal: ShapeRule = (node, ins, graph) => {
   const [out] = elementwise(node, ins, graph);
   const [a, b] = [ins[0]?.value, ins[1]?.value];
-  if (!a || !b || (a.length !== b.length && a.length !== 1 && b.length !== 1)) return [out];
+  if (!a?.length || !b?.length || (a.length !== b.length && a.length !== 1 && b.length !== 1)) return [out];
   const same = (x: Poly, y: Poly): Poly | undefined => {
     const [cx, cy] = [constantOf(x), constantOf(y)];
     if (cx !== undefined && cy !== undefined) return num(cx === cy ? 1 : 0);

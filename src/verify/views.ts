@@ -69,7 +69,7 @@ export function logitsView(x: LogitsInput): ProbeView | string {
     if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
     counts = x.keys === undefined && x.after.data.length === x.masked.data.length
       ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
-      : strongMaskCounts(x.masked.data, tk);
+      : maskedCounts(x.masked.data, tk);
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
@@ -107,15 +107,14 @@ function visibleCounts(terms: ArrayLike<number>, tk: number): Int32Array {
 }
 
 /**
- * Where the content is not exposed (the factor on the query), keys the masked logits leave visible: only entries at
- * or below STRONG_MASK count as hidden (−10000, finfo.min, −inf), far from any content logit. A milder mask
- * (Swin's −100) has the factor on the logits, so its terms are read instead.
+ * Where the content is not exposed (the factor on the query), keys the masked logits leave visible: an entry HIDDEN_GAP
+ * below its row's largest and below −HIDDEN_GAP itself is hidden (Swin's −100 as well as −10000 and −inf; a row
+ * masked alike on every key hides none, as in the patch). Visible content logits are rarely both; where they are,
+ * the probe fails rather than passes.
  */
-function strongMaskCounts(masked: ArrayLike<number>, tk: number): Int32Array {
-  return countRows(masked, tk, () => STRONG_MASK);
+function maskedCounts(masked: ArrayLike<number>, tk: number): Int32Array {
+  return countRows(masked, tk, (max) => Math.min(max - HIDDEN_GAP, -HIDDEN_GAP));
 }
-
-const STRONG_MASK = -9000;
 
 function countRows(values: ArrayLike<number>, tk: number, limitOf: (max: number) => number): Int32Array {
   const counts = new Int32Array(values.length / tk);
