@@ -107,14 +107,19 @@ function visibleCounts(terms: ArrayLike<number>, tk: number): Int32Array {
 }
 
 /**
- * Where the content is not exposed (the factor on the query), keys the masked logits leave visible: an entry HIDDEN_GAP
- * below its row's largest and below −HIDDEN_GAP itself is hidden (Swin's −100 as well as −10000 and −inf; a row
- * masked alike on every key hides none, as in the patch). Visible content logits are rarely both; where they are,
- * the probe fails rather than passes.
+ * Where the content is not exposed (the factor on the query), keys the masked logits leave visible. Masks of −10000,
+ * finfo.min or −inf are far from any content logit: where the logits hold one, only entries at or below STRONG_MASK
+ * count as hidden (peaked content logits, T5's, are 30 apart themselves). Otherwise (Swin's −100) an entry HIDDEN_GAP
+ * below its row's largest and below −HIDDEN_GAP is hidden. Either way a row masked alike on every key hides none, as
+ * in the patch; a mix of mild and strong masks would make the probe fail, not pass.
  */
 function maskedCounts(masked: ArrayLike<number>, tk: number): Int32Array {
-  return countRows(masked, tk, (max) => Math.min(max - HIDDEN_GAP, -HIDDEN_GAP));
+  const strong = Array.prototype.some.call(masked, (v: number) => v <= STRONG_MASK);
+  return countRows(masked, tk, (max) => Math.min(max - HIDDEN_GAP, strong ? STRONG_MASK : -HIDDEN_GAP));
 }
+
+/** Masks at or below this are far from any content logit. */
+const STRONG_MASK = -9000;
 
 function countRows(values: ArrayLike<number>, tk: number, limitOf: (max: number) => number): Int32Array {
   const counts = new Int32Array(values.length / tk);
