@@ -1,6 +1,7 @@
 /**
- * The corpus regression net (skipped when ../shared/corpus is absent): every real file's outcome under every
- * option set of test/support/corpus-net.ts must equal the committed test/corpus-expected.json, and whatever the
+ * The corpus regression net (skipped when ../shared/corpus is absent): every real file's outcome, and every
+ * fixtures/torchlib model's (torchvision/torchaudio exports), under every option set of test/support/corpus-net.ts
+ * must equal the committed test/corpus-expected.json, and whatever the
  * expectations say, no outcome may break the tool's promises: no internal error, no cycle the tool made, every
  * written model runs on onnxruntime to finite outputs, passes onnx.checker wherever its input does, and reverts
  * to the original exactly.
@@ -12,7 +13,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { before, describe, it } from 'node:test';
-import { corpusFiles, corpusOutcomes, FileOutcome, onnxCheckerAvailable, Outcomes, readExpected } from './support/corpus-net';
+import { corpusFiles, corpusOutcomes, FileOutcome, inCorpus, onnxCheckerAvailable, Outcomes, readExpected } from './support/corpus-net';
 import { docPages } from './support/readme';
 import { CORPUS } from './support/ref';
 
@@ -25,7 +26,7 @@ const withoutChecker = (o: FileOutcome): FileOutcome => ({
   sets: Object.fromEntries(Object.entries(o.sets).map(([k, v]) => [k, v.output ? { ...v, output: { runs: v.output.runs, revert: v.output.revert } } : v])),
 });
 
-describe('the corpus regression net', { skip: files.length === 0 ? `${CORPUS} not present` : false }, () => {
+describe('the corpus regression net', { skip: !files.some(inCorpus) ? `${CORPUS} not present` : false }, () => {
   let actual: Outcomes = {};
   const expected = readExpected();
 
@@ -37,7 +38,7 @@ describe('the corpus regression net', { skip: files.length === 0 ? `${CORPUS} no
     assert.ok(checker, 'python3-onnx is missing: apt-get install -y python3-onnx (.ci/run installs it)');
   });
 
-  it('the expectations list exactly the corpus files', () => assert.deepEqual(Object.keys(expected).sort(), files));
+  it('the expectations list exactly the corpus files and the net\'s fixtures', () => assert.deepEqual(Object.keys(expected).sort(), [...files].sort()));
 
   for (const file of files) {
     it(file, () => {
@@ -70,7 +71,7 @@ describe('the corpus regression net', { skip: files.length === 0 ? `${CORPUS} no
 
 describe('the docs\' corpus tally is the net\'s', () => {
   it('patched, attention refused, without attention, refused otherwise (train-len 64)', () => {
-    const sets = Object.values(readExpected()).map((o) => o.sets['train-len 64']);
+    const sets = Object.entries(readExpected()).filter(([f]) => inCorpus(f)).map(([, o]) => o.sets['train-len 64']);
     const failed = sets.filter((s) => s.exit !== 0);
     const by = (code: string): number => failed.filter((s) => s.code === code).length;
     const count = [sets.length - failed.length, by('attention-refused'), by('no-attention'), failed.length - by('attention-refused') - by('no-attention')];

@@ -14,7 +14,7 @@ import { patchModel } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
 import { readExpected } from './support/corpus-net';
-import { CORPUS, FIXTURE_CRASHES, FIXTURES, onnxFiles } from './support/ref';
+import { CORPUS, FIXTURES, onnxFiles } from './support/ref';
 
 /**
  * The models that are refused, with the reason: every other model must patch and revert. The fixtures' list is
@@ -41,7 +41,7 @@ for (const [label, dir] of [['fixtures', FIXTURES], ['corpus', CORPUS]] as const
     const refused = new Map<string, string>();
     for (const file of files) {
       const name = path.relative(dir, file);
-      it(name, { todo: label === 'fixtures' ? FIXTURE_CRASHES[name] : undefined }, () => {
+      it(name, () => {
         let patched;
         try {
           patched = patchModel(readModel(file), { trainLen: 64 }).model;

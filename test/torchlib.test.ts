@@ -5,15 +5,14 @@
  * (one s, n auto) and with per-head s, and its outputs on onnxruntime are compared with PyTorch's SSMax outputs,
  * where n is the keys each row really attends to (Swin: the keys of its window the shift mask leaves visible).
  *
- * The cases marked todo fail before the fixes of issue 23 (fixtures/torchlib/README.md, "State before the fixes"):
- * the fixes remove the marks.
+ * Before the fixes of issue 23 70 of these cases failed (fixtures/torchlib/README.md, "State before the fixes").
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { ModelProto, patchModel, PatchResult, readModel } from '../src/index';
-import { FIXTURE_CRASHES, FIXTURES, loadRef, RefCase, RefFile } from './support/ref';
+import { ModelProto, parseModel, patchModel, PatchResult, readModel, revertModel, serializeModel } from '../src/index';
+import { FIXTURES, loadRef, RefCase, RefFile } from './support/ref';
 import { refError, Sessions } from './support/refrun';
 
 const DIR = path.join(FIXTURES, 'torchlib');
@@ -25,31 +24,16 @@ interface TorchlibRef extends Omit<RefFile, 'num_heads'> {
   sites: { heads: number; n: string }[];
 }
 
-type Kind = 'sites' | 'scalar' | 'per-head' | 'per-site';
+type Kind = 'scalar' | 'per-head' | 'per-site';
 
-const WINDOW = 'Swin\'s shift mask (-100 in a 5-D view of the logits) is taken for a position bias: rows that see 4 or 8 of '
-  + 'their window\'s 16 keys get n = 16';
-const ROW_MAX = 'the row-max subtraction before the Softmax is taken for a padding mask: n = 1, factor 0 at every row';
-const CYCLE = FIXTURE_CRASHES['torchlib/wav2vec2_lengths_op14.onnx'];
-const VIT_HEADS = 'layer 0: head count unknown (the class token\'s Expand hides batch and width from the symbolic shapes)';
-const MAXVIT_HEADS = 'head count of 5-D [B, G, H, P, P] logits unknown ("rank of the logits unknown")';
-
-/** What fails before the fixes, by model (both opsets alike). */
-const TODO: Record<string, Partial<Record<Kind, string>>> = {
-  vit: { 'sites': VIT_HEADS, 'per-head': VIT_HEADS, 'per-site': VIT_HEADS },
-  swin: { 'scalar': WINDOW, 'per-head': WINDOW },
-  swin_v2: { 'scalar': WINDOW, 'per-head': WINDOW },
-  maxvit: { 'sites': MAXVIT_HEADS, 'per-head': MAXVIT_HEADS },
-  wav2vec2: { 'scalar': ROW_MAX, 'per-head': ROW_MAX, 'per-site': ROW_MAX },
-  hubert: { 'scalar': ROW_MAX, 'per-head': ROW_MAX, 'per-site': ROW_MAX },
-  wav2vec2_lengths: { 'sites': CYCLE, 'scalar': CYCLE, 'per-head': CYCLE, 'per-site': CYCLE },
-  hubert_lengths: { 'sites': CYCLE, 'scalar': CYCLE, 'per-head': CYCLE, 'per-site': CYCLE },
-};
+const S_SCALAR = 0.3;
+/** The n mode each kind of row count of the references needs (Swin's windows and Emformer's blocks are counted). */
+const N_MODE: Record<string, string> = { keys: 'keys', window: 'mask', padding: 'padding', causal: 'causal', block: 'mask' };
 
 const uniformHeads = (ref: TorchlibRef): boolean => new Set(ref.num_heads).size === 1;
 
 /** Per-head s is one list when every site has the same heads, else one row per site (then it is the per-head case). */
-function kindOf(ref: TorchlibRef, c: RefCase): Exclude<Kind, 'sites'> {
+function kindOf(ref: TorchlibRef, c: RefCase): Kind {
   const s = c.patch!.s;
   if (typeof s === 'number') return 'scalar';
   return Array.isArray(s[0]) && uniformHeads(ref) ? 'per-site' : 'per-head';
@@ -77,8 +61,6 @@ describe('torchvision / torchaudio fixtures', () => {
 
 for (const name of files) {
   const ref = loadRef(name, DIR) as unknown as TorchlibRef;
-  const model = name.replace(/_op\d+$/, '');
-  const todo = TODO[model] ?? {};
   describe(`torchlib fixture ${name}`, () => {
     const original = readModel(path.join(DIR, ref.model));
     const patched = patches(original);
@@ -86,10 +68,21 @@ for (const name of files) {
     after(() => sessions.release());
     const perHead = ref.cases.find((c) => c.patch && kindOf(ref, c) === 'per-head')!.patch!.s;
 
-    it('every attention site is patched, with its head count', { todo: todo.sites }, () => {
+    it('every attention site is patched, with its head count', () => {
       const { report } = patched(perHead);
       assert.equal(report.sites.length, ref.sites.length);
       assert.deepEqual(report.sites.map((s) => s.heads), ref.num_heads, report.sites.map((s) => s.headsReason).join('\n'));
+    });
+
+    it('each site counts n the way its rows see keys', () => {
+      const { report } = patched(S_SCALAR);
+      assert.deepEqual(report.sites.map((s) => s.n), ref.sites.map((s) => N_MODE[s.n]), report.sites.map((s) => s.nReason).join('\n'));
+    });
+
+    it('patched with per-head s, it reverts to the original exactly', () => {
+      const { model: m } = patched(perHead);
+      const back = revertModel(parseModel(serializeModel(m), 'patched')).model;
+      assert.ok(Buffer.from(serializeModel(back)).equals(Buffer.from(serializeModel(original))));
     });
 
     for (const c of ref.cases) {
@@ -101,8 +94,7 @@ for (const name of files) {
         continue;
       }
       const s = c.patch.s;
-      const kind = kindOf(ref, c);
-      it(`${c.name}: SSMax matches PyTorch within ${TOLERANCE}`, { todo: todo[kind] }, async () => {
+      it(`${c.name}: SSMax matches PyTorch within ${TOLERANCE}`, async () => {
         const { model: m, report } = patched(s);
         assert.equal(report.sites.length, ref.sites.length, 'not every attention site is patched');
         const e = refError(await sessions.outputs(m, c), c);

@@ -35,15 +35,16 @@ export function shapeElements(graph: Graph, name: string): (number | undefined)[
  */
 export function inferHeads(graph: Graph, query: string, logitsRank: number | undefined, shapes: Shapes,
   extra: { queryAxis?: number; logits?: string } = {}): HeadInfo {
-  if (logitsRank !== 3 && logitsRank !== 4) return { reason: 'rank of the logits unknown' };
-  const axis = logitsRank === 4 ? 1 : 0;
-  // In [B·H, Tq, Tk] logits the heads are the inner part of axis 0; we look for them at axis 1 of the 4-D source.
+  if (logitsRank === undefined || logitsRank < 3) return { reason: 'rank of the logits unknown' };
+  // The heads are the axis before the rows and keys ([B, H, Tq, Tk]; MaxViT's [B, G, H, P, P]); in [B·H, Tq, Tk]
+  // logits they are the inner part of axis 0, looked for at axis 1 of the 4-D source.
+  const axis = logitsRank === 3 ? 0 : logitsRank - 3;
   const start = extra.queryAxis ?? axis;
   const found = traceHeadAxis(graph, query, start, logitsRank === 3 && extra.queryAxis === undefined, shapes);
   if (found) return { heads: found.heads, axis, reason: found.reason };
-  const declared = logitsRank === 4 && extra.logits ? declaredDim(graph, extra.logits, 1) : undefined;
-  if (declared) return { heads: declared, axis, reason: `declared shape of the logits has ${declared} heads at axis 1` };
-  const q = logitsRank === 4 ? declaredDim(graph, query, start) : undefined;
+  const declared = logitsRank > 3 && extra.logits ? declaredDim(graph, extra.logits, axis) : undefined;
+  if (declared) return { heads: declared, axis, reason: `declared shape of the logits has ${declared} heads at axis ${axis}` };
+  const q = logitsRank > 3 ? declaredDim(graph, query, start) : undefined;
   if (q) return { heads: q, axis, reason: `declared shape of the query has ${q} heads at axis ${start}` };
   return { axis, reason: 'no Reshape with a constant head count found on the query path' };
 }
@@ -104,13 +105,18 @@ function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shape
     return perm ? [{ name: node.input[0], axis: perm[axis], merged }] : null;
   }
   if (node.opType === 'Reshape') {
-    const shape = shapeElements(graph, node.input[1]);
+    // The symbolic shape pass also reads shapes built from slices of Shape (torch's qkv.reshape(B, T, 3, H, d)).
+    const shape = shapeElements(graph, node.input[1]) ?? shapes.values(node.input[1])?.map((d) => constantOf(d));
     // [B,H,T,D] -> [B·H,T,D]: heads are axis 1 of the input.
     if (merged && shape?.length === 3 && shapes.rank(node.input[0]) === 4) return [{ name: node.input[0], axis: 1, merged: false }];
     const folded = merged ? foldedHeads(node, axis, shapes) : undefined;
     if (folded) return { heads: folded, reason: `Reshape '${nodeLabel(node)}' folds ${folded} heads into the batch axis (its symbolic shape: batch·${folded})` };
     const h = !merged && shape && shape.length >= 4 ? shape[axis] : undefined;
     return h !== undefined && h > 0 ? { heads: h, reason: `Reshape '${nodeLabel(node)}' splits ${h} heads` } : null;
+  }
+  if (!merged && (node.opType === 'Squeeze' || node.opType === 'Unsqueeze' || node.opType === 'Split')) {
+    const from = axisBefore(graph, node, axis, shapes);
+    return from === undefined ? null : [{ name: node.input[0], axis: from, merged }];
   }
   if (node.opType === 'Gather' && !merged) {
     // Picking one slot of a packed [B,S,H,3,D] view (BLOOM's fused QKV) removes an axis before the heads' one.
@@ -122,3 +128,21 @@ function headStep(graph: Graph, { name, axis, merged }: AxisState, shapes: Shape
   if (!opInfo(node).keepsAxes) return null;
   return node.input.filter((i) => i && !graph.isConstant(i)).map((i) => ({ name: i, axis, merged }));
 }
+
+/**
+ * The input axis an output axis of Squeeze, Unsqueeze or Split comes from (a fused QKV [B, T, 3, H, d] split on its
+ * third axis and squeezed: `q, k, v = qkv.unbind(2)`); undefined when it is an inserted or split axis, or unknown.
+ */
+function axisBefore(graph: Graph, node: NodeProto, axis: number, shapes: Shapes): number | undefined {
+  const axes = attrInts(node, 'axes') ?? (node.input[1] && node.opType !== 'Split' ? graph.constValue(node.input[1])?.values : undefined);
+  if (node.opType === 'Split') return axis === normal(attrInt(node, 'axis') ?? 0, shapes.rank(node.input[0])) ? undefined : axis;
+  const rank = node.opType === 'Squeeze' ? shapes.rank(node.input[0]) : shapes.rank(node.output[0]);
+  if (!axes || rank === undefined) return undefined;
+  const marked = new Set(axes.map((a) => normal(a, rank)));
+  // The axes of the longer side that are not squeezed or inserted, in order: the shorter side's axes.
+  const kept = Array.from({ length: rank }, (_, i) => i).filter((i) => !marked.has(i));
+  if (node.opType === 'Squeeze') return kept[axis];
+  return marked.has(axis) ? undefined : kept.indexOf(axis);
+}
+
+const normal = (a: number, rank: number | undefined): number => (a < 0 && rank !== undefined ? a + rank : a);

@@ -62,7 +62,7 @@ function headsOf({ scope }: RuleContext, product: NodeProto, logitsRank: number 
   if (product.opType !== 'Einsum') return inferHeads(scope.graph, product.input[0], logitsRank, scope.shapes, { logits });
   const q = einsumQueryOperand(product);
   const t = einsumTerms(product)!;
-  const axis = logitsRank === 4 ? (q === 0 ? t.a : t.b).indexOf(t.out[1]) : -1;
+  const axis = logitsRank !== undefined && logitsRank >= 4 ? (q === 0 ? t.a : t.b).indexOf(t.out[logitsRank - 3]) : -1;
   return inferHeads(scope.graph, product.input[q], logitsRank, scope.shapes, { logits, ...(axis >= 0 ? { queryAxis: axis } : {}) });
 }
 

@@ -6,7 +6,8 @@
  */
 import { NodeProto } from '../io/onnx';
 import type { Graph } from './graph';
-import { attrInt, attrInts } from './node';
+import { attr, attrInt, attrInts } from './node';
+import { readTensor } from './tensor';
 import { add, broadcast, constantOf, div, mul, num, Poly, product, sliceLength } from './poly';
 
 /** What is known of one tensor: its shape, and for small integer tensors (rank ≤ 1) their values. */
@@ -58,6 +59,38 @@ export const elementwise: ShapeRule = (node, ins) => {
     if (vals.every(Boolean)) value = vals as Poly[];
   }
   return [{ shape, value }];
+};
+
+/**
+ * Equal of shape values: two constants compare; a dim is never negative, so it differs from a negative constant
+ * (torch's `expand(n, -1, -1)` writes Where(Equal(shape, −1), 1, shape)).
+ */
+export const equal: ShapeRule = (node, ins, graph) => {
+  const [out] = elementwise(node, ins, graph);
+  const [a, b] = [ins[0]?.value, ins[1]?.value];
+  if (!a?.length || !b?.length || (a.length !== b.length && a.length !== 1 && b.length !== 1)) return [out];
+  const same = (x: Poly, y: Poly): Poly | undefined => {
+    const [cx, cy] = [constantOf(x), constantOf(y)];
+    if (cx !== undefined && cy !== undefined) return num(cx === cy ? 1 : 0);
+    if ((cx !== undefined && cx < 0 && nonNegative(y)) || (cy !== undefined && cy < 0 && nonNegative(x))) return num(0);
+    return undefined;
+  };
+  const vals = Array.from({ length: Math.max(a.length, b.length) }, (_, i) => same(a[a.length === 1 ? 0 : i], b[b.length === 1 ? 0 : i]));
+  return [{ ...out, value: vals.every(Boolean) ? vals as Poly[] : undefined }];
+};
+
+/** A polynomial with no negative coefficient: non-negative for any dims. */
+const nonNegative = (p: Poly): boolean => [...p.values()].every((c) => c > 0);
+
+/** Where over shape values whose condition is known: each element picked from its branch. */
+export const where: ShapeRule = (node, ins, graph) => {
+  const [out] = elementwise(node, ins, graph);
+  const [c, x, y] = [ins[0]?.value, ins[1]?.value, ins[2]?.value];
+  const length = Math.max(c?.length ?? 0, x?.length ?? 0, y?.length ?? 0);
+  const fits = (v: Poly[] | undefined): v is Poly[] => v !== undefined && (v.length === length || v.length === 1);
+  if (!fits(c) || !fits(x) || !fits(y) || c.some((v) => constantOf(v) === undefined)) return [out];
+  const at = (v: Poly[], i: number): Poly => v[v.length === 1 ? 0 : i];
+  return [{ ...out, value: Array.from({ length }, (_, i) => (constantOf(at(c, i)) ? at(x, i) : at(y, i))) }];
 };
 
 /** Div of shape values (integers): truncating for constants (torch's chunk computes (E + 2) / 3), exact otherwise. */
@@ -144,6 +177,9 @@ export const transpose: ShapeRule = (node, ins) => {
 export const reshape: ShapeRule = (node, ins) => {
   const input = ins[0]?.shape, target = ins[1]?.value;
   if (!target) return [{ shape: unknownDims(lengthOf(ins[1])) }];
+  // A shape tensor flattened to 1-D (torch writes Reshape(Concat(...), [-1])) keeps its values.
+  const value = target.length === 1 && (input?.length ?? 2) <= 1 ? ins[0]?.value : undefined;
+  if (value) return [{ shape: [num(value.length)], value }];
   const allowZero = attrInt(node, 'allowzero') ?? 0;
   const dims = target.map((t, i) => (constantOf(t) === 0 && !allowZero ? input?.[i] : t));
   const free = target.findIndex((t) => constantOf(t) === -1);
@@ -165,7 +201,16 @@ export const expand: ShapeRule = (_node, ins) => {
   return [{ shape: s && len !== undefined ? unknownDims(Math.max(len, s.length)) : undefined }];
 };
 
-export const constantOfShape: ShapeRule = (_node, ins) => [{ shape: ins[0]?.value ?? unknownDims(lengthOf(ins[0])) }];
+/** Also the values of a small integer fill (torch's expand builds a tensor of ones of the shape's length). */
+export const constantOfShape: ShapeRule = (node, ins) => {
+  const shape = ins[0]?.value;
+  const count = shape?.length === 1 ? constantOf(shape[0]) : undefined;
+  const t = attr(node, 'value')?.t;
+  const fill = t ? readTensor(t)?.values : [0];
+  const small = count !== undefined && count <= 16 && fill?.length === 1 && Number.isInteger(fill[0]);
+  const value = small ? Array.from({ length: count }, () => num(fill[0])) : undefined;
+  return [{ shape: shape ?? unknownDims(lengthOf(ins[0])), value }];
+};
 
 export const range: ShapeRule = (_node, ins) => {
   const [start, limit, delta] = ins.map((i) => i.value?.[0]);

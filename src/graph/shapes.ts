@@ -48,6 +48,11 @@ export class Shapes {
     return s?.[axis < 0 ? s.length + axis : axis];
   }
 
+  /** The values of a small integer tensor (a shape being built), when the pass knows them. */
+  values(name: string): Poly[] | undefined {
+    return this.get(name).value;
+  }
+
   /** The ONNX element type, declared or inferred. */
   type(name: string): number | undefined {
     return this.graph.elemType(name) ?? this.types.get(name) ?? (this.graph.definesLocally(name) ? undefined : this.outer?.type(name));

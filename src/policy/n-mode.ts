@@ -3,7 +3,7 @@
  * forms count the keys each row may see from the mask actually applied to the logits.
  */
 import { InputError, opt } from '../errors';
-import { MaskUse } from '../detect/mask-uses';
+import { countable, countedMasks, describeUses, masksOnly, MaskUse } from '../detect/mask-uses';
 
 /**
  * keys: n = Tk. causal: n_i = Tk − Tq + i + 1. padding: n = unpadded keys (a key-padding mask). causal-padding:
@@ -30,29 +30,38 @@ export function parseNOption(v: string): NOption {
 /** `where` names the site in errors, e.g. "layer 3". */
 export function chooseN(option: NOption, uses: MaskUse[], causalReason: string, where = 'this site'): NChoice {
   if (option === 'padding' || option === 'causal-padding') checkPaddingMask(option, uses, where);
-  if (option !== 'auto') return { mode: option, reason: `n mode ${option} as asked` };
-  const counted = uses.filter((u) => u.role !== 'other' || u.rule !== 'additive');
+  // The report says which entries a count takes as hidden, and which terms were not taken for masks.
+  const said = (reason: string, mode: NMode): NChoice => {
+    const terms = describeUses(countsMasks(mode) ? countedMasks(mode, uses) : [], uses.filter((u) => u.kind === 'from-logits' || u.kind === 'per-row'));
+    return { mode, reason: terms ? `${reason}; ${terms}` : reason };
+  };
+  if (option !== 'auto') return said(`n mode ${option} as asked`, option);
+  const counted = masksOnly(uses);
   const roles = new Set(counted.map((u) => u.role));
   if (roles.size === 0) {
-    return { mode: 'keys', reason: uses.length ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits' };
+    return said(uses.some((u) => u.kind === 'bias') ? 'auto: only additive position biases on the logits' : 'auto: no mask on the logits', 'keys');
   }
-  // Masks are counted in a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits, both ranks together in the 4-D one (n-source.ts).
-  if (!counted.every((u) => u.viewRank === 3 || u.viewRank === 4)) {
+  if (!countable(counted)) {
     const causal = roles.has('causal') || roles.has('combined');
-    return { mode: causal ? 'causal' : 'keys', reason: `auto: masks of unknown rank cannot be counted; ${causal ? causalReason : 'n = Tk'}` };
+    const why = counted.some((u) => u.viewRank === undefined) ? 'masks of unknown rank cannot be counted' : 'masks in a view of the logits of unknown dims cannot be counted';
+    return { mode: causal ? 'causal' : 'keys', reason: `auto: ${why}; ${causal ? causalReason : 'n = Tk'}` };
   }
-  if (roles.has('combined') || roles.has('other')) return { mode: 'mask', reason: 'auto: mask is neither plain causal nor key padding: count visible keys' };
-  if (roles.has('causal') && roles.has('padding')) return { mode: 'causal-padding', reason: `auto: ${causalReason} plus a padding mask from the inputs` };
-  if (roles.has('causal')) return { mode: 'causal', reason: `auto: ${causalReason}` };
-  return { mode: 'padding', reason: 'auto: padding mask from the inputs: count unpadded keys' };
+  if (roles.has('combined') || roles.has('other')) return said('auto: mask is neither plain causal nor key padding: count visible keys', 'mask');
+  if (roles.has('causal') && roles.has('padding')) return said(`auto: ${causalReason} plus a padding mask from the inputs`, 'causal-padding');
+  if (roles.has('causal')) return said(`auto: ${causalReason}`, 'causal');
+  return said('auto: padding mask from the inputs: count unpadded keys', 'padding');
 }
 
 /** padding and causal-padding count the keys a key-padding mask from a model input leaves visible: it must be there. */
 function checkPaddingMask(option: NOption, uses: MaskUse[], where: string): void {
-  if (uses.some((u) => u.role === 'padding')) return;
-  const found = uses.length ? `its masks are ${[...new Set(uses.map((u) => u.role))].join(', ')}` : 'it has no mask';
+  if (masksOnly(uses).some((u) => u.role === 'padding')) return;
+  const masks = masksOnly(uses);
+  const others = [...new Set(uses.filter((u) => u.kind !== 'mask').map((u) => NOT_A_MASK[u.kind]))];
+  const found = [masks.length ? `its masks are ${[...new Set(masks.map((u) => u.role))].join(', ')}` : 'it has no mask', ...others].join('; ');
   throw new InputError(`${opt('n', option)} needs a key-padding mask from a model input on the logits, and ${where} has none (${found}): use ${opt('n', 'mask')} or auto`, 'usage');
 }
+
+const NOT_A_MASK: Record<string, string> = { 'bias': 'a position bias', 'from-logits': 'a term computed from the logits', 'per-row': 'a term with one value per row' };
 
 /** The per-row n the presets defined on positions need, whatever the mask. */
 export function positionN(option: NOption): NChoice {

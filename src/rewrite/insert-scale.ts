@@ -11,10 +11,11 @@
  * finfo.min pushed to −inf.
  */
 import { AttentionSite } from '../detect/find-attention';
-import { MaskUse } from '../detect/mask-uses';
+import { countedMasks, MaskUse } from '../detect/mask-uses';
 import { Step } from '../detect/trace';
 import { InputError } from '../errors';
 import { Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { Preset } from '../policy/factor';
@@ -22,8 +23,9 @@ import { NChoice } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
+import { isPatchNode } from './identity';
 import { presetFactor } from './factor';
-import { countedMasks, NSources } from './n-source';
+import { NSources } from './n-source';
 
 export interface ScaleContext {
   graph: Graph;
@@ -57,8 +59,9 @@ interface TargetTensor {
 export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, s: LayerScale, n: NChoice, uses: MaskUse[], sName: string): InsertedScale {
   const target = chooseTarget(ctx, site, countedMasks(n.mode, uses));
   const perHead = Array.isArray(s);
-  if (perHead && target.rank !== 3 && target.rank !== 4) {
-    throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or 4`, 'cannot-patch');
+  // Per-head s [H, 1, 1] meets the heads at axis rank − 3 ([B, H, Tq, ·], MaxViT's [B, G, H, P, ·]), or is tiled on [B·H, Tq, ·].
+  if (perHead && (target.rank === undefined || target.rank < 3)) {
+    throw new InputError(`layer ${site.layer}: per-head s needs a query or logits of known rank 3 or more`, 'cannot-patch');
   }
   const source = ctx.sources.get(site, n.mode, uses);
   const heads = perHead ? s.length : site.heads.heads;
@@ -72,6 +75,7 @@ export function insertScale(ctx: ScaleContext, b: Builder, site: AttentionSite, 
   if (counted4d && target.rank === 3) factor = mergeHeads(b, site, factor, target.tensor, heads);
   const { output: scaled, apply, factorType } = applyFactor(b, target.tensor, factor, target.type, ctx.opset);
   b.editor.setInput(target.consumer.node, target.consumer.index, scaled);
+  if (target.where === 'logits') for (const r of normalisers(ctx, site, target, factor)) b.editor.setInput(r.node, r.index, scaled);
   return { factor, apply, factorType, target: target.where, nKey: source.key, perHead: source.view === 'scalar' && !(perHead && target.rank === 3) };
 }
 
@@ -98,12 +102,28 @@ function chooseTarget(ctx: ScaleContext, site: AttentionSite, counted: MaskUse[]
   const queryType = ctx.shapes.type(query);
   const samePrecision = queryType === site.logitsType;
   const rank = ctx.shapes.rank(query);
-  const masksFromLogits = counted.some((u) => ctx.graph.query.readsFrom(u.tensor, site.qkMatMul.output[0]));
+  const qk = site.qkMatMul.output[0];
+  const reads = (t: string | undefined): boolean => t !== undefined && ctx.graph.query.readsFrom(t, qk);
+  const masksFromLogits = counted.some((u) => reads(u.tensor) || reads(u.viewShape));
   const plainMatMul = site.qkMatMul.opType === 'MatMul' && linearFromMatMul(ctx.graph, site);
   if (plainMatMul && samePrecision && (rank === 3 || rank === 4) && !masksFromLogits) {
     return { where: 'query', tensor: query, consumer: { node: site.qkMatMul, index: 0 }, rank, type: queryType };
   }
   return { where: 'logits', tensor: site.logits, consumer: site.consumer, rank: site.logitsRank, type: site.logitsType };
+}
+
+/**
+ * Other readers of the logits the factor multiplies whose values reach the Softmax (wav2vec2's row max, read beside
+ * the Sub it is subtracted in): they read the scaled logits too, so the model's normalisation is taken of what the
+ * Softmax sees. Shape reads, and readers the factor is computed from, keep their input.
+ */
+function normalisers(ctx: ScaleContext, site: AttentionSite, target: TargetTensor, factor: string): Step[] {
+  const q = ctx.graph.query;
+  return ctx.graph.consumersOf(target.tensor).flatMap((node) => {
+    if (node === target.consumer.node || isPatchNode(node) || opInfo(node).shapeOnly || !node.output[0]) return [];
+    if (!q.dependsOn(site.softmax.input[0], node.output[0]) || q.readsFrom(factor, node.output[0])) return [];
+    return node.input.flatMap((name, index) => (name === target.tensor ? [{ node, index }] : []));
+  });
 }
 
 /** Per-head s [H,1,1] → [B·H,1,1] for [B·H, Tq, ·] tensors: row b·H + h belongs to head h. */

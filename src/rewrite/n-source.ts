@@ -7,15 +7,15 @@
  * from masks, in the view of the logits the masks are applied to).
  */
 import { AttentionSite } from '../detect/find-attention';
-import { HIDDEN_BELOW, MaskUse } from '../detect/mask-uses';
+import { countedMasks, describeUses, HIDDEN_GAP, MaskUse } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
 import { constantOf, show } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
-import { NMode } from '../policy/n-mode';
+import { countsMasks, NMode } from '../policy/n-mode';
 import { Builder } from './builder';
 import { memo } from '../memo';
-import { sumLastAxis } from './versioned';
+import { extremeLastAxis, sumLastAxis } from './versioned';
 
 export type NView = 'scalar' | 'rows' | 'batch-rows';
 
@@ -62,15 +62,6 @@ export interface Positions {
   blocks: string;
   /** [3] int64: −1, Tq, Tk (the Reshape of gathered blocks to [H, Tq, Tk]). */
   shape: string;
-}
-
-/**
- * The masks n is counted from in a mode. causal-padding reads only the padding masks (the causal part is
- * positional), so layers that slice their own causal mask still share one count.
- */
-export function countedMasks(mode: NMode, uses: MaskUse[]): MaskUse[] {
-  if (mode === 'mask') return uses;
-  return mode === 'padding' || mode === 'causal-padding' ? uses.filter((u) => u.role === 'padding') : [];
 }
 
 export class NSources {
@@ -162,14 +153,18 @@ export class NSources {
   }
 
   private build(site: AttentionSite, mode: NMode, uses: MaskUse[]): Omit<NTensor, 'key'> {
-    if (mode === 'mask' || (mode === 'causal-padding' && !this.keyOnly(uses))) return this.countVisible(site, uses);
-    if (mode === 'padding') return this.countVisible(site, uses.filter((u) => u.role === 'padding'));
+    const counted = countedMasks(mode, uses);
+    if (countsMasks(mode) && counted.length === 0) {
+      const others = describeUses([], uses);
+      throw new InputError(`layer ${site.layer}: ${opt('n', mode)} needs a mask on the logits${others ? ` (${others})` : ''}`, 'usage');
+    }
+    if (mode === 'mask' || mode === 'padding' || (mode === 'causal-padding' && !this.keyOnly(counted))) return this.countVisible(site, counted);
     const b = this.b;
     const [q, k] = shapeSources(site);
     const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
     if (mode === 'keys') return { n: b.op('Cast', [tk], { to: DataType.FLOAT }, 'n_keys'), view: 'scalar' };
     const tq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('row', [-2], true)], {}, 'tq');
-    if (mode === 'causal-padding') return this.causalPadding(uses, tq, tk);
+    if (mode === 'causal-padding') return this.causalPadding(counted, tq, tk);
     const one = b.int64('one', [1], true);
     const first = b.op('Add', [b.op('Sub', [tk, tq], {}, 'past'), one], {}, 'n_first');
     const rows = b.op('Range', [first, b.op('Add', [tk, one], {}, 'n_end'), one], {}, 'n_rows');
@@ -179,17 +174,35 @@ export class NSources {
 
   /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
   private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
-    if (uses.length === 0) throw new InputError(`layer ${site.layer}: ${opt('n', 'mask')} needs a mask on the logits`, 'usage');
-    if (uses.some((u) => u.viewRank !== 3 && u.viewRank !== 4)) {
-      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits`, 'cannot-patch');
-    }
     const b = this.b;
+    const other = uses.find((u) => u.viewRank !== 3 && u.viewRank !== 4);
+    if (other) return this.countInView(site, uses, other);
     // Masks of both ranks are counted in the 4-D view: a 3-D one goes there through its [B·H] axis.
     const rank = uses.every((u) => u.viewRank === 3) ? 3 : 4;
     const visibles = uses.map((u) => (u.viewRank === 3 && rank === 4 ? this.headsView(site, this.visible(u)) : this.visible(u)));
     const visible = visibles.reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
     const n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), this.opset, true, 'n_mask');
     return { n, view: 'batch-rows', rank };
+  }
+
+  /**
+   * Masks applied in another view of the logits, made by a Reshape (Swin adds its shift mask in a 5-D
+   * [B, windows, H, N, N] view of the [B·windows, H, N, N] logits): n counted there, per window and row, then
+   * broadcast to that view and laid out as the query's rows (the same rows in the same order: a Reshape keeps it).
+   */
+  private countInView(site: AttentionSite, uses: MaskUse[], first: MaskUse): Omit<NTensor, 'key'> {
+    const shape = first.viewShape;
+    if (!shape || uses.some((u) => u.viewShape !== shape)) {
+      throw new InputError(`layer ${site.layer}: counting n from masks needs every mask applied to a 3-D [B·H, Tq, Tk] or 4-D [B, H, Tq, Tk] view of the logits, or all to one view made by a Reshape of known dims`, 'cannot-patch');
+    }
+    const b = this.b;
+    const visible = uses.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
+    const counted = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), this.opset, true, 'n_view');
+    const rows = b.op('Concat', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('minus_one1', [-1])], {}, 'view_rows'), b.int64('one_dim', [1])], { axis: 0 }, 'view_rows_1');
+    const q = shapeSources(site)[0];
+    const target = b.op('Concat', [b.op('Slice', [b.op('Shape', [q], {}, 'q_shape'), b.int64('zero1', [0]), b.int64('minus_one1', [-1])], {}, 'q_rows'), b.int64('one_dim', [1])], { axis: 0 }, 'q_rows_1');
+    const n = b.op('Reshape', [b.op('Expand', [counted, rows], {}, 'n_view_rows'), target], {}, 'n_mask');
+    return { n, view: 'batch-rows', rank: this.sym.rank(q) };
   }
 
   /**
@@ -224,14 +237,17 @@ export class NSources {
     return { n: b.op('Transpose', [rows], { perm: [0, 1, 3, 2] }, 'n_causal_padding'), view: 'batch-rows', rank: 4 };
   }
 
+  /** Keys a mask leaves visible: by its condition, or by effect (entries at least HIDDEN_GAP from their row's extreme hide). */
   private visible(u: MaskUse): string {
     const b = this.b;
     if (u.rule === 'keep-where') return b.op('Cast', [u.tensor], { to: DataType.BOOL }, 'keep');
     if (u.rule === 'drop-where') return b.op('Not', [b.op('Cast', [u.tensor], { to: DataType.BOOL }, 'drop')], {}, 'keep');
     const m = b.op('Cast', [u.tensor], { to: DataType.FLOAT }, 'mask_f');
-    return u.rule === 'additive'
-      ? b.op('Greater', [m, b.constant('hidden_below', DataType.FLOAT, [], [HIDDEN_BELOW])], {}, 'keep')
-      : b.op('Less', [m, b.constant('hidden_above', DataType.FLOAT, [], [-HIDDEN_BELOW])], {}, 'keep');
+    const additive = u.rule === 'additive';
+    const extreme = extremeLastAxis(b, m, additive ? 'ReduceMax' : 'ReduceMin', this.opset, additive ? 'mask_row_max' : 'mask_row_min');
+    const gap = b.constant('hidden_gap', DataType.FLOAT, [], [HIDDEN_GAP]);
+    return additive
+      ? b.op('Greater', [m, b.op('Sub', [extreme, gap], {}, 'hidden_below')], {}, 'keep')
+      : b.op('Less', [m, b.op('Add', [extreme, gap], {}, 'hidden_above')], {}, 'keep');
   }
 }
-

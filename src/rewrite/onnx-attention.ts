@@ -14,11 +14,11 @@
  *
  * bias = attn_mask (bool: 0 or −inf; a last axis shorter than the keys padded with −inf) + the causal mask
  * (key j ≤ i + P, P the past length, or nonpad_kv_seqlen[b] − S with a static cache) + nonpad_kv_seqlen padding.
- * n = keys the row may see: entries of the bias above −9000 (the plain-op convention, mask-uses.ts), or Tk.
+ * n = keys the row may see: entries of the bias less than HIDDEN_GAP below the row's largest (the plain-op convention, mask-uses.ts), or Tk.
  */
 import { FusedSite } from '../detect/fused';
 import { inputOf, ONNX_ATTENTION, outputOf } from '../graph/attention-ops';
-import { HIDDEN_BELOW } from '../detect/mask-uses';
+import { HIDDEN_GAP } from '../detect/mask-uses';
 import { attrFloat, attrInt } from '../graph/graph';
 import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
@@ -30,6 +30,7 @@ import { InsertedFused, Rows } from './fused';
 import { PART } from './identity';
 import { ExpansionParams } from './ms-attention';
 import { fusedPrior } from './prior';
+import { extremeLastAxis } from './versioned';
 
 type Role = keyof typeof ONNX_ATTENTION.inputs;
 
@@ -62,7 +63,7 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   const capped = cap ? b.op('Mul', [b.op('Tanh', [b.op('Div', [qk, b.constant('softcap', precision, [], [cap])], {}, 'qk_over_cap')], {}, 'qk_tanh'),
     b.constant('softcap', precision, [], [cap])], {}, 'qk_capped') : qk;
   const bias = biasOf(b, node, q, keys, maskRank, precision, input('past_key') !== undefined);
-  const rows = nVisible(b, keysOnly ? undefined : bias, keys);
+  const rows = nVisible(b, keysOnly ? undefined : bias, keys, opset);
   const factor = p.sName ? presetFactor(b, p.preset, p.sName, rows.n, rows.ln) : undefined;
   const applied = factor ? applyFactor(b, capped, factor, precision, opset) : undefined;
   let content = applied?.output ?? capped;
@@ -163,11 +164,16 @@ function maskBias(b: Builder, mask: string, rank: number, T: string, t: number, 
   return b.op('Where', [inside, b.op('Cast', [padded], { to: t }, 'mask_t'), inf()], {}, 'mask_bias');
 }
 
-/** max(n, 1) and its logarithm: the keys each row may see under the bias (entries above −9000), or Tk. */
-function nVisible(b: Builder, bias: string | undefined, keys: string): Rows {
+/**
+ * max(n, 1) and its logarithm: the keys each row may see under the bias (entries less than HIDDEN_GAP below the row's
+ * largest), or Tk.
+ */
+function nVisible(b: Builder, bias: string | undefined, keys: string, opset: number): Rows {
   let n: string;
   if (bias) {
-    const visible = b.op('Cast', [b.op('Greater', [bias, b.op('CastLike', [b.constant('hidden_below', DataType.FLOAT, [], [HIDDEN_BELOW]), bias], {}, 'hidden_t')], {}, 'visible')], { to: DataType.FLOAT }, 'visible_f');
+    const limit = b.op('Sub', [extremeLastAxis(b, bias, 'ReduceMax', opset, 'bias_row_max'),
+      b.op('CastLike', [b.constant('hidden_gap', DataType.FLOAT, [], [HIDDEN_GAP]), bias], {}, 'hidden_gap_t')], {}, 'hidden_below');
+    const visible = b.op('Cast', [b.op('Greater', [bias, limit], {}, 'visible')], { to: DataType.FLOAT }, 'visible_f');
     n = b.op('ReduceSum', [visible, b.int64('last_axis', [-1])], { keepdims: 1 }, 'n_visible');
   } else n = b.op('Cast', [b.op('Gather', [b.op('Shape', [keys]), b.int64('axis2', [2], true)], {}, 'kv_len')], { to: DataType.FLOAT }, 'n_keys');
   const clamped = b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');

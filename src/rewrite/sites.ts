@@ -6,7 +6,7 @@
 import { AttentionSite, CallSite, Detection, SkippedSoftmax } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
 import { inputOf, opSpec, queryInput } from '../graph/attention-ops';
-import { maskUses } from '../detect/mask-uses';
+import { HIDDEN_GAP, maskUses } from '../detect/mask-uses';
 import { InputError, opt } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
@@ -110,7 +110,7 @@ export class SitePatcher {
   }
 
   private softmax(scope: Scope, b: Builder, site: AttentionSite, p: SiteParams, inputs: BodyInputs): SiteResult {
-    const uses = maskUses(scope.graph, site.afterLogits, scope.shapes);
+    const uses = maskUses(scope.graph, { steps: site.afterLogits, qk: site.qkMatMul.output[0] }, scope.shapes);
     const n = this.preset.kind === 'none' ? { mode: 'none', reason: 'no factor (preset none)' }
       : site.groupAxis !== undefined ? groupN(site.groupAxis)
         : presetNeedsPositions(this.preset) ? positionN(this.option)
@@ -187,7 +187,7 @@ export class SitePatcher {
     const keys = this.option === 'keys' && !presetNeedsPositions(this.preset);
     const inserted = expandOnnxAttention(b, scope.shapes, site, params, scope.opset, keys);
     const nReason = keys ? 'n mode keys as asked; n = Tk'
-      : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: n = keys each row may see under the attention's mask, causal mask and nonpad lengths (bias entries above −9000)`;
+      : `${this.option === 'auto' ? 'auto' : `n mode ${this.option}`}: n = keys each row may see under the attention's mask, causal mask and nonpad lengths (bias entries less than ${HIDDEN_GAP} below the row's largest)`;
     const expanded = `${ONNX_EXPANSION_COST} (${site.expand})`;
     return { n: inserted.mode, nReason, logits: inserted.factor, target: 'logits', inserted, expanded };
   }

@@ -19,3 +19,10 @@ export function sumLastAxis(b: Builder, x: string, opset: number, keep: boolean,
     ? b.op('ReduceSum', [x, b.int64('key_axis', [-1])], { keepdims }, name)
     : b.op('ReduceSum', [x], { axes: [-1], keepdims }, name);
 }
+
+/** Max or min over the last axis, kept as size 1 (axes became an input of ReduceMax and ReduceMin at opset 18). */
+export function extremeLastAxis(b: Builder, x: string, op: 'ReduceMax' | 'ReduceMin', opset: number, name: string): string {
+  return opset >= 18
+    ? b.op(op, [x, b.int64('key_axis', [-1])], { keepdims: 1 }, name)
+    : b.op(op, [x], { axes: [-1], keepdims: 1 }, name);
+}

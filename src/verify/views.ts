@@ -5,7 +5,7 @@
  * with n from the operator's n plan evaluated on the run's actual input shapes and lengths.
  */
 import { FusedSite } from '../detect/fused';
-import { HIDDEN_BELOW } from '../detect/mask-uses';
+import { HIDDEN_GAP } from '../detect/mask-uses';
 import { inputAt, NPlan, opSpec, queryInput, QueryPlan, Term } from '../graph/attention-ops';
 import { planFor } from '../rewrite/fused';
 import { NMode } from '../policy/n-mode';
@@ -67,7 +67,9 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   let counts: Int32Array | null = null;
   if (x.masked) {
     if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
-    counts = visibleCounts(x.masked.data, tk);
+    counts = x.keys === undefined && x.after.data.length === x.masked.data.length
+      ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
+      : maskedCounts(x.masked.data, tk);
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
@@ -91,11 +93,42 @@ function miscounts(n: (g: number, i: number) => number): ProbeView['alternatives
   return [{ name: 'n doubled (2n)', n: (g, i) => 2 * n(g, i) }, { name: 'n off by one (n + 1)', n: (g, i) => n(g, i) + 1 }];
 }
 
-function visibleCounts(masked: ArrayLike<number>, tk: number): Int32Array {
-  const counts = new Int32Array(masked.length / tk);
+/**
+ * The terms added to the scaled logits before the Softmax (masks, biases): the masked logits less the content. The
+ * masked logits alone cannot be read by the patch's rule: peaked content logits are themselves 30 apart.
+ */
+function termsOf(masked: ArrayLike<number>, content: ArrayLike<number>): Float64Array {
+  return Float64Array.from(masked, (m, i) => m - content[i]);
+}
+
+/** Keys the terms on the logits leave visible per row, by the patch's rule: an entry HIDDEN_GAP below its row's largest hides. */
+function visibleCounts(terms: ArrayLike<number>, tk: number): Int32Array {
+  return countRows(terms, tk, (max) => max - HIDDEN_GAP);
+}
+
+/**
+ * Where the content is not exposed (the factor on the query), keys the masked logits leave visible. Masks of −10000,
+ * finfo.min or −inf are far from any content logit: where the logits hold one, only entries at or below STRONG_MASK
+ * count as hidden (peaked content logits, T5's, are 30 apart themselves). Otherwise (Swin's −100) an entry HIDDEN_GAP
+ * below its row's largest and below −HIDDEN_GAP is hidden. Either way a row masked alike on every key hides none, as
+ * in the patch; a mix of mild and strong masks would make the probe fail, not pass.
+ */
+function maskedCounts(masked: ArrayLike<number>, tk: number): Int32Array {
+  const strong = Array.prototype.some.call(masked, (v: number) => v <= STRONG_MASK);
+  return countRows(masked, tk, (max) => Math.min(max - HIDDEN_GAP, strong ? STRONG_MASK : -HIDDEN_GAP));
+}
+
+/** Masks at or below this are far from any content logit. */
+const STRONG_MASK = -9000;
+
+function countRows(values: ArrayLike<number>, tk: number, limitOf: (max: number) => number): Int32Array {
+  const counts = new Int32Array(values.length / tk);
   for (let row = 0; row < counts.length; row++) {
+    let max = -Infinity;
+    for (let j = 0; j < tk; j++) if (values[row * tk + j] > max) max = values[row * tk + j]; // NaN is never the max
+    const limit = limitOf(max);
     let n = 0;
-    for (let j = 0; j < tk; j++) if (masked[row * tk + j] > HIDDEN_BELOW) n++;
+    for (let j = 0; j < tk; j++) if (values[row * tk + j] > limit) n++;
     counts[row] = n;
   }
   return counts;

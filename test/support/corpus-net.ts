@@ -1,5 +1,6 @@
 /**
- * The corpus regression net: what the tool makes of every real file in ../shared/corpus, under a few option sets,
+ * The corpus regression net: what the tool makes of every real file in ../shared/corpus (and of the committed
+ * fixtures/torchlib exports), under a few option sets,
  * as plain data that a committed expectations file (test/corpus-expected.json) pins. Per file and option set: the
  * CLI's exit code, every patched site with its rule, n mode and target, every refused attention node with its
  * reason, the error line, the verification checks' verdicts; for every model written, whether onnxruntime loads
@@ -20,7 +21,7 @@ import { ModelProto } from '../../src/io/onnx';
 import { synthesize } from '../../src/verify/inputs';
 import { Outputs, Runner } from '../../src/verify/run';
 import { prepare } from '../../src/verify/setup';
-import { CORPUS, onnxFiles } from './ref';
+import { CORPUS, FIXTURES, onnxFiles } from './ref';
 
 const run = promisify(execFile);
 const BIN = path.resolve(__dirname, '../../../bin/ssmax-patch.js');
@@ -70,13 +71,29 @@ interface ReportDoc {
   verification?: { checks: { id: string; status: string; summary: string }[] };
 }
 
-/** The corpus files, relative to the corpus folder, sorted. */
+/**
+ * The committed library-architecture fixtures the net runs beside the corpus (torchvision/torchaudio exports, issue
+ * 23), keyed by this prefix and their path below fixtures/.
+ */
+const FIXTURE_KEY = 'fixtures/';
+const NET_FIXTURES = ['torchlib'];
+
+/** The corpus files, relative to the corpus folder, sorted; then the net's fixtures, as `fixtures/<dir>/<file>`. */
 export function corpusFiles(): string[] {
-  return onnxFiles(CORPUS).map((f) => path.relative(CORPUS, f)).sort();
+  const corpus = onnxFiles(CORPUS).map((f) => path.relative(CORPUS, f)).sort();
+  const fixtures = NET_FIXTURES.flatMap((d) => onnxFiles(path.join(FIXTURES, d))).map((f) => FIXTURE_KEY + path.relative(FIXTURES, f)).sort();
+  return [...corpus, ...fixtures];
 }
 
+/** Whether a net file is a corpus file (not one of the net's fixtures): the README's tally counts those. */
+export const inCorpus = (file: string): boolean => !file.startsWith(FIXTURE_KEY);
+
+/** The path of a net file. */
+const sourceOf = (file: string): string => (inCorpus(file) ? path.join(CORPUS, file) : path.join(FIXTURES, file.slice(FIXTURE_KEY.length)));
+
 /** Numbers that vary with the machine (errors, timings) are not part of an outcome. */
-const stable = (text: string): string => text.split(CORPUS).join('<corpus>').replace(/\S*ssmax-net-[^/\s]+\//g, '<out>/')
+const stable = (text: string): string => text.split(CORPUS).join('<corpus>').split(FIXTURES).join('<fixtures>')
+  .replace(/\S*ssmax-net-[^/\s]+\//g, '<out>/')
   .replace(/\d+(\.\d+)?e[-+]\d+/g, '#')
   .replace(/in \d+(\.\d+)? ?m?s\b/g, 'in #');
 
@@ -84,7 +101,7 @@ async function patchOutcome(file: string, args: string[], out: string): Promise<
   let stdout: string;
   let exit = 0;
   try {
-    ({ stdout } = await run(process.execPath, [BIN, 'patch', path.join(CORPUS, file), ...args, '-o', out, '--force', '--quiet', '--json'],
+    ({ stdout } = await run(process.execPath, [BIN, 'patch', sourceOf(file), ...args, '-o', out, '--force', '--quiet', '--json'],
       { maxBuffer: 64 << 20 }));
   } catch (e) {
     const err = e as { code?: number; stdout?: string };
@@ -140,7 +157,7 @@ async function runsOutcome(file: string, model: ModelProto, out: string): Promis
       await runner.release();
     }
   };
-  const original = await run('original', path.join(CORPUS, file));
+  const original = await run('original', sourceOf(file));
   const patched = await run('patched', out);
   if (typeof patched === 'string') {
     // Neither model loads or runs here (a training op, a kernel limit, inputs synthesis cannot know): the same reason.
@@ -184,7 +201,7 @@ async function revertOutcome(file: string, out: string): Promise<string> {
   } catch (e) {
     return `revert failed: ${stable(firstLine((e as { stderr?: string }).stderr ?? e))}`;
   }
-  const source = path.join(CORPUS, file);
+  const source = sourceOf(file);
   const same = (a: string, b: string): boolean => fs.existsSync(b) && fs.readFileSync(a).equals(fs.readFileSync(b));
   const beside = fs.readdirSync(folder).filter((f) => f !== path.basename(file));
   if (same(back, source) && beside.every((f) => same(path.join(folder, f), path.join(path.dirname(source), f)))) return 'exact';
@@ -210,7 +227,7 @@ const outName = (file: string, set: string): string => `${file.replace(/[/\\]/g,
 async function fileOutcome(file: string, dir: string): Promise<{ outcome: FileOutcome; written: Record<string, string> }> {
   const sets: Record<string, SetOutcome> = {};
   const written: Record<string, string> = {};
-  const original = readModel(path.join(CORPUS, file));
+  const original = readModel(sourceOf(file));
   for (const [set, args] of Object.entries(OPTION_SETS)) {
     const out = path.join(dir, outName(file, set));
     const o = await patchOutcome(file, args, out);
@@ -239,12 +256,12 @@ export async function corpusOutcomes(files: string[], concurrency = Math.max(1, 
       }
     };
     await Promise.all(Array.from({ length: concurrency }, worker));
-    const verdicts = checkerVerdicts([...files.map((f) => path.join(CORPUS, f)), ...Object.values(written).flatMap((w) => Object.values(w))]);
+    const verdicts = checkerVerdicts([...files.map((f) => sourceOf(f)), ...Object.values(written).flatMap((w) => Object.values(w))]);
     const ordered: Outcomes = {};
     for (const file of files) {
       const o = results[file];
       if (verdicts) {
-        o.checker = verdicts[path.join(CORPUS, file)];
+        o.checker = verdicts[sourceOf(file)];
         for (const [set, out] of Object.entries(written[file])) o.sets[set].output!.checker = verdicts[out];
       }
       ordered[file] = o;

@@ -8,14 +8,6 @@ export const TORCH = path.join(FIXTURES, 'torch');
 /** The shared corpus of real models beside the project (absent on some machines: tests over it skip). */
 export const CORPUS = path.resolve(__dirname, '../../../../shared/corpus');
 
-/**
- * Fixtures the patcher crashes on before the fixes of issue 23, with the reason: the tests over every fixture mark
- * them todo (the fixes remove them). Paths relative to fixtures/.
- */
-export const FIXTURE_CRASHES: Readonly<Record<string, string>> = Object.fromEntries(['wav2vec2_lengths', 'hubert_lengths']
-  .flatMap((m) => [14, 17].map((opset) => [`torchlib/${m}_op${opset}.onnx`,
-    'issue 23: graph has a cycle (n counted from the row max of the masked logits, which the factor feeds)'])));
-
 /** Every .onnx file below a folder, recursively; none when the folder is absent. */
 export function onnxFiles(dir: string): string[] {
   if (!fs.existsSync(dir)) return [];
