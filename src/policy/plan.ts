@@ -53,7 +53,8 @@ export function resolvePlan(o: PlanOptions): PatchPlan {
 
 /** s is needed for a factor; the none preset has none, and an update may change θ alone. */
 function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions): ScaleSpec | undefined {
-  const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
+  // qwen-logn and slope need L for their factor: stating it gives no s.
+  const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn' && preset.kind !== 'slope');
   if (preset.kind === 'none') {
     if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`);
     if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`);
@@ -75,7 +76,7 @@ function refuseIgnoredByUpdate(o: PlanOptions): void {
   }
 }
 
-/** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
+/** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file (slope: s, else 1/ln L). */
 function scaleSpecFor(preset: Preset, options: PlanOptions): ScaleSpec {
   if (preset.kind === 'qwen-logn' && options.s !== undefined) {
     throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')}`);
