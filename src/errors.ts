@@ -10,6 +10,8 @@ const OPTIONS: Record<string, [string, string]> = {
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],
   externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'], prior: ['prior', '--prior'],
   priorFile: ['priorFile', '--prior-file'],
+  // calibrate (src/calibrate/)
+  targetLen: ['targetLen', '--max-len'], match: ['match', '--match'], granularity: ['granularity', '--per'], maxRuns: ['maxRuns', '--max-runs'], maxS: ['maxS', '--max-s'],
 };
 
 const MARK = '\u2060';

@@ -15,7 +15,7 @@ import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
 import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { layersValue, presetValue, priorFileValue, priorValue, sFileValue } from './values';
-import { PatchDocument, RevertDocument } from './report';
+import { CalibrateDocument, PatchDocument, RevertDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
 import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
@@ -203,7 +203,7 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
 }
 
 /** What the write did, in the report; the warnings only the write can tell, printed too. */
-export function recordWrite(doc: PatchDocument | RevertDocument, written: WriteReport): void {
+export function recordWrite(doc: PatchDocument | RevertDocument | CalibrateDocument, written: WriteReport): void {
   doc.externalData = written.externalData;
   if (written.removedTemporaryFiles.length) doc.removedTemporaryFiles = written.removedTemporaryFiles;
   const warnings = linkWarnings(written);

@@ -85,5 +85,5 @@ function scaleSpecFor(preset: Preset, options: PlanOptions): ScaleSpec {
     if (options.s !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')}`);
     return { kind: 'scalar', s: preset.attnScale, from: opt('attnScale') };
   }
-  return resolveScaleSpec(options);
+  return resolveScaleSpec(options, preset.kind === 'slope');
 }
