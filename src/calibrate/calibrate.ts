@@ -24,7 +24,7 @@ import { PatchReport } from '../rewrite/report';
 import { synthesize } from '../verify/inputs';
 import { RunSpec } from '../verify/plan';
 import { Runner } from '../verify/run';
-import { SessionFactory } from '../verify/sessions';
+import { firstLine, LoadFailure, SessionFactory } from '../verify/sessions';
 import { isUniform } from '../verify/sharpness';
 import { prepare, Setup } from '../verify/setup';
 import { Feeds, HostTensor } from '../verify/tensors';
@@ -82,6 +82,7 @@ interface Context {
   cm: CalibrationModel;
   layouts: Map<number, SiteLayout>;
   runner: Runner;
+  factory: SessionFactory;
   given?: { batch: number; ids: Record<string, HostTensor> };
   progress: (line: string) => void;
   runs: number;
@@ -110,8 +111,8 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   let s: SValue;
   try {
     progress('calibrate: loading the slope patch with s as an input');
-    const runner = await factory.openModel(cm.model, 'calibration');
-    const ctx: Context = { plan, setup, cm, layouts, runner, given, progress, runs: 0 };
+    const runner = await openCalibration(factory, cm.model);
+    const ctx: Context = { plan, setup, cm, layouts, runner, factory, given, progress, runs: 0 };
     try {
       ({ report, s } = await search(ctx, heads, first));
     } finally {
@@ -283,7 +284,7 @@ async function measure(ctx: Context, lengths: number[], valueOf: (group: string)
     try {
       out = await ctx.runner.run(feeds, [...cm.outputs.values(), ...cm.keys.values()]);
     } catch (e) {
-      throw new InputError(`the slope patch fails at length ${length}: ${String((e as Error)?.message ?? e).split('\n')[0]}`);
+      throw await runFailure(ctx, run, e);
     }
     for (const [i, layout] of layouts) {
       const t = out[cm.outputs.get(i)!];
@@ -298,6 +299,35 @@ async function measure(ctx: Context, lengths: number[], valueOf: (group: string)
     }
   }
   return stats;
+}
+
+/** The calibration model, or why not: the original's own load error is the user's (exit 2), the patch's a bug. */
+async function openCalibration(factory: SessionFactory, model: ModelProto): Promise<Runner> {
+  try {
+    return await factory.openModel(model, 'calibration');
+  } catch (e) {
+    if (!(e instanceof LoadFailure)) throw e;
+    await factory.release(await factory.open('original'));
+    throw e;
+  }
+}
+
+/** A failed run blamed where it belongs: the original run on the same inputs fails too (the inputs), or not (the patch). */
+async function runFailure(ctx: Context, run: RunSpec, e: unknown): Promise<Error> {
+  const first = firstLine(e);
+  let original: string | undefined;
+  const runner = await ctx.factory.open('original');
+  try {
+    await runner.run(inputsOf(ctx, run));
+  } catch (o) {
+    original = firstLine(o);
+  } finally {
+    await ctx.factory.release(runner);
+  }
+  if (original !== undefined) {
+    return new InputError(`the original model fails on the calibration inputs (${run.id}): ${original}; set sizes with --dim NAME=N, give token ids with --input or a shorter --max-len`);
+  }
+  return new Error(`the slope patch fails at ${run.id} where the original runs: ${first}`);
 }
 
 /** A run of `length` tokens in context, as verification's sweep makes it: the sequence, or the cache when only it grows. */
