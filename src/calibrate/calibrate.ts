@@ -235,7 +235,10 @@ async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{
   for (const g of before.groups()) {
     const target = before.mean(g, plan.L);
     if (!Number.isFinite(target) || !Number.isFinite(before.mean(g, plan.N))) throw new InputError(`${g}: no rows at n ≈ ${plan.L} or n ≈ ${plan.N} were read`);
-    searches.set(g, new SlopeSearch(target, plan.sign * (before.mean(g, plan.N) - target), first, plan.maxS));
+    const x = new SlopeSearch(target, plan.sign * (before.mean(g, plan.N) - target), first, plan.maxS);
+    // Attention about uniform at L (random weights): no factor sharpens it, so no run would reach the target.
+    if (plan.match === 'max-prob' && isUniform(target, plan.L)) x.giveUp();
+    searches.set(g, x);
   }
   let last: { stats: RowStats; s: Map<string, number> } | undefined;
   for (let k = 0; k < plan.maxRuns && [...searches.values()].some((x) => x.state === 'searching'); k++) {
@@ -248,7 +251,9 @@ async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{
   // The curve after: the last run when it had the s found (for every group), else the runs again.
   const longer = causalOnly ? [plan.N] : lengths.filter((x) => x > plan.L);
   const reuse = last && [...found].every(([g, v]) => last!.s.get(g) === v) && longer.length === 1;
-  const after = reuse ? last!.stats : await measure(ctx, longer, (g) => found.get(g) ?? first, `the s found (${describe(found)})`);
+  // Nothing reached: no model is written, so there is no after to measure.
+  const none = [...searches.values()].every((x) => x.state === 'out of reach' || x.state === 'no fade');
+  const after = none ? before : reuse ? last!.stats : await measure(ctx, longer, (g) => found.get(g) ?? first, `the s found (${describe(found)})`);
   const curve: CurvePoint[] = lengths.map((x) => ({ length: x, before: before.pooled(x), after: x <= plan.L ? before.pooled(x) : after.pooled(x) }));
   const groups: CalibrationGroup[] = [...searches].map(([g, x]) => groupReport(g, x, found.get(g)!, before, after, plan));
   const unset = heads.length ? missingGroups(plan.granularity, heads, searches) : [];
@@ -368,8 +373,10 @@ function reportOf(ctx: Context, s: SValue, groups: CalibrationGroup[], curve: Cu
   for (const g of groups) {
     if (g.state === 'no fade') notes.push(`${g.group}: the original's statistic at n ≈ ${plan.N} is already at its value at n ≈ ${plan.L}: s = 0 (no change)`);
     if (g.state === 'out of reach') {
-      const uniform = plan.match === 'max-prob' && isUniform(g.target, plan.L) ? ': its attention is about uniform (largest probability ≈ 1/n), which no factor sharpens' : '';
-      notes.push(`${g.group}: no s up to ${plan.maxS.toPrecision(3)} brings the statistic at n ≈ ${plan.N} to its value at n ≈ ${plan.L}${uniform}; s stays 1/ln L = ${(1 / Math.log(plan.L)).toPrecision(4)}`);
+      const s = `s stays 1/ln L = ${(1 / Math.log(plan.L)).toPrecision(4)}`;
+      notes.push(plan.match === 'max-prob' && isUniform(g.target, plan.L)
+        ? `${g.group}: its attention at n ≈ ${plan.L} is about uniform (largest probability ≈ 1/n), which no factor sharpens: not searched; ${s}`
+        : `${g.group}: no s up to ${plan.maxS.toPrecision(3)} brings the statistic at n ≈ ${plan.N} to its value at n ≈ ${plan.L}; ${s}`);
     }
     if (g.state === 'searching') notes.push(`${g.group}: not converged in ${plan.maxRuns} runs (residual ${(100 * g.residual).toFixed(1)} %); the closest s measured is kept`);
   }

@@ -59,6 +59,11 @@ export class SlopeSearch {
     this.settle(p);
   }
 
+  /** Ends the search unreached: the caller knows no s can reach the target. */
+  giveUp(): void {
+    if (this.state === 'searching') this.state = 'out of reach';
+  }
+
   /** The measured point closest to the target. */
   best(): Point {
     if (this.state === 'no fade') return this.points[0];
