@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
+import Ajv2020 from 'ajv/dist/2020';
 import { evalSet, TASK } from '../bench/quality-data';
 import { qualityModel } from '../bench/quality';
 import { SlopeSearch } from '../src/calibrate/search';
@@ -38,9 +39,12 @@ const tokens = evalSet(7, 'sparse', N, 2).tokens;
 const tokenFile = path.join(dir, 'ids.json');
 fs.writeFileSync(tokenFile, JSON.stringify({ dims: [2, N], data: Array.from(tokens, Number) }));
 
+const schema = new Ajv2020({ allErrors: true, strictTypes: false }).compile(JSON.parse(fs.readFileSync(path.resolve(__dirname, '../../docs/report.schema.json'), 'utf8')));
+
 function calibrate(model: string, name: string, ...extra: string[]): { code: number; doc: CalibrateDocument; out: string; stderr: string } {
   const out = path.join(dir, `${name}.onnx`);
   const r = cli(['calibrate', model, '--train-len', String(L), '-o', out, '--json', '--quiet', ...extra]);
+  assert.ok(schema(JSON.parse(r.stdout)), `the report's schema: ${JSON.stringify(schema.errors)}`);
   return { code: r.code, doc: JSON.parse(r.stdout) as CalibrateDocument, out, stderr: r.stderr };
 }
 
