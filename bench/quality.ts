@@ -16,6 +16,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { CalibrateDocument } from '../src/cli/report';
 import { findAttentionSoftmax } from '../src/detect/find-attention';
 import { readModel } from '../src/io/model-file';
 import { ModelProto } from '../src/io/onnx';
@@ -28,8 +29,9 @@ import { EVAL_LENGTHS, evalSet, Layout, TASK } from './quality-data';
 
 interface Variant {
   name: string;
-  /** Arguments of `ssmax-patch <model>`; null: the original model. */
+  /** Arguments of `ssmax-patch <model>` (or of `ssmax-patch calibrate <model>`); null: the original model. */
   args: string[] | null;
+  calibrate?: boolean;
 }
 
 const L = String(TASK.trainLen);
@@ -43,6 +45,11 @@ export const VARIANTS: Variant[] = [
   // Llama 4's floor_scale (8192) is its pre-training length: the factor is 1 up to it and grows by
   // attn_scale·ln(k + 1) at k times it. Scaled to this model, floor_scale = L.
   { name: 'llama4, floor_scale = L', args: ['--preset', 'llama4', '--floor-scale', L] },
+  { name: 'slope, s = 1/ln L', args: ['--preset', 'slope', '--train-len', L] },
+  // s from each model's attention on synthesised tokens, for N = 8·L (calibrate's defaults).
+  { name: 'slope, calibrated: one s', args: ['--train-len', L], calibrate: true },
+  { name: 'slope, calibrated: s per layer', args: ['--train-len', L, '--per', 'layer'], calibrate: true },
+  { name: 'slope, calibrated: s per head', args: ['--train-len', L, '--per', 'head'], calibrate: true },
 ];
 
 const FIXTURES = path.resolve(__dirname, '../../fixtures/quality');
@@ -68,13 +75,27 @@ interface Stats {
   rows: number;
 }
 
+/** What calibrate found for each calibrated variant's model. */
+const calibrated: string[] = [];
+
 /** The variant's model: the original, or the CLI's output for it (in `dir`). */
 function variantFile(model: string, variant: Variant, index: number, dir: string): string {
   if (!variant.args) return model;
   const out = path.join(dir, `${path.basename(model, '.onnx')}.v${index}.onnx`);
-  const r = spawnSync(process.execPath, [BIN, model, ...variant.args, '-o', out, '--force', '--quiet'], { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`ssmax-patch ${variant.args.join(' ')} on ${model} failed (${r.status}): ${r.stderr.trim()}`);
+  const command = variant.calibrate ? ['calibrate', model] : [model];
+  const r = spawnSync(process.execPath, [BIN, ...command, ...variant.args, '-o', out, '--force', '--quiet'], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`ssmax-patch ${[...command, ...variant.args].join(' ')} failed (${r.status}): ${r.stderr.trim()}`);
+  if (variant.calibrate) calibrated.push(`${variant.name}, ${path.basename(model, '.onnx')}: ${calibratedS(out)}`);
   return out;
+}
+
+/** The s calibrate found, read from its report beside the model. */
+function calibratedS(model: string): string {
+  const doc = JSON.parse(fs.readFileSync(model.replace(/\.onnx$/, '.calibration.json'), 'utf8')) as CalibrateDocument;
+  const { s, granularity, targetLen } = doc.calibration!;
+  // Per layer, each layer's s is repeated over its heads: one value per layer is shown.
+  const rows = typeof s === 'number' ? [[s]] : (s as number[][]).map((row) => (granularity === 'per-layer' ? [row[0]] : row));
+  return `s = ${rows.map((row) => row.map((x) => x.toFixed(3)).join(', ')).join('; ')} (N = ${targetLen})`;
 }
 
 /** A copy of the model with the query rows of every attention Softmax's output as graph outputs, in layer order. */
@@ -202,6 +223,7 @@ export async function qualityBench(argv: string[] = []): Promise<void> {
       process.stdout.write(`${table('attention entropy (nats)', cells, (c) => c.entropy.toFixed(2))}\n\n`);
       process.stdout.write(`${table('max attention probability', cells, (c) => c.maxProb.toFixed(3))}\n`);
     }
+    process.stdout.write(`\ncalibrated on synthesised tokens:\n${calibrated.map((c) => `- ${c}`).join('\n')}\n`);
     process.stdout.write(`\n(${((performance.now() - start) / 1000).toFixed(0)} s)\n`);
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });

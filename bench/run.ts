@@ -5,12 +5,14 @@
  *   latency   inference latency of original vs patched decoders on onnxruntime (latency.ts); an optional
  *             regular expression selects cases by label
  *   verify    verification of a 100 M-parameter decoder vs one load-and-run of it (verify.ts)
+ *   calibrate calibration of the same decoder vs its verification (calibrate.ts)
  *   scaling   patch time and peak memory of generated decoders from 8 to 256 layers (scaling.ts)
  *   runtimes  verification verdicts and times on onnxruntime-node vs onnxruntime-web, fixtures and corpus (runtimes.ts)
  *   quality   accuracy and attention sharpness of trained retrieval models, original vs patched, at 1×–16× the
  *             training length (quality.ts; `--count N` examples per length)
  * Without a section, all of them run but runtimes and quality.
  */
+import { calibrateBench } from './calibrate';
 import { ioBench } from './io';
 import { latencyTable } from './latency';
 import { qualityBench } from './quality';
@@ -33,6 +35,10 @@ async function main(): Promise<void> {
     process.stdout.write('\n## Verification speed\n');
     await verifyBench(rest);
   }
+  if (all || section === 'calibrate') {
+    process.stdout.write('\n## Calibration cost\n\n');
+    calibrateBench();
+  }
   if (all || section === 'scaling') {
     process.stdout.write('\n## Patch time and memory by model size\n\n');
     scalingBench(rest);
@@ -47,8 +53,8 @@ async function main(): Promise<void> {
     process.stdout.write('## Retrieval beyond the training length, original vs patched\n\n');
     await qualityBench(rest);
   }
-  if (!all && !['io', 'latency', 'verify', 'scaling', 'runtimes', 'quality'].includes(section)) {
-    throw new Error(`unknown section '${section}' (io, latency, verify, scaling, runtimes, quality)`);
+  if (!all && !['io', 'latency', 'verify', 'calibrate', 'scaling', 'runtimes', 'quality'].includes(section)) {
+    throw new Error(`unknown section '${section}' (io, latency, verify, calibrate, scaling, runtimes, quality)`);
   }
 }
 

@@ -10,6 +10,8 @@ const OPTIONS: Record<string, [string, string]> = {
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],
   externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'], prior: ['prior', '--prior'],
   priorFile: ['priorFile', '--prior-file'],
+  // calibrate (src/calibrate/)
+  targetLen: ['targetLen', '--max-len'], match: ['match', '--match'], granularity: ['granularity', '--per'], maxRuns: ['maxRuns', '--max-runs'], maxS: ['maxS', '--max-s'],
 };
 
 const MARK = '\u2060';
@@ -68,6 +70,8 @@ export const ERROR_CODES = {
   'verify-failed': 1,
   /** --strict: a check was skipped or an attention node refused. */
   'strict-failed': 1,
+  /** calibrate: no s reaches the target (attention that does not fade, or out of reach); no model written. */
+  'calibrate-failed': 1,
   /** A bug of this tool. */
   internal: 3,
 } as const;
@@ -75,7 +79,7 @@ export const ERROR_CODES = {
 export type ErrorCode = keyof typeof ERROR_CODES;
 
 /** The codes an InputError takes: every code but the verdicts of a verification and a bug. */
-export type InputErrorCode = Exclude<ErrorCode, 'verify-failed' | 'strict-failed' | 'internal'>;
+export type InputErrorCode = Exclude<ErrorCode, 'verify-failed' | 'strict-failed' | 'calibrate-failed' | 'internal'>;
 
 /** Errors that reach the user as one line and an exit code, never as a stack trace. */
 export class SsmaxError extends Error {

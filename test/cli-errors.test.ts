@@ -249,7 +249,7 @@ describe('help', () => {
     const r = cli(['help', 'bogus']);
     assert.equal(r.code, 2);
     assert.equal(r.stdout, '');
-    assert.equal(r.stderr, "ssmax-patch: unknown command 'bogus' (commands: patch, verify, revert) (see ssmax-patch --help)\n");
+    assert.equal(r.stderr, "ssmax-patch: unknown command 'bogus' (commands: patch, verify, revert, calibrate) (see ssmax-patch --help)\n");
   });
 
   it('help help and help verify: the help asked for, exit 0', () => {

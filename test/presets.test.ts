@@ -14,9 +14,37 @@ import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Runner } from '../src/verify/run';
 import { layersValue } from '../src/cli/values';
 import { decode, RefCase, TORCH } from './support/ref';
+import { factorValue, resolvePreset } from '../src/policy/factor';
+import { ModelProto } from '../src/io/onnx';
+import { OutputTensor } from '../src/verify/run';
 
-/** The reference's patch, with --layers as the command line spells it. */
-interface PresetCase extends Omit<RefCase, 'patch'> { model: string; patch: Omit<PatchOptions, 'layers'> & { layers?: string } }
+/**
+ * A slope patch's rows with n ≤ L give the original model's logits bit for bit (its factor is exactly 1 there, not
+ * 1 ± an ulp); every other row differs (n = L + 1 among them), so the case can tell a factor that stays 1 too long.
+ */
+async function checkRowsAtMostL(c: PresetCase, original: ModelProto, patched: OutputTensor): Promise<void> {
+  const runner = await Runner.create(encodeModel(original), `${c.name} original`);
+  const plain = (await runner.run(Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)])))).logits;
+  await runner.release();
+  const [batch, rows, vocab] = plain.dims;
+  // Row 0 without a cache sees one key: its probability is 1 whatever its factor (n = Tk in keys mode).
+  const first = 'past_key_0' in c.inputs ? 0 : 1;
+  for (let r = 0; r < rows; r++) {
+    let diff = 0;
+    for (let b = 0; b < batch; b++) for (let v = 0; v < vocab; v++) {
+      const i = (b * rows + r) * vocab + v;
+      diff = Math.max(diff, Math.abs(patched.data[i] - plain.data[i]));
+    }
+    if (c.rows_at_most_L!.includes(r)) assert.equal(diff, 0, `row ${r} (n ≤ L): differs from the original by ${diff}`);
+    else if (r >= first) assert.ok(diff > 1e-3, `row ${r} (n > L): equals the original (max abs ${diff})`);
+  }
+}
+
+/**
+ * The reference's patch, with --layers as the command line spells it; a slope case lists the query rows whose n ≤ L
+ * (where its factor is exactly 1).
+ */
+interface PresetCase extends Omit<RefCase, 'patch'> { model: string; patch: Omit<PatchOptions, 'layers'> & { layers?: string }; rows_at_most_L?: number[] }
 
 const cases = (JSON.parse(fs.readFileSync(path.join(TORCH, 'presets.ref.json'), 'utf8')) as { cases: PresetCase[] }).cases;
 
@@ -36,8 +64,17 @@ describe('presets against PyTorch references', () => {
         for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(out[name].data[i] - want[i]));
         assert.ok(diff <= 1e-4, `${name}: max abs error ${diff}`);
       }
+      if (c.rows_at_most_L) await checkRowsAtMostL(c, original, out.logits);
     });
   }
+
+  it('slope: factorValue is exactly 1 for n ≤ L and 1 + s·ln(n / L) beyond', () => {
+    const p = resolvePreset({ preset: 'slope', trainLen: 64 });
+    for (const n of [1, 2, 63, 64]) assert.equal(factorValue(p, 0.7, n), 1);
+    assert.ok(Math.abs(factorValue(p, 0.7, 65) - (1 + 0.7 * Math.log(65 / 64))) < 1e-15);
+    assert.ok(Math.abs(factorValue(p, 0.5, 1024) - (1 + 0.5 * 4 * Math.LN2)) < 1e-15);
+    assert.throws(() => patchModel(readModel(path.join(TORCH, 'llama_gqa.onnx')), { preset: 'slope', s: 0.5 }), cliError(/--preset slope needs --train-len/));
+  });
 
   it('qwen-logn needs --train-len; llama4 refuses --s; --b only with ssmax', () => {
     const m = readModel(path.join(TORCH, 'llama_gqa.onnx'));

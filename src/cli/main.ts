@@ -1,9 +1,11 @@
 /**
- * The ssmax-patch command line: subcommands patch (the default: `ssmax-patch MODEL` patches), verify and revert.
+ * The ssmax-patch command line: subcommands patch (the default: `ssmax-patch MODEL` patches), verify, revert and
+ * calibrate.
  * Every failure ends here as one line on stderr (and, with --json, a report on stdout with the error's code) and
  * an exit code: 1 a failed verification, 2 a usage or input error, 3 a bug, 4 no attention to patch.
  */
 import { Command, CommanderError } from 'commander';
+import { calibrateCommand, calibrateProgram } from './calibrate-command';
 import { ERROR_CODES, ErrorCode, InputError, oneLine, SsmaxError } from '../errors';
 import { VERSION } from '../version';
 import { rejectEmptyValues, rejectRepeatedOptions } from './parse';
@@ -14,7 +16,7 @@ import { Run } from './run';
 import { cleanUpOnSignals } from './signals';
 import { verifyCommand, verifyProgram } from './verify-command';
 
-const COMMANDS: readonly CommandName[] = ['patch', 'verify', 'revert'];
+const COMMANDS: readonly CommandName[] = ['patch', 'verify', 'revert', 'calibrate'];
 
 const EXAMPLES = `
 Examples:
@@ -22,6 +24,7 @@ Examples:
   ssmax-patch model.onnx --train-len 4096 --verify --strict --report r.json --junit j.xml
   ssmax-patch verify model.onnx model.ssmax.onnx --strict
   ssmax-patch revert model.ssmax.onnx
+  ssmax-patch calibrate model.onnx --train-len 4096        the slope preset, s chosen for 8·L from the model's attention
 A model file named like a command: ssmax-patch patch verify (or ./verify).
 Exit codes: 0 done; 1 a verification check failed (or --strict found something unverified); 2 usage or input
 error; 3 a bug; 4 no attention to patch. With --json, the report's error.code says which error.`;
@@ -61,6 +64,7 @@ async function dispatch(argv: string[], run: Run): Promise<number> {
   add('patch', patchProgram, patchCommand as Action);
   add('verify', verifyProgram, verifyCommand as Action);
   add('revert', revertProgram, revertCommand as Action);
+  add('calibrate', calibrateProgram, calibrateCommand as Action);
   const helped = helpBeforeParsing(argv, program);
   if (helped !== null) return helped;
   await program.parseAsync(argv, { from: 'user' });

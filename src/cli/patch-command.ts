@@ -16,7 +16,7 @@ import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
 import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { layersValue, presetValue, priorFileValue, priorValue, sFileValue } from './values';
-import { PatchDocument, RevertDocument } from './report';
+import { CalibrateDocument, PatchDocument, RevertDocument } from './report';
 import { printWarnings, Run } from './run';
 import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
 import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
@@ -52,7 +52,7 @@ export function patchProgram(cmd: Command): Command {
     .option('-o, --output <file>', 'output model (default <name>.ssmax.onnx beside the input)')
     .option('--force', 'overwrite an existing output file')
     .option('--n <mode>', `how n is computed: ${N_OPTIONS.join(' | ')}`, 'auto')
-    .option('--preset <name>', 'factor: ssmax (s·ln n, the default) | qwen-logn (max(1, ln n / ln L)) | llama4 | none (a prior alone)')
+    .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4 | slope (1 + s·max(0, ln n − ln L)) | none (a prior alone); default ssmax, or with --update-s the patch\'s own')
     .option('--prior <name>', 'add a positional prior to the logits: ggd (BAM, neutral θ = 0) | alibi')
     .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
     .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
@@ -165,9 +165,7 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
   const s = o.sFile !== undefined ? sFileValue(o.sFile) : optionalReal(o.s, '--s');
   const theta = o.priorFile !== undefined ? priorFileValue(o.priorFile) : undefined;
   return {
-    n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS,
-    // No preset given: ssmax, or with --update-s the one the model was patched with.
-    preset: o.preset === undefined ? undefined : presetValue(o.preset),
+    n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: o.preset === undefined ? undefined : presetValue(o.preset),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
     layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
@@ -209,7 +207,8 @@ function warningsFor(original: ModelProto, report: PatchReport, detection: Detec
   const warnings: Warning[] = [];
   // Causality is only questioned where the user overrode auto.
   if (plan.n !== 'auto' && !report.updated) warnings.push(...nModeWarnings(plan.n, siteCausality(detection, report.sites)));
-  if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined)) warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
+  // The slope's L is where its factor leaves 1, whatever s: s·ln L says nothing there.
+  if (plan.trainLen !== undefined && (o.s !== undefined || o.sFile !== undefined) && plan.values.preset !== 'slope') warnings.push(...trainLenWarnings(plan.trainLen, report.sites));
   if (o.externalData === 'reference') warnings.push(...referenceWarnings(original, plan.output));
   warnings.push(...lengthWarnings(report.lengths));
   return warnings;
@@ -228,7 +227,7 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
 }
 
 /** What the write did, in the report; the warnings only the write can tell, printed too. */
-export function recordWrite(doc: PatchDocument | RevertDocument, written: WriteReport): void {
+export function recordWrite(doc: PatchDocument | RevertDocument | CalibrateDocument, written: WriteReport): void {
   doc.externalData = written.externalData;
   if (written.removedTemporaryFiles.length) doc.removedTemporaryFiles = written.removedTemporaryFiles;
   const warnings = linkWarnings(written);

@@ -38,9 +38,9 @@ function tunables(given: string | undefined): string {
   return given ? `${given}:glibc.malloc.hugetlb=1` : 'glibc.malloc.hugetlb=1';
 }
 
-/** Whether this command line verifies (the verify subcommand, or patch with --verify). */
+/** Whether this command line verifies (the verify subcommand, or patch with --verify) or calibrates (runs as verify does). */
 function verifies(args: string[]): boolean {
-  return args[0] === 'verify' || args.includes('--verify');
+  return args[0] === 'verify' || args[0] === 'calibrate' || args.includes('--verify');
 }
 
 /**

@@ -3,6 +3,7 @@
  * always gets the sites, the skipped nodes with their reasons, the warnings and the error. Its JSON Schema is
  * docs/report.schema.json; SCHEMA_VERSION changes when a field changes meaning or goes away.
  */
+import type { CalibrationReport } from '../calibrate/report';
 import type { SkippedSoftmax } from '../detect/find-attention';
 import { ERROR_CODES, ErrorCode } from '../errors';
 import type { Placement } from '../io/model-file';
@@ -16,7 +17,7 @@ import { VERSION } from '../version';
 /** 2: error became {code, message} (it was the message alone). */
 export const SCHEMA_VERSION = 2;
 
-export type CommandName = 'patch' | 'verify' | 'revert';
+export type CommandName = 'patch' | 'verify' | 'revert' | 'calibrate';
 
 /** A failure: its stable code (errors.ts ERROR_CODES, which gives the exit code) and the one line printed on stderr. */
 export interface ReportError {
@@ -72,7 +73,20 @@ export interface RevertDocument extends DocumentBase {
   removedTemporaryFiles?: Stray[];
 }
 
-export type ReportDocument = PatchDocument | VerifyDocument | RevertDocument;
+export interface CalibrateDocument extends DocumentBase {
+  command: 'calibrate';
+  input: string | null;
+  /** Where the output goes, and the file written (null until it is). */
+  target: string | null;
+  output: string | null;
+  /** The sites of the slope patch written, with the s found. */
+  sites: PatchedSite[];
+  calibration?: CalibrationReport;
+  externalData?: { file: string; how: Placement }[];
+  removedTemporaryFiles?: Stray[];
+}
+
+export type ReportDocument = PatchDocument | VerifyDocument | RevertDocument | CalibrateDocument;
 
 function base<C extends CommandName>(command: C): DocumentBase & { command: C } {
   return { schemaVersion: SCHEMA_VERSION, tool: 'ssmax-patch', version: VERSION, command, status: 'ok', exitCode: 0, warnings: [] };
@@ -81,6 +95,7 @@ function base<C extends CommandName>(command: C): DocumentBase & { command: C } 
 export function newDocument(command: CommandName): ReportDocument {
   if (command === 'verify') return { ...base('verify'), original: null, patched: null, refused: [] };
   if (command === 'revert') return { ...base('revert'), input: null, output: null, sites: [] };
+  if (command === 'calibrate') return { ...base('calibrate'), input: null, target: null, output: null, sites: [] };
   return { ...base('patch'), input: null, target: null, output: null, dryRun: false, sites: [], skipped: [] };
 }
 

@@ -37,7 +37,8 @@ export function layersValue(v: string | undefined): LayerSelection | undefined {
 export function sFileValue(file: string): SValue {
   const s = (readJsonFile(file, '--s-file') as { s?: unknown } | null)?.s;
   if (s === undefined) throw new InputError(`--s-file ${file}: expected {"s": number | number[] | number[][]}`, 'usage');
-  scaleSpecOf(s, `--s-file ${file}`);
+  // s = 0 passes here: the preset decides whether it is allowed (the slope's factor is then 1).
+  scaleSpecOf(s, `--s-file ${file}`, `--s-file ${file}`, true);
   return s as SValue;
 }
 

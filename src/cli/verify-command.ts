@@ -196,7 +196,7 @@ export async function verifyCommand(args: string[], o: VerifyCliOptions & { trai
   const original = readModel(originalFile);
   const patched = readModel(patchedFile);
   const record = readRecord(patched);
-  if (trainLen !== undefined && record) doc.warnings.push(...trainLenWarnings(trainLen, record.sites.map((r) => ({ node: r.softmax, s: r.s }))));
+  if (trainLen !== undefined && record && record.preset !== 'slope') doc.warnings.push(...trainLenWarnings(trainLen, record.sites.map((r) => ({ node: r.softmax, s: r.s }))));
   printWarnings(doc.warnings);
   // Refused in the original and not forced into the patch: left as they were.
   const refused = refusedOf(skippedOf(original)).filter((k) => !record?.sites.some((r) => r.softmax === k.node));

@@ -53,7 +53,8 @@ export function resolvePlan(o: PlanOptions): PatchPlan {
 
 /** s is needed for a factor; the none preset has none, and an update may change θ alone. */
 function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions): ScaleSpec | undefined {
-  const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn');
+  // qwen-logn and slope need L for their factor: stating it gives no s.
+  const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn' && preset.kind !== 'slope');
   if (preset.kind === 'none') {
     if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`, 'usage');
     // n is the factor's alone: the prior reads positions.
@@ -77,7 +78,7 @@ function refuseIgnoredByUpdate(o: PlanOptions): void {
   }
 }
 
-/** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file. */
+/** s per preset: llama4's s is its attn_scale; the others take s, trainLen or an s file (slope: s, else 1/ln L). */
 function scaleSpecFor(preset: Preset, options: PlanOptions): ScaleSpec {
   if (preset.kind === 'qwen-logn' && options.s !== undefined) {
     throw new InputError(`the qwen-logn preset takes s = 1/ln L from ${opt('trainLen')}, not ${opt('s')}`, 'usage');
@@ -86,5 +87,5 @@ function scaleSpecFor(preset: Preset, options: PlanOptions): ScaleSpec {
     if (options.s !== undefined) throw new InputError(`the llama4 preset takes ${opt('attnScale')}, not ${opt('s')}`, 'usage');
     return { kind: 'scalar', s: preset.attnScale, from: opt('attnScale') };
   }
-  return resolveScaleSpec(options);
+  return resolveScaleSpec(options, preset.kind === 'slope');
 }

@@ -32,30 +32,33 @@ export function scaleFromTrainLen(trainLen: number): number {
  * s from the option s, else s = 1/ln L from trainLen. Given with s, trainLen only states the training length
  * (recorded for verification; a warning says when s·ln L is far from 1).
  */
-export function resolveScaleSpec(options: ScaleOptions): ScaleSpec {
+export function resolveScaleSpec(options: ScaleOptions, zero = false): ScaleSpec {
   if (options.s === undefined && options.trainLen === undefined) throw new InputError(`give ${opt('sOrFile')} or ${opt('trainLen')}`, 'usage');
   if (options.trainLen !== undefined && (!Number.isInteger(options.trainLen) || options.trainLen < 2)) {
     throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${options.trainLen}`, 'usage');
   }
-  if (options.s !== undefined) return scaleSpecOf(options.s, opt('s'), options.sSource ?? 'given');
+  if (options.s !== undefined) return scaleSpecOf(options.s, options.sSource ?? opt('s'), options.sSource ?? 'given', zero);
   return { kind: 'scalar', s: scaleFromTrainLen(options.trainLen!), from: `1/ln ${options.trainLen}` };
 }
 
-function checkS(v: unknown, where: string): number {
-  if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) {
-    throw new InputError(`${where}: s must be a positive finite number, got ${JSON.stringify(v)}`, 'usage');
+function checkS(v: unknown, where: string, zero: boolean): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0 || (v === 0 && !zero)) {
+    throw new InputError(`${where}: s must be a ${zero ? 'non-negative' : 'positive'} finite number, got ${JSON.stringify(v)}`, 'usage');
   }
   return checkFloat32(v, where);
 }
 
-/** An s value (number, per head, per layer of per head) as a spec; `from` names a scalar's source in the record. */
-export function scaleSpecOf(s: unknown, where: string, from = where): ScaleSpec {
-  if (typeof s === 'number') return { kind: 'scalar', s: checkS(s, where), from };
+/**
+ * An s value (number, per head, per layer of per head) as a spec; `from` names a scalar's source in the record.
+ * `zero`: s = 0 is allowed (the slope preset, whose factor is then 1: a head calibration leaves unchanged).
+ */
+export function scaleSpecOf(s: unknown, where: string, from = where, zero = false): ScaleSpec {
+  if (typeof s === 'number') return { kind: 'scalar', s: checkS(s, where, zero), from };
   if (Array.isArray(s) && s.length > 0 && s.every((x) => typeof x === 'number')) {
-    return { kind: 'per-head', s: s.map((x) => checkS(x, where)) };
+    return { kind: 'per-head', s: s.map((x) => checkS(x, where, zero)) };
   }
   if (Array.isArray(s) && s.length > 0 && s.every((row) => Array.isArray(row) && row.length > 0)) {
-    return { kind: 'per-layer', s: (s as unknown[][]).map((row) => row.map((x) => checkS(x, where))) };
+    return { kind: 'per-layer', s: (s as unknown[][]).map((row) => row.map((x) => checkS(x, where, zero))) };
   }
   throw new InputError(`${where}: expected a number, a list per head or a list per layer of lists per head`, 'usage');
 }

@@ -14,6 +14,14 @@ export function presetFactor(b: Builder, preset: Preset, s: string, n: string, l
     const lnSteps = b.op('Log', [b.op('Add', [steps, one()], {}, 'n_floor_1')], {}, 'ln_floor');
     return b.op('Add', [b.op('Mul', [s, lnSteps], {}, 'temperature'), one()], {}, 'factor');
   }
+  if (preset.kind === 'slope') {
+    // ln(max(n, L) / L), not max(0, ln n − ln L): L / L is exactly 1 and ln 1 exactly 0, so every row with n ≤ L
+    // gets a factor of exactly 1, where a difference of two rounded logarithms could leave an ulp.
+    const L = b.constant('train_len', DataType.FLOAT, [], [preset.trainLen]);
+    const ratio = b.op('Div', [b.op('Max', [n, L], {}, 'n_at_least_L'), L], {}, 'n_over_L');
+    const lnRatio = b.op('Log', [ratio], {}, 'ln_n_over_L');
+    return b.op('Add', [b.op('Mul', [s, lnRatio], {}, 's_ln_n_over_L'), one()], {}, 'factor');
+  }
   if (preset.kind === 'none') throw new Error('the none preset has no factor');
   const plain = preset.kind === 'ssmax' && preset.b === undefined;
   const scaled = b.op('Mul', [s, ln], {}, plain ? 'factor' : 's_ln_n');

@@ -54,8 +54,7 @@ export function prepareGraph(graph: GraphProto): string[] {
 /** Patches a copy of `model`; the argument is left unchanged. */
 export function patchModel(model: ModelProto, options: PatchOptions): PatchResult {
   const record = readRecord(model);
-  // An update keeps the preset the model was patched with unless another one is named.
-  const plan = resolvePlan(options.updateS && options.preset === undefined && record ? { ...options, preset: record.preset } : options);
+  const plan = resolvePlan(options.updateS && record ? updateOptions(options, record) : options);
   const out = cloneModel(model);
   const notes = prepareGraph(out.graph!);
   const scopes = modelScopes(out);
@@ -90,6 +89,19 @@ function existingPatch(scopes: Scope[], all: AnySite[], record: PatchRecord | nu
   if (named) return { count: named, how: '' };
   const renamed = findFactors(scopes[0].graph).filter((f) => !isPatchNode(f.apply)).length;
   return renamed ? { count: renamed, how: ', renamed by another tool' } : null;
+}
+
+/**
+ * An update keeps the preset the model was patched with unless another one is named, and the slope's L (in its
+ * graph) with it: s must then be given, or the update would silently reset s to 1/ln L.
+ */
+function updateOptions(options: PatchOptions, record: PatchRecord): PatchOptions {
+  const preset = options.preset ?? record.preset;
+  if (preset !== 'slope' || record.preset !== 'slope' || options.trainLen !== undefined) return { ...options, preset };
+  if (options.s === undefined && options.prior === undefined) {
+    throw new InputError(`${opt('updateS')} on a slope patch (L = ${record.trainLen}, kept): give the new ${opt('sOrFile')}`, 'usage');
+  }
+  return { ...options, preset, trainLen: record.trainLen };
 }
 
 function update(model: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan, record?: PatchRecord): PatchResult['report'] {

@@ -55,6 +55,7 @@ export interface PatchRecord {
 /** The preset a record was written with, parameters included (what patchModel records of its plan). */
 export function recordedPreset(r: PatchRecord): Preset {
   if (r.preset === 'qwen-logn') return { kind: 'qwen-logn', trainLen: r.trainLen ?? NaN };
+  if (r.preset === 'slope') return { kind: 'slope', trainLen: r.trainLen ?? NaN };
   if (r.preset === 'llama4') return { kind: 'llama4', floorScale: r.floorScale ?? 8192, attnScale: r.attnScale ?? 0.1 };
   if (r.preset === 'none') return { kind: 'none' };
   return r.b === undefined ? { kind: 'ssmax' } : { kind: 'ssmax', b: r.b };

@@ -25,6 +25,9 @@ export function updateFromRecord(model: ModelProto, scopes: Scope[], detection: 
   if (record.preset !== plan.preset.kind) {
     throw new InputError(`the model is patched with the ${record.preset} preset; an update keeps it: give no other preset, or revert and patch again`, 'usage');
   }
+  if (plan.preset.kind === 'slope' && plan.preset.trainLen !== record.trainLen) {
+    throw new InputError(`the slope patch has L = ${record.trainLen} in its graph; an update keeps it: give ${opt('trainLen', String(record.trainLen))} or none, or revert and patch again`, 'usage');
+  }
   if (plan.prior && !record.prior) throw new InputError(`the patch has no positional prior to update: revert and patch again with ${opt('prior')}`, 'cannot-patch');
   const all = orderedSites(detection, scopes);
   const rows = plan.spec && layerScales(plan.spec, all, record, detection.skipped);

@@ -13,6 +13,9 @@ export interface PlotLabels {
   title: string;
   subtitle?: string;
   caption?: string;
+  /** The y axis (default: mean max attention probability) and the two series (default: original, patched). */
+  yLabel?: string;
+  series?: [string, string];
 }
 
 export function sharpnessSvg(curve: SharpnessCurve, labels: PlotLabels): string {
@@ -52,9 +55,9 @@ export function sharpnessSvg(curve: SharpnessCurve, labels: PlotLabels): string 
   parts.push(series(pts.map((p) => [px(p.length), py(p.original)]), COLORS.original, 'circle'));
   parts.push(series(pts.map((p) => [px(p.length), py(p.patched)]), COLORS.patched, 'square'));
   parts.push(text(M.left + plotW / 2, H - 36, 'context length n (tokens, log scale)', { size: 13, anchor: 'middle' }));
-  parts.push(`<text x="20" y="${r(M.top + plotH / 2)}" font-family="sans-serif" font-size="13" text-anchor="middle" transform="rotate(-90 20 ${r(M.top + plotH / 2)})">mean max attention probability${yLog ? ' (log scale)' : ''}</text>`);
+  parts.push(`<text x="20" y="${r(M.top + plotH / 2)}" font-family="sans-serif" font-size="13" text-anchor="middle" transform="rotate(-90 20 ${r(M.top + plotH / 2)})">${escapeXml(labels.yLabel ?? 'mean max attention probability')}${yLog ? ' (log scale)' : ''}</text>`);
   parts.push(text(M.left, H - 12, labels.caption ?? `largest probability of the last quarter of the attention rows (at most ${curve.rows}), averaged over them, heads and layers (batch 1)`, { size: 11, fill: '#777777' }));
-  parts.push(legend(W - M.right - 200, M.top + 12));
+  parts.push(legend(W - M.right - 200, M.top + 12, labels.series ?? ['original (softmax)', 'patched (SSMax)']));
   return svgDocument(parts);
 }
 
@@ -80,8 +83,8 @@ function svgDocument(parts: string[]): string {
   return `<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">\n${[background, ...parts].join('\n')}\n</svg>\n`;
 }
 
-function legend(x: number, y: number): string {
-  const rows: [string, string, 'circle' | 'square'][] = [['original (softmax)', COLORS.original, 'circle'], ['patched (SSMax)', COLORS.patched, 'square']];
+function legend(x: number, y: number, names: [string, string]): string {
+  const rows: [string, string, 'circle' | 'square'][] = [[names[0], COLORS.original, 'circle'], [names[1], COLORS.patched, 'square']];
   const out = [`<rect x="${x}" y="${y}" width="188" height="54" fill="#ffffff" fill-opacity="0.9" stroke="#cccccc"/>`];
   rows.forEach(([label, color, shape], i) => {
     const cy = y + 18 + i * 20;

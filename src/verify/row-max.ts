@@ -19,16 +19,25 @@ import { VerifySite } from './sites';
 /** Rows per attention site whose largest probability is read: the last ROW_SAMPLE rows. */
 export const ROW_SAMPLE = 64;
 
+/** What is read of each row: its largest probability, or its entropy −Σ p·ln p (nats; calibration's --match entropy). */
+export type RowStatistic = 'max' | 'entropy';
+
+/** Which rows are read: the last ROW_SAMPLE (verification), or all (calibration reads a curve off one causal run). */
+type RowReading = { stat: RowStatistic; rows: 'last' | 'all' };
+
 export interface RowMaxOutputs {
   /** Graph output per site index. */
   outputs: Map<number, string>;
   /** Sites whose probabilities cannot be read, with the reason. */
   unseen: string[];
+  /** Reading all rows: per site index, an output holding the key count Tk of its probabilities ([1]). */
+  keys: Map<number, string>;
 }
 
-export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[]): RowMaxOutputs {
+export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[], stat: RowStatistic = 'max', rows: RowReading['rows'] = 'last'): RowMaxOutputs {
   const x = new Exposer(model);
-  const result: RowMaxOutputs = { outputs: new Map(), unseen: [] };
+  const reading: RowReading = { stat, rows };
+  const result: RowMaxOutputs = { outputs: new Map(), unseen: [], keys: new Map() };
   sites.forEach((site, index) => {
     const t = site.tensors;
     if (!t) return;
@@ -41,12 +50,14 @@ export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[]): RowMax
     if (prompt) ({ scope: where, key } = prompt);
     // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
     const softmax = t.softmax !== undefined ? scope.graph.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
-    const r = site.fused && !softmax ? fusedRowMax(x, where, key, site) : softmaxRowMax(x, scope, softmax, site.record.layer);
+    const r = site.fused && !softmax ? fusedRowMax(x, where, key, site, reading) : softmaxRowMax(x, scope, softmax, site.record.layer, reading);
     if ('reason' in r) result.unseen.push(`${site.label}: ${r.reason}`);
     else {
       const out = x.expose(where.path, r.tensor, `L${site.record.layer}/row_max`, site.call);
       if (out instanceof Unexposable) result.unseen.push(`${site.label}: ${out.reason}`);
       else result.outputs.set(index, out);
+      const keys = r.keys && !(out instanceof Unexposable) ? x.expose(where.path, r.keys, `L${site.record.layer}/keys`, site.call) : undefined;
+      if (typeof keys === 'string') result.keys.set(index, keys);
     }
   });
   x.finish();
@@ -66,26 +77,52 @@ function promptKernel(x: Exposer, scope: Scope, key: string): { scope: Scope; ke
   return branch && kernel ? { scope: branch, key: nodeKey(kernel) } : undefined;
 }
 
-/** The row maxima of a tensor, or why there are none. */
-type Found = { tensor: string } | { reason: string };
+/** The row maxima of a tensor (and, reading all rows, its key count), or why there are none. */
+type Found = { tensor: string; keys?: string } | { reason: string };
 
-function softmaxRowMax(x: Exposer, scope: Scope, softmax: NodeProto | undefined, layer: number): Found {
+function softmaxRowMax(x: Exposer, scope: Scope, softmax: NodeProto | undefined, layer: number, reading: RowReading): Found {
   if (!softmax) return { reason: 'its Softmax is not in the graph' };
-  const rowMax = reduceRows(x, scope, softmax.output[0], layer);
-  orderBeforeValues(x, scope, softmax.output[0], rowMax, layer);
-  return { tensor: rowMax };
+  const rowMax = reduceRows(x, scope, softmax.output[0], layer, reading);
+  orderBeforeValues(x, scope, softmax.output[0], rowMax.tensor, layer);
+  return rowMax;
 }
 
-/** ReduceMax over keys of the last ROW_SAMPLE rows of `probs` (all rows where the opset and rank allow no Slice). */
-function reduceRows(x: Exposer, scope: Scope, probs: string, layer: number): string {
+/** ReduceMax over keys of the last ROW_SAMPLE rows of `probs` (all rows where the opset and rank allow no Slice, or asked for). */
+function reduceRows(x: Exposer, scope: Scope, probs: string, layer: number, reading: RowReading): { tensor: string; keys?: string } {
   const g = scope.graph;
-  const sliced = lastRows(g, probs, scope.opset, scope.shapes.rank(probs), ROW_SAMPLE);
+  const sliced = reading.rows === 'last' ? lastRows(g, probs, scope.opset, scope.shapes.rank(probs), ROW_SAMPLE) : null;
   for (const n of sliced?.nodes ?? []) x.add(scope, n);
   const rows = sliced?.out ?? probs;
+  const keys = reading.rows === 'all' ? keyCount(x, scope, probs, layer) : undefined;
+  if (reading.stat === 'entropy') return { tensor: rowEntropy(x, scope, rows, layer), keys };
   const out = g.uniqueName(`${PREFIX}L${layer}/row_max_raw`);
-  return scope.opset >= 18
+  const tensor = scope.opset >= 18
     ? add(x, scope, node('ReduceMax', [rows, add(x, scope, constant(g, `L${layer}/last_axis`, DataType.INT64, [1], [-1]))], out, { keepdims: 0 }))
     : add(x, scope, node('ReduceMax', [rows], out, { keepdims: 0, axes: [-1] }));
+  return { tensor, keys };
+}
+
+/** The last dim of `probs` ([1], int64): the keys its rows are over, which need not be the run's length (cross attention). */
+function keyCount(x: Exposer, scope: Scope, probs: string, layer: number): string | undefined {
+  if (scope.opset < 10) return undefined;
+  const g = scope.graph;
+  const shape = add(x, scope, node('Shape', [probs], g.uniqueName(`${PREFIX}L${layer}/probs_shape`)));
+  const k = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [1], [v]));
+  return add(x, scope, node('Slice', [shape, k('keys_at', -1), k('keys_end', 2 ** 62)], g.uniqueName(`${PREFIX}L${layer}/key_count`)));
+}
+
+/** −Σ p·ln p over keys, in float32; p = 0 adds 0 (p·ln max(p, 1e-30)). */
+function rowEntropy(x: Exposer, scope: Scope, rows: string, layer: number): string {
+  const g = scope.graph;
+  const name = (base: string): string => g.uniqueName(`${PREFIX}L${layer}/${base}`);
+  const p = add(x, scope, node('Cast', [rows], name('rows_f'), { to: DataType.FLOAT }));
+  const tiny = add(x, scope, constant(g, `L${layer}/tiny`, DataType.FLOAT, [], [1e-30]));
+  const logP = add(x, scope, node('Log', [add(x, scope, node('Max', [p, tiny], name('rows_clamped')))], name('log_p')));
+  const pLogP = add(x, scope, node('Mul', [p, logP], name('p_log_p')));
+  const sum = scope.opset >= 13
+    ? add(x, scope, node('ReduceSum', [pLogP, add(x, scope, constant(g, `L${layer}/key_axis`, DataType.INT64, [1], [-1]))], name('sum_p_log_p'), { keepdims: 0 }))
+    : add(x, scope, node('ReduceSum', [pLogP], name('sum_p_log_p'), { keepdims: 0, axes: [-1] }));
+  return add(x, scope, node('Neg', [sum], name('row_entropy')));
 }
 
 function add(x: Exposer, scope: Scope, n: NodeProto): string {
@@ -120,27 +157,27 @@ function orderBeforeValues(x: Exposer, scope: Scope, probs: string, rowMax: stri
  * (MultiHeadAttention's qk, ONNX Attention modes 1 and 2), a Softmax of which gives the probabilities. An output
  * the node does not have yet is added, with the attribute that turns it on.
  */
-function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite): Found {
+function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite, reading: RowReading): Found {
   const op = scope.graph.nodes.find((n) => nodeKey(n) === key);
   if (!op) return { reason: 'the operator is not in the graph' };
   const spec = patchedSpecOf(op);
   const qk = spec?.probabilities;
   if (spec && qk) {
     const position = spec.outputs[qk.output];
-    let reading = qk.holds(qk.mode ? attrInt(op, qk.mode.attribute) ?? 0 : 0);
+    let holds = qk.holds(qk.mode ? attrInt(op, qk.mode.attribute) ?? 0 : 0);
     if (!op.output[position]) {
       if (qk.mode) setInt(op, qk.mode.attribute, qk.mode.enable);
-      reading = qk.holds(qk.mode?.enable ?? 0);
+      holds = qk.holds(qk.mode?.enable ?? 0);
     }
-    return typeof reading === 'string' ? readQk(x, scope, op, spec, position, reading, site.record.layer) : reading;
+    return typeof holds === 'string' ? readQk(x, scope, op, spec, position, holds, site.record.layer, reading) : holds;
   }
-  if (spec === MS_ATTENTION) return attentionLogits(x, scope, op, site.record.layer);
+  if (spec === MS_ATTENTION) return attentionLogits(x, scope, op, site.record.layer, reading);
   if (op.opType === 'If' && site.record.expanded) return { reason: 'its expansion runs the kernel inside an If (one branch for decoding, one for a prompt), which the sweep does not read' };
   return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
 }
 
 /** The row maxima of the kernel's output `at` (added to the node when absent), which holds `kind`. */
-function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: number, kind: 'probs' | 'logits', layer: number): Found {
+function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: number, kind: 'probs' | 'logits', layer: number, reading: RowReading): Found {
   let out = op.output[at];
   if (!out) {
     const type = fusedElementType(scope.shapes, spec, op);
@@ -153,7 +190,7 @@ function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: nu
     scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: type } } });
   }
   const probs = kind === 'probs' ? out : add(x, scope, node('Softmax', [out], scope.graph.uniqueName(`${PREFIX}L${layer}/qk_probs`), { axis: -1 }));
-  return { tensor: reduceRows(x, scope, probs, layer) };
+  return reduceRows(x, scope, probs, layer, reading);
 }
 
 /**
@@ -161,7 +198,7 @@ function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: nu
  * from the same inputs (input · weights + bias, heads split, the cache's keys first, the scale, the causal mask
  * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
  */
-function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number): Found {
+function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number, reading: RowReading): Found {
   const mask = at(op, 'mask_index');
   const maskRank = mask ? scope.shapes.rank(mask) : undefined;
   if ((maskRank !== undefined && maskRank > 3) || (mask && maskRank === undefined) || at(op, 'past_sequence_length') || (attrInt(op, 'do_rotary') ?? 0) !== 0) {
@@ -221,7 +258,7 @@ function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number)
       : k64('mask_4d', [0, 1, 1, -1]);
     logits = n('Add', [logits, n('Reshape', [bias, shape], 'mask_bias_4d')], 'qk_padded');
   }
-  return { tensor: reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer) };
+  return reduceRows(x, scope, n('Softmax', [logits], 'probs', { axis: -1 }), layer, reading);
 }
 
 /** com.microsoft Attention's input in a role ('' when absent), read by position from its spec. */

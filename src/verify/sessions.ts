@@ -85,6 +85,20 @@ export class SessionFactory {
     }
   }
 
+  /**
+   * A session of a copy of the patched model made elsewhere (calibration's, with s as inputs), loaded as the
+   * variants are: from bytes, or from a file beside its data.
+   */
+  async openModel(model: ModelProto, label: string): Promise<Runner> {
+    carryBf16AsFloat(model);
+    try {
+      return await Runner.create(this.fromFile ? this.write(label.replace(/\W+/g, '-'), model) : encodeModel(model), label);
+    } catch (e) {
+      if (e instanceof InputError) throw e;
+      throw new LoadFailure(`onnxruntime cannot load the ${label} model: ${firstLine(e)}`);
+    }
+  }
+
   async release(runner: Runner): Promise<void> {
     this.reports.push({ label: runner.label, createMs: Math.round(runner.createMs), runMs: Math.round(runner.runMs) });
     await runner.release();
@@ -114,9 +128,9 @@ export class SessionFactory {
     return m;
   }
 
-  private write(name: string, model: ModelProto): string {
+  private write(key: string, model: ModelProto): string {
     this.dir ??= makeScratch('ssmax-verify-');
-    const folder = path.join(this.dir, name);
+    const folder = path.join(this.dir, key);
     fs.mkdirSync(folder);
     const file = path.join(folder, 'model.onnx');
     writeModel(file, model, { externalData: 'link' });

@@ -279,7 +279,7 @@ function identityOf(p: Preset, L: number, known: boolean, sites: VerifySite[]): 
   if (p.kind === 'none' || sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return null;
   if (p.kind === 'llama4') return { from: 1, upTo: p.floorScale - 1, text: `n < floor_scale = ${p.floorScale}` };
   if (!known) return null;
-  if (p.kind === 'qwen-logn') return { from: 1, upTo: L, text: `n ≤ L = ${L}` };
+  if (p.kind === 'qwen-logn' || p.kind === 'slope') return { from: 1, upTo: L, text: `n ≤ L = ${L}` };
   if (p.kind === 'ssmax' && p.b !== undefined && p.b !== 0) return null;
   return { from: L, upTo: L, text: `n = L = ${L}` };
 }

@@ -20,6 +20,7 @@ import { CheckUnit, Outcome, UnitContext } from './unit';
 /** The preset's formula as the probe's lines write it. */
 export function formulaText(p: Preset): string {
   if (p.kind === 'qwen-logn') return 'max(1, s·ln n)';
+  if (p.kind === 'slope') return `(1 + s·max(0, ln n − ln ${p.trainLen}))`;
   if (p.kind === 'llama4') return `(ln(⌊n/${p.floorScale}⌋ + 1)·s + 1)`;
   if (p.kind === 'none') return '1';
   return p.b !== undefined ? `(s·ln n + ${p.b})` : 's·ln(n)';
@@ -48,6 +49,18 @@ function priorSubject(site: VerifySite, preset: Preset): ProbeSubject {
   };
 }
 
+/**
+ * A factor that is 1 up to some n (qwen-logn and slope up to L, llama4 below floor_scale) is 1 on every row of
+ * the short runs when that n is beyond them: its formula past the flat part would go unprobed. The shortest
+ * sweep run beyond it is probed too, on the last rows (the last-row probe copy, small at any length).
+ */
+function beyondFlat(setup: UnitContext['setup']): string | undefined {
+  const flat = setup.identity && setup.identity.from === 1 ? setup.identity.upTo : 0;
+  const short = Math.max(0, ...setup.plan.runs.filter((r) => r.kind === 'short').map((r) => r.seq + r.past));
+  if (flat < short) return undefined;
+  return setup.plan.runs.find((r) => r.kind === 'sweep' && r.seq + r.past > flat)?.id;
+}
+
 function subject(site: VerifySite): ProbeSubject {
   return { layer: site.record.layer, scope: site.record.scope, label: site.label, n: site.record.n, s: site.s.length ? site.s : [NaN] };
 }
@@ -60,9 +73,14 @@ export class ProbeCheck implements CheckUnit {
   private readonly problems = new Map<number, string>();
   private readonly unprobed = new Map<number, string>();
   private readonly runIds: string[] = [];
+  /** The shortest sweep run beyond a flat factor's end, probed on its last rows (see beyondFlat). */
+  private readonly beyond?: string;
+  /** Sites the last-row probe copy cannot show on that run: their formula past the flat part is unchecked. */
+  private readonly beyondUnseen = new Map<number, string>();
 
   constructor(private readonly ctx: UnitContext) {
     const sites = ctx.setup.sites;
+    this.beyond = beyondFlat(ctx.setup);
     const others = sites.map((s) => ({ layer: s.record.layer, s: s.s }));
     this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others));
     this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
@@ -74,22 +92,27 @@ export class ProbeCheck implements CheckUnit {
   }
 
   sessions(run: RunSpec): SessionKey[] {
-    return run.kind === 'short' ? ['probe'] : [];
+    return run.kind === 'short' ? ['probe'] : run.id === this.beyond ? ['probeLast'] : [];
   }
 
   observe(run: RunSpec, key: SessionKey, outcome: Outcome): void {
-    if (key !== 'probe') return;
+    if (key !== 'probe' && key !== 'probeLast') return;
     if ('error' in outcome) {
       this.ctx.setup.sites.forEach((_, i) => this.problems.set(i, `the patched model fails on ${run.id}: ${outcome.error}`));
       return;
     }
-    this.runIds.push(run.id);
-    const wirings = this.ctx.factory.probes.probe ?? [];
-    this.ctx.setup.sites.forEach((site, i) => this.observeSite(run, site, i, wirings[i], outcome.outputs));
+    const last = key === 'probeLast';
+    this.runIds.push(last ? `${run.id}, last row` : run.id);
+    const wirings = this.ctx.factory.probes[key] ?? [];
+    this.ctx.setup.sites.forEach((site, i) => this.observeSite(run, site, i, wirings[i], outcome.outputs, last));
   }
 
-  private observeSite(run: RunSpec, site: VerifySite, i: number, w: ProbeWiring | undefined, out: Outputs): void {
+  private observeSite(run: RunSpec, site: VerifySite, i: number, w: ProbeWiring | undefined, out: Outputs, last = false): void {
     if (!w) return;
+    if (last && ('problem' in w || 'unprobed' in w)) {
+      this.beyondUnseen.set(i, `${site.label}: its factor beyond ${this.ctx.setup.identity!.text} not probed (${'problem' in w ? w.problem : w.unprobed})`);
+      return;
+    }
     if ('problem' in w) { this.problems.set(i, w.problem); return; }
     if ('unprobed' in w) { this.unprobed.set(i, w.unprobed); return; }
     const probe = this.probes[i];
@@ -98,17 +121,17 @@ export class ProbeCheck implements CheckUnit {
     if (!before || !after) { this.problems.set(i, `${site.label}: the probe outputs were not produced (${run.id})`); return; }
     if (before.data.length === 0 && after.data.length === 0) return; // an If branch this run did not take
     const prior = this.priorProbes[i];
-    if (prior && w.prior) {
+    if (prior && w.prior && !last) {
       prior.setTolerance(tolerances(w.prior.type));
       const v = priorView(site, w, out, run);
       if (typeof v === 'string') prior.fail(v);
       else prior.observe(v);
     }
     if (site.s.length === 0) return; // the none preset: a prior and no factor
-    const views = siteViews(site, w, out, run, false);
+    const views = siteViews(site, w, out, run, last);
     if (typeof views === 'string') { probe.fail(views); return; }
     for (const v of views.views) probe.observe(v);
-    for (const u of views.unchanged) this.checkUnchanged(probe, u, tolerances(w.type).rtol, run);
+    if (!last) for (const u of views.unchanged) this.checkUnchanged(probe, u, tolerances(w.type).rtol, run);
   }
 
   private checkUnchanged(probe: SiteProbe, u: Unchanged, rtol: number, run: RunSpec): void {
@@ -161,7 +184,8 @@ export class ProbeCheck implements CheckUnit {
       result = check('probe', 'PASSED', `${what}, ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max rel error ${e2(Math.max(...results.map((s) => s.maxRelError)))}${left}`, this.criterion);
     }
     result.sites = results;
-    if (unprobed.length) result.unchecked = unprobed;
+    const unchecked = [...unprobed, ...[...this.beyondUnseen].filter(([i]) => !this.unprobed.has(i)).map(([, why]) => why)];
+    if (unchecked.length) result.unchecked = unchecked;
     return result;
   }
 }

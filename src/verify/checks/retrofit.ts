@@ -1,5 +1,5 @@
 /**
- * Retrofit parity: where the preset promises a factor of 1 (ssmax with s = 1/ln L: n = L; qwen-logn: n ≤ L;
+ * Retrofit parity: where the preset promises a factor of 1 (ssmax with s = 1/ln L: n = L; qwen-logn, slope: n ≤ L;
  * llama4: n < floor_scale), the patch changes nothing.
  *   - Per site: from the model's own s, the factor at that n is 1 for every head; and at the rows of the retrofit
  *     runs whose n is there, the probe sees a factor of exactly 1 (after = before).

@@ -1,0 +1,54 @@
+/**
+ * The model calibration runs: a copy of the slope patch whose s initializers are inputs of the main graph (so one
+ * onnxruntime session runs every candidate s, fed at each run, with nothing folded into constants), and the
+ * attention statistic of every row of every site as outputs (verification's row-max outputs, over all rows).
+ */
+import { modelScopes } from '../graph/scopes';
+import { cloneModel, DataType, ModelProto, toNumber } from '../io/onnx';
+import { addRowMaxOutputs, RowStatistic } from '../verify/row-max';
+import { VerifySite } from '../verify/sites';
+import { HostTensor, makeHost } from '../verify/tensors';
+
+export interface CalibrationModel {
+  model: ModelProto;
+  /** Per site index: the input that feeds its s, and that s tensor's dims ([] or [H, 1, 1]). */
+  scales: Map<number, { input: string; dims: number[] }>;
+  /** Per site index: the output holding its rows' statistic, and the one holding its key count. */
+  outputs: Map<number, string>;
+  keys: Map<number, string>;
+  /** Sites whose probabilities no output shows, with the reason. */
+  unseen: string[];
+}
+
+export function calibrationModel(patched: ModelProto, sites: VerifySite[], stat: RowStatistic): CalibrationModel {
+  const model = cloneModel(patched);
+  const rows = addRowMaxOutputs(model, sites, stat, 'all');
+  const scales = new Map<number, { input: string; dims: number[] }>();
+  const graphs = modelScopes(model).map((s) => s.graph.proto);
+  const main = model.graph!;
+  sites.forEach((site, i) => {
+    const name = site.record.sInitializer;
+    if (!name) return;
+    // Names the patch inserts are unique model-wide: a subgraph reads the main graph's input as an outer-scope value.
+    const owner = graphs.find((g) => g.initializer.some((t) => t.name === name));
+    if (!owner) return;
+    const t = owner.initializer.find((x) => x.name === name)!;
+    owner.initializer = owner.initializer.filter((x) => x !== t);
+    // IR < 4 declares initializers as inputs of their graph too.
+    owner.input = owner.input.filter((v) => v.name !== name);
+    const dims = t.dims.map(toNumber);
+    main.input.push({ name, type: { tensorType: { elemType: DataType.FLOAT, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } });
+    scales.set(i, { input: name, dims });
+  });
+  return { model, scales, outputs: rows.outputs, keys: rows.keys, unseen: rows.unseen };
+}
+
+/** The s feeds of every site: `valueOf(site, head)` gives the s of a head of a site. */
+export function scaleFeeds(cm: CalibrationModel, valueOf: (site: number, head: number) => number): Record<string, HostTensor> {
+  const feeds: Record<string, HostTensor> = {};
+  for (const [i, { input, dims }] of cm.scales) {
+    const heads = dims.length ? dims[0] : 1;
+    feeds[input] = makeHost('float32', dims, Array.from({ length: heads }, (_, h) => valueOf(i, h)));
+  }
+  return feeds;
+}

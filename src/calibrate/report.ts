@@ -1,0 +1,69 @@
+/** What calibration reports: the s found per group, how the search went, and the statistic against n before and after. */
+import type { RuntimeReport } from '../onnxruntime';
+import type { SValue } from '../policy/scale';
+import { sharpnessSvg } from '../verify/plot';
+import { sharpnessCurve, sharpnessPoint } from '../verify/sharpness';
+import type { SearchState } from './search';
+import type { Granularity } from './stats';
+
+/** The statistic matched at n ≈ N to its value at n ≈ L. */
+export type MatchStatistic = 'max-prob' | 'entropy';
+
+export interface CalibrationGroup {
+  /** `all`, a layer (`L3`) or a head of a layer (`L3 h1`). */
+  group: string;
+  /** The s written (0: the original does not fade there; 1/ln L: out of reach). */
+  s: number;
+  /** found; no fade (s = 0); out of reach (no s up to the largest tried gets there); searching (runs ran out). */
+  state: SearchState;
+  /** |statistic at N with s − target| / target. */
+  residual: number;
+  /** The statistic at n ≈ L (where the slope changes nothing), at n ≈ N in the original, and at n ≈ N with s. */
+  target: number;
+  beforeAtN: number;
+  afterAtN: number;
+  /** Every s measured, in order (the first is the original, s = 0), with the statistic at n ≈ N. */
+  tried: { s: number; value: number }[];
+}
+
+/** The statistic over every site's rows at n ≈ length, in the original and with the s found. */
+export interface CurvePoint { length: number; before: number; after: number }
+
+export interface CalibrationReport {
+  /** Some group's s was found (or approached): false when every group was out of reach or did not fade. */
+  reached: boolean;
+  trainLen: number;
+  /** N, the length calibrated for. */
+  targetLen: number;
+  match: MatchStatistic;
+  granularity: Granularity;
+  /** The s written into the model, as patchModel takes it (per layer: each layer's value repeated over its heads). */
+  s: SValue;
+  /** Where the tokens came from: synthesised uniformly over the vocabulary, or the user's, cut to each length. */
+  tokens: 'synthesised' | 'given';
+  batch: number;
+  /** How the rows were read. */
+  rows: string;
+  windows: string;
+  /** onnxruntime runs made. */
+  runs: number;
+  groups: CalibrationGroup[];
+  curve: CurvePoint[];
+  /** Sites whose probabilities no output shows (not counted). */
+  unseen: string[];
+  notes: string[];
+  totalMs: number;
+  runtime: RuntimeReport;
+}
+
+/** The statistic against n, original and calibrated, as an SVG. */
+export function calibrationSvg(report: CalibrationReport, title: string): string {
+  const points = report.curve.map((p) => sharpnessPoint(p.length, [p.before], [p.after]));
+  const what = report.match === 'entropy' ? 'mean attention entropy (nats)' : 'mean max attention probability';
+  const s = typeof report.s === 'number' ? `s = ${report.s.toPrecision(3)}` : `s per ${report.granularity === 'per-head' ? 'head' : 'layer'}`;
+  return sharpnessSvg(sharpnessCurve(report.trainLen, points), {
+    title, subtitle: `slope 1 + s·max(0, ln n − ln ${report.trainLen}), ${s}: ${what} at n ≈ ${report.targetLen} matched to n ≈ ${report.trainLen}`,
+    yLabel: what, series: ['original (softmax)', 'calibrated slope'],
+    caption: `${report.tokens} tokens, batch ${report.batch}; ${report.windows}; every site's rows, heads and layers pooled`,
+  });
+}

@@ -1,0 +1,178 @@
+/**
+ * `ssmax-patch calibrate`: s of the slope preset chosen for N from the model's own attention. On a trained model
+ * (the quality benchmark's RoPE model, plain ops) the s written makes the mean largest probability of the rows at
+ * n ≈ N equal its value at n ≈ L, read here independently of calibration from the written model's Softmax
+ * outputs; the same model with its attention fused into com.microsoft MultiHeadAttention gets the same s (per head
+ * too: a head axis read wrongly would change them); a fused corpus model with random weights (uniform attention)
+ * is read and refused with the reason; the calibrated patch passes verify --strict; bad input is one line, exit 2.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, describe, it } from 'node:test';
+import Ajv2020 from 'ajv/dist/2020';
+import { evalSet, TASK } from '../bench/quality-data';
+import { qualityModel } from '../bench/quality';
+import { SlopeSearch } from '../src/calibrate/search';
+import { CalibrateDocument } from '../src/cli/report';
+import { findAttentionSoftmax } from '../src/detect/find-attention';
+import { readModel } from '../src/io/model-file';
+import { encodeModel } from '../src/io/onnx';
+import { Exposer } from '../src/verify/expose';
+import { Runner } from '../src/verify/run';
+import { makeHost } from '../src/verify/tensors';
+import { cli, removeScratch, tmpdir } from './support/io';
+import { fuseQualityModel } from './support/quality-fused';
+
+const L = TASK.trainLen;
+const N = 8 * L;
+const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
+const dir = tmpdir('ssmax-calibrate-');
+after(removeScratch);
+
+const rope = qualityModel('rope-s0');
+const fused = path.join(dir, 'rope-fused.onnx');
+fs.writeFileSync(fused, encodeModel(fuseQualityModel(readModel(rope))));
+
+/** Token ids [2, N] of the benchmark's task, as a JSON tensor file. */
+const tokens = evalSet(7, 'sparse', N, 2).tokens;
+const tokenFile = path.join(dir, 'ids.json');
+fs.writeFileSync(tokenFile, JSON.stringify({ dims: [2, N], data: Array.from(tokens, Number) }));
+
+const schema = new Ajv2020({ allErrors: true, strictTypes: false }).compile(JSON.parse(fs.readFileSync(path.resolve(__dirname, '../../docs/report.schema.json'), 'utf8')));
+
+function calibrate(model: string, name: string, ...extra: string[]): { code: number; doc: CalibrateDocument; out: string; stderr: string } {
+  const out = path.join(dir, `${name}.onnx`);
+  const r = cli(['calibrate', model, '--train-len', String(L), '-o', out, '--json', '--quiet', ...extra]);
+  assert.ok(schema(JSON.parse(r.stdout)), `the report's schema: ${JSON.stringify(schema.errors)}`);
+  return { code: r.code, doc: JSON.parse(r.stdout) as CalibrateDocument, out, stderr: r.stderr };
+}
+
+/** The mean largest probability of the rows 3X/4 < n ≤ X of every Softmax of a plain-op model, on `tokens`. */
+async function meanMax(file: string, windows: number[]): Promise<number[]> {
+  const model = readModel(file);
+  const x = new Exposer(model);
+  const outs = findAttentionSoftmax(model).sites.map((s) => x.expose('main', s.softmax.output[0], `test/L${s.layer}`) as string);
+  x.finish();
+  const runner = await Runner.fromModel(model, 'test');
+  const result = await runner.run({ input_ids: makeHost('int64', [2, N], Array.from(tokens, Number)) }, outs);
+  await runner.release();
+  return windows.map((w) => {
+    let sum = 0, count = 0;
+    for (const o of outs) {
+      const t = result[o];
+      for (let r = 0; r < t.data.length / N; r++) {
+        const n = (r % N) + 1;
+        if (n <= Math.floor((3 * w) / 4) || n > w) continue;
+        let max = 0;
+        for (let j = r * N; j < (r + 1) * N; j++) max = Math.max(max, t.data[j]);
+        sum += max;
+        count++;
+      }
+    }
+    return sum / count;
+  });
+}
+
+describe('calibrate on a trained plain-op model', () => {
+  const given = calibrate(rope, 'given', '--input', `input_ids=${tokenFile}`);
+
+  it('writes the slope patch whose rows at n ≈ N are as sharp as at n ≈ L, with its report and plot', async () => {
+    assert.equal(given.code, 0, given.stderr);
+    const r = given.doc.calibration!;
+    assert.equal(r.tokens, 'given');
+    assert.equal(r.batch, 2);
+    assert.equal(r.targetLen, N);
+    assert.equal(typeof r.s, 'number');
+    assert.ok((r.s as number) > 0.1 && (r.s as number) < 1, `s = ${String(r.s)}`);
+    assert.equal(readModel(given.out).graph!.initializer.some((t) => t.name.startsWith('ssmax/')), true);
+    const [atL, atN] = await meanMax(given.out, [L, N]);
+    const [origL, origN] = await meanMax(rope, [L, N]);
+    assert.equal(atL, origL, 'the slope changes nothing up to L');
+    assert.ok(origN < 0.6 * origL, `the original fades: ${origN} vs ${origL}`);
+    assert.ok(Math.abs(atN - atL) / atL < 0.01, `at N ${atN}, at L ${atL}`);
+    assert.ok(fs.readFileSync(given.out.replace(/\.onnx$/, '.calibration.svg'), 'utf8').includes('calibrated slope'));
+    const report = JSON.parse(fs.readFileSync(given.out.replace(/\.onnx$/, '.calibration.json'), 'utf8')) as CalibrateDocument;
+    assert.deepEqual(report.calibration!.s, r.s);
+  });
+
+  it('the calibrated patch passes verify --strict', () => {
+    const v = cli(['verify', rope, given.out, '--strict']);
+    assert.equal(v.code, 0, v.stdout + v.stderr);
+  });
+
+  it('matching entropy sets the mean entropy at n ≈ N to its value at n ≈ L', () => {
+    const r = calibrate(rope, 'entropy', '--match', 'entropy');
+    assert.equal(r.code, 0, r.stderr);
+    const g = r.doc.calibration!.groups[0];
+    assert.equal(r.doc.calibration!.tokens, 'synthesised');
+    assert.ok(g.beforeAtN > 1.3 * g.target, `entropy grows in the original: ${g.beforeAtN} vs ${g.target}`);
+    assert.ok(Math.abs(g.afterAtN - g.target) / g.target < 0.01);
+  });
+});
+
+describe('calibrate on a fused operator', () => {
+  it('MultiHeadAttention of the same model gets the same s, one for the model and one per head', () => {
+    for (const per of [[], ['--per', 'head']]) {
+      const plain = calibrate(rope, `plain${per.length}`, ...per);
+      const ms = calibrate(fused, `fused${per.length}`, ...per);
+      assert.equal(ms.code, 0, ms.stderr);
+      assert.match(ms.doc.sites.map((s) => s.rule).join(), /fused\/ms-multihead/);
+      const flat = (d: CalibrateDocument): number[] => [d.calibration!.s].flat(2);
+      if (per.length) assert.equal(new Set(flat(plain.doc).map((v) => v.toFixed(2))).size > 4, true, 'heads differ');
+      flat(ms.doc).forEach((v, i) => assert.ok(Math.abs(v - flat(plain.doc)[i]) < 1e-3 * v, `${v} vs ${flat(plain.doc)[i]}`));
+      assert.equal(cli(['verify', fused, ms.out, '--strict']).code, 0);
+    }
+  });
+
+  it('a corpus model (com.microsoft Attention, random weights) is read and refused: its attention is uniform', { skip: !fs.existsSync(CORPUS) }, () => {
+    const r = calibrate(path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx'), 'corpus');
+    assert.equal(r.code, 1);
+    assert.equal(r.doc.error?.code, 'calibrate-failed');
+    const c = r.doc.calibration!;
+    assert.deepEqual(c.unseen, []);
+    assert.equal(c.groups[0].state, 'out of reach');
+    assert.match(c.notes.join(), /about uniform/);
+    assert.equal(fs.existsSync(r.out), false, 'no model written');
+    assert.equal(fs.existsSync(r.out.replace(/\.onnx$/, '.calibration.json')), true);
+  });
+});
+
+describe('calibrate: bad input', () => {
+  const cases: [string, string[], RegExp][] = [
+    ['no --train-len', ['calibrate', rope], /--train-len is required/],
+    ['N not beyond L', ['calibrate', rope, '--train-len', '64', '--max-len', '64'], /--max-len: expected an integer ≥ 65/],
+    ['too few tokens', ['calibrate', rope, '--train-len', '64', '--max-len', '1024', '--input', `input_ids=${tokenFile}`], /T ≥ N = 1024/],
+    ['an unknown statistic', ['calibrate', rope, '--train-len', '64', '--match', 'mean'], /--match must be max-prob or entropy/],
+    ['an existing output', ['calibrate', rope, '--train-len', '64', '-o', rope], /overwrite|already exists/],
+  ];
+  for (const [what, args, message] of cases) {
+    it(what, () => {
+      const r = cli([...args, '--quiet']);
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, message);
+      assert.equal(r.stderr.trim().split('\n').length, 1, r.stderr);
+    });
+  }
+});
+
+describe('the slope search', () => {
+  it('brackets and narrows to the root of a monotone f', () => {
+    const f = (s: number): number => Math.tanh(3 * (s - 0.7));
+    const x = new SlopeSearch(1, f(0), 0.25, 4);
+    for (let k = 0; k < 12 && x.state === 'searching'; k++) {
+      const s = x.next();
+      x.observe({ s, f: f(s) });
+    }
+    assert.equal(x.state, 'found');
+    assert.ok(Math.abs(x.result(0.25) - 0.7) < 0.005, `${x.result(0.25)}`);
+  });
+
+  it('gives up beyond the largest s, and takes s = 0 where nothing fades', () => {
+    const flat = new SlopeSearch(1, -0.5, 0.25, 2);
+    for (let k = 0; k < 10 && flat.state === 'searching'; k++) flat.observe({ s: flat.next(), f: -0.5 });
+    assert.equal(flat.state, 'out of reach');
+    assert.equal(flat.result(0.25), 0.25);
+    assert.equal(new SlopeSearch(1, 0.1, 0.25, 2).result(0.25), 0);
+  });
+});
