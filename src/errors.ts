@@ -33,7 +33,7 @@ export function render(message: string, audience: 'api' | 'cli'): string {
 
 /**
  * What went wrong, in words a pipeline can branch on (stable across versions), and the exit code each gives at the
- * command line. The README's exit-code table and docs/report.schema.json list the same codes.
+ * command line. The exit-code table of docs/cli.md and docs/report.schema.json list the same codes.
  */
 export const ERROR_CODES = {
   /** A bad option, option value, argument or combination, for the CLI as for the library. */

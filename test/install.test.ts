@@ -65,8 +65,10 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     assert.deepEqual(warnings, []);
   });
 
-  it('installs with a plain npm install of the tarball, and npx ssmax-patch patches there', () => {
-    const install = run('npm', ['install', tarball, '--prefer-offline', '--no-audit', '--no-fund'], project);
+  it("installs with the README's npm install (the tarball for the unpublished name), and npx ssmax-patch patches there", () => {
+    const [readme] = blocks(section('Install'), 'sh');
+    assert.equal(readme, 'npm install --save-dev ssmax-patch\n');
+    const install = run('npm', [...readme.trim().split(' ').slice(1, -1), tarball, '--prefer-offline', '--no-audit', '--no-fund'], project);
     assert.equal(install.status, 0, install.stdout + install.stderr);
     // npm 11 lists every dependency whose install scripts no allowScripts entry covers: never this package.
     assert.doesNotMatch(install.stdout + install.stderr, /ssmax-patch@\S+ \(/);

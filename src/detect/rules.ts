@@ -2,7 +2,7 @@
  * Detection as named rules, after onnxscript's rewriter: each exporter pattern and fused operator is a rule whose
  * `match` gives the site, or the node where it stopped and why. The rules tried on a candidate make its trace; a
  * candidate no rule matches is reported with its closest rule (the one that passed most checks) and its stop.
- * Adding a pattern means adding a rule to RULES, its row in the README's rule table, and a test.
+ * Adding a pattern means adding a rule to RULES, its row in the rule table of docs/layout.md, and a test.
  */
 import { nodeLabel } from '../graph/graph';
 import { calledFunction, Scope } from '../graph/scopes';
@@ -23,7 +23,7 @@ export type Found =
 /** `steps`: checks passed before the stop; `attention`: refused attention, not some other Softmax. */
 export interface Stop { at: NodeProto; reason: string; steps: number; attention?: boolean; forcible?: boolean }
 
-/** `name`: stable, a row of the README's rule table; `applies`: a cheap test on the node; `match`: the site or a stop. */
+/** `name`: stable, a row of the rule table of docs/layout.md; `applies`: a cheap test on the node; `match`: the site or a stop. */
 export interface Rule { name: string; applies(node: NodeProto, ctx: RuleContext): boolean; match(ctx: RuleContext, node: NodeProto): Found | Stop }
 
 /** onnxruntime's fused Add + Softmax: the logits are inside the kernel with no query to scale. */

@@ -153,7 +153,7 @@ export interface OpBase<Id extends string, I extends string, O extends string> {
 
 /** An operator the tool patches. */
 export interface PatchedOp<Id extends string = string, I extends string = string, O extends string = string> extends OpBase<Id, I, O> {
-  /** The detection rule's name (rules.ts, the README's rule table). */
+  /** The detection rule's name (rules.ts, the rule table of docs/layout.md). */
   rule: string;
   /** The additive bias the kernel adds to its scaled logits, where a positional prior goes; `bool`: it may be a bool mask (true = attend). */
   prior: { input: I; bool?: boolean };
