@@ -94,7 +94,7 @@ function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number
 function itemLength(specs: InputSpec[], spec: InputSpec, feeds: Feeds): number | undefined {
   if (spec.dims.length !== 1) return undefined;
   const waveform = specs.find((s) => s.dims.some((d) => 'rule' in d && d.rule?.frames));
-  const frames = specs.filter((s) => s.role === 'values' && s.dims.length === 3 && !('value' in s.dims[1]));
+  const frames = specs.filter((s) => s.role === 'values' && s.dims.length === 3);
   const carrier = waveform ?? (frames.length === 1 ? frames[0] : undefined);
   const tensor = carrier && feeds[carrier.name];
   if (!tensor) return undefined;
