@@ -1,9 +1,9 @@
 /**
  * `npm run bench -- calibrate`: the cost of `ssmax-patch calibrate` on the 100 M-parameter decoder of the verify
  * bench (decoder-model.ts), against `ssmax-patch verify` of that model's default patch in the same run, each as a
- * child process under /usr/bin/time (wall time, peak RSS): the default plans of both (L = 512; calibration's N is
- * 8·L = 4096 cut to the default budget of one attention matrix, as verification's longest length is), and
- * calibration matching entropy.
+ * child process under /usr/bin/time (wall time, peak RSS): the default plans of both (L = 512; 8·L = 4096 passes
+ * the default budget of one attention matrix for 12 heads, so calibration's N is verification's longest length,
+ * 2048), and calibration matching entropy.
  */
 import * as fs from 'node:fs';
 import * as os from 'node:os';
