@@ -1,9 +1,9 @@
 /**
  * `npm run bench -- calibrate`: the cost of `ssmax-patch calibrate` on the 100 M-parameter decoder of the verify
  * bench (decoder-model.ts), against `ssmax-patch verify` of that model's default patch in the same run, each as a
- * child process under /usr/bin/time (wall time, peak RSS): the default plans of both (L = 512; calibration's N is
- * 8·L = 4096 cut to the default budget of one attention matrix, as verification's longest length is), and
- * calibration matching entropy.
+ * child process under /usr/bin/time (wall time, peak RSS): the default plans of both (L = 512; 8·L = 4096 passes
+ * the default budget of one attention matrix for 12 heads, so calibration's N is verification's longest length,
+ * 2048), and calibration matching entropy.
  */
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -27,8 +27,8 @@ export function calibrateBench(): void {
     const p = timed(process.execPath, [BIN, file, '--train-len', L, '-o', patched, '--quiet']);
     line(`patch --train-len ${L}`, p);
     line('verify (default plan)', timed(process.execPath, [BIN, 'verify', file, patched, '--json'], false));
-    // The decoder's weights are random: its attention is about uniform, so the default (max-prob) stops after the
-    // original's run; entropy has no such shortcut and searches up to the largest s (the worst case).
+    // The decoder's weights are random: its largest probability grows steeply in s (the default searches 8 runs),
+    // and its entropy cannot be brought down to its value at L (out of reach after 4).
     for (const per of [[], ['--match', 'entropy']]) {
       const out = path.join(dir, `slope${per.length ? '-entropy' : ''}.onnx`);
       const c = timed(process.execPath, [BIN, 'calibrate', file, '--train-len', L, ...per, '-o', out, '--json', '--quiet'], false);

@@ -36,7 +36,7 @@ import { Granularity, groupOf, RowStats, SiteLayout } from './stats';
 export interface CalibrateOptions {
   /** L: the training length; the slope's factor is 1 up to it. */
   trainLen: number;
-  /** N: the length to calibrate for (default 8·L, within verification's default longest length). */
+  /** N: the length to calibrate for (default 8·L, else the longest length of verification's default sweep). */
   targetLen?: number;
   /** The statistic matched: the mean largest attention probability (default) or the mean entropy. */
   match?: MatchStatistic;
@@ -143,16 +143,20 @@ function planOf(o: CalibrateOptions, L: number, granularity: Granularity): Plan 
   return { L, N, granularity, match, sign: match === 'entropy' ? -1 : 1, maxRuns: checkInteger(o.maxRuns ?? 10, 'maxRuns', 1), maxS, notes: [] };
 }
 
-/** N within what verification would run: the model's position table and, by default, one attention matrix's budget. */
+/**
+ * N within what verification runs: the model's position table and, by default, one attention matrix's budget.
+ * Where 8·L does not fit, N is the longest length of verification's own sweep (L·2^k), not the cap itself: a run
+ * at the cap (3,344 for 12 heads) costs 2.7× one at 2,048, the longest verification runs there.
+ */
 function fitTargetLength(plan: Plan, setup: Setup, given: boolean): void {
   if (!setup.seqFree && !setup.pastFree) {
     throw new InputError(`the model's inputs fix its sequence length (${setup.plan.notes[0] ?? 'no dynamic axis'}): calibration needs runs at L = ${plan.L} and N = ${plan.N}`, 'cannot-verify');
   }
-  if (plan.N > setup.plan.cap) {
-    if (given || setup.plan.cap <= plan.L) throw new InputError(`N = ${plan.N} cannot run: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`, 'cannot-verify');
-    plan.notes.push(`N = ${setup.plan.cap}, not 8·L = ${plan.N}: ${setup.plan.capReason}`);
-    plan.N = setup.plan.cap;
-  }
+  if (plan.N <= setup.plan.cap) return;
+  const longest = Math.max(...setup.plan.sweep.filter((x) => x <= setup.plan.cap));
+  if (given || !(longest > plan.L)) throw new InputError(`N = ${plan.N} cannot run: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`, 'cannot-verify');
+  plan.notes.push(`N = ${longest}, not 8·L = ${plan.N}, the longest length verification runs: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`);
+  plan.N = longest;
 }
 
 /** Token ids given by value: each a [B, T] ids input with T ≥ N, all of one batch; the runs cut them to length. */
