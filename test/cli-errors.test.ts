@@ -271,6 +271,8 @@ describe('help', () => {
     assertRefused(dir, ['gpt2_past.onnx', 'new.onnx', '--s', '0.3'], /\(the output file is given with -o new\.onnx\)/);
     const revert = assertRefused(dir, ['revert', 'gpt2_past.onnx', 'llama_gqa.onnx'], /revert takes one model \(llama_gqa\.onnx exists/);
     assert.doesNotMatch(revert.stderr, /-o llama_gqa\.onnx/);
+    const calibrate = assertRefused(dir, ['calibrate', 'gpt2_past.onnx', 'llama_gqa.onnx', '--train-len', '64'], /calibrate takes one model \(llama_gqa\.onnx exists/);
+    assert.doesNotMatch(calibrate.stderr, /-o llama_gqa\.onnx/);
   });
 });
 

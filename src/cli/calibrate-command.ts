@@ -19,7 +19,7 @@ import { readTensorFile } from '../verify/tensor-files';
 import { HostTensor } from '../verify/tensors';
 import { formatPatch, formatWrite } from './format';
 import { collect, optionalInteger, rejectExtraArguments } from './parse';
-import { EXTERNAL_DATA_HELP, recordWrite, writeOptions } from './patch-command';
+import { EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
 import { CalibrateDocument, documentJson, settle } from './report';
 import { Run } from './run';
 import { layersValue } from './values';
@@ -68,7 +68,7 @@ export function calibrateProgram(cmd: Command): Command {
 
 export async function calibrateCommand(args: string[], o: CalibrateCliOptions, run: Run): Promise<number> {
   const doc = run.doc as CalibrateDocument;
-  rejectExtraArguments(args, 1, 'calibrate takes one model', args.length === 2 ? ` (the output file is given with -o ${args[1]})` : '');
+  rejectExtraArguments(args, 1, 'calibrate takes one model', outputHint('calibrate', args));
   const input = args[0];
   const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.slope.onnx`);
   const base = output.replace(/\.onnx$/i, '');

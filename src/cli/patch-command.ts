@@ -134,7 +134,7 @@ const VERIFY_ONLY = addVerifyOptions(new Command()).options.map((o) => ({ key: o
  * What `ssmax-patch in.onnx out.onnx` probably meant: -o out.onnx, unless out.onnx exists, when it is more likely a
  * second model to patch, which -o would overwrite.
  */
-export function outputHint(command: 'patch' | 'revert', args: string[]): string {
+export function outputHint(command: 'patch' | 'revert' | 'calibrate', args: string[]): string {
   if (args.length !== 2) return '';
   if (!fs.existsSync(args[1])) return ` (the output file is given with -o ${args[1]})`;
   return ` (${args[1]} exists, so it is not taken for the output: ${command} one model per command; -o names a new output file)`;
