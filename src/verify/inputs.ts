@@ -63,7 +63,8 @@ function keyCount(k: HostTensor | undefined, shape: RunShape): number {
  * the operator reading them says what they are (its spec's `contracts.lengths`): GroupQueryAttention's seqlens_k
  * (total − 1 per item) and total_sequence_length, ONNX Attention's nonpad_kv_seqlen (every key valid; also where
  * its function body was expanded into the graph, which keeps the names nonpad_kv_seqlen and K), the
- * past_sequence_length of MultiHeadAttention and DecoderMaskedMultiHeadAttention.
+ * past_sequence_length of MultiHeadAttention and DecoderMaskedMultiHeadAttention; a plain-op model's past length by
+ * its name; per-item lengths beside the one input they describe.
  */
 function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
   const type = hostTypeOf(spec.elemType, spec.name);
@@ -81,6 +82,9 @@ function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number
   }
   // ONNX Attention expanded into its function body keeps the input's name, and K's: every key valid.
   if (spec.name === 'nonpad_kv_seqlen' && feeds.K) return fill(keyCount(feeds.K, shape));
+  // A past length read by plain ops (a streaming model's state, torchaudio Emformer's past_length_i): the run's
+  // cached tokens, as the operators' 'past' contract gives it; 0 where the plan caches none, a stream's start.
+  if (/^past_(sequence_)?len(gth)?(_\d+)?$/i.test(spec.name)) return fill(shape.past);
   const whole = itemLength(specs, spec, feeds);
   if (whole !== undefined) return fill(whole);
   throw new InputError(`input '${spec.name}' holds lengths (by its name), which cannot be synthesised safely; give it with ${opt('inputFiles', `${spec.name}=FILE`)}`, 'cannot-verify');
