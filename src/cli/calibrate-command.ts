@@ -19,7 +19,7 @@ import { readTensorFile } from '../verify/tensor-files';
 import { HostTensor } from '../verify/tensors';
 import { formatPatch, formatWrite } from './format';
 import { collect, optionalInteger, rejectExtraArguments } from './parse';
-import { EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
+import { defaultOutput, EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
 import { CalibrateDocument, documentJson, settle } from './report';
 import { Run } from './run';
 import { layersValue } from './values';
@@ -70,7 +70,7 @@ export async function calibrateCommand(args: string[], o: CalibrateCliOptions, r
   const doc = run.doc as CalibrateDocument;
   rejectExtraArguments(args, 1, 'calibrate takes one model', outputHint('calibrate', args));
   const input = args[0];
-  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.slope.onnx`);
+  const output = defaultOutput(input, o.output, 'slope');
   const base = output.replace(/\.onnx$/i, '');
   const files = { report: o.report ?? `${base}.calibration.json`, plot: o.plot ?? `${base}.calibration.svg` };
   Object.assign(doc, { input, target: output });

@@ -122,9 +122,9 @@ interface PatchPlan {
   write: WriteOptions;
 }
 
-/** `-o FILE`, else `<name>.ssmax.onnx` beside the input. */
-export function defaultOutput(input: string, output: string | undefined): string {
-  return output ?? path.join(path.dirname(input), `${path.basename(input).replace(/\.onnx$/i, '')}.ssmax.onnx`);
+/** `-o FILE`, else `<name>.<kind>.onnx` beside the input (`strip`: what of the input's name the kind replaces). */
+export function defaultOutput(input: string, output: string | undefined, kind = 'ssmax', strip = /\.onnx$/i): string {
+  return output ?? path.join(path.dirname(input), `${path.basename(input).replace(strip, '')}.${kind}.onnx`);
 }
 
 /** The options addVerifyOptions adds: on patch, each matters only with --verify. */

@@ -1,11 +1,10 @@
 /** `ssmax-patch revert PATCHED [-o OUT]`: removes the patch, giving back the original model. */
-import * as path from 'node:path';
 import { Command } from 'commander';
 import { readModel, writeModelAsync } from '../io/model-file';
 import { revertModel } from '../rewrite/revert';
 import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
-import { EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
+import { defaultOutput, EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
 import { RevertDocument } from './report';
 import { Run } from './run';
 
@@ -32,7 +31,7 @@ export async function revertCommand(args: string[], o: RevertCliOptions, run: Ru
   rejectExtraArguments(args, 1, 'revert takes one model', outputHint('revert', args));
   const input = args[0];
   doc.input = input;
-  const output = o.output ?? path.join(path.dirname(input), `${path.basename(input).replace(/(\.ssmax)?\.onnx$/i, '')}.reverted.onnx`);
+  const output = defaultOutput(input, o.output, 'reverted', /(\.ssmax)?\.onnx$/i);
   const write = writeOptions(o, input);
   const { model, report } = revertModel(readModel(input));
   Object.assign(doc, report);
