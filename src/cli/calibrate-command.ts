@@ -2,7 +2,6 @@
  * `ssmax-patch calibrate MODEL --train-len L`: the slope preset with s chosen from the model's own attention
  * (calibrateSlope), written as a patched model, a JSON calibration report and an SVG of the statistic against n.
  */
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Command } from 'commander';
 import { CalibrationReport, MatchStatistic } from '../calibrate/report';
@@ -10,15 +9,15 @@ import { calibrateSlope, CalibrateOptions } from '../calibrate/calibrate';
 import { calibrationSvg } from '../calibrate/report';
 import { Granularity } from '../calibrate/stats';
 import { InputError } from '../errors';
-import { readModel, writeModelAsync } from '../io/model-file';
-import { checkWritable, writeTextFile } from '../io/text-file';
+import { checkTarget, readModel, writeModelAsync } from '../io/model-file';
+import { writeTextFile } from '../io/text-file';
 import { ModelProto } from '../io/onnx';
 import { onnxruntime } from '../onnxruntime';
 import { N_OPTIONS, parseNOption } from '../policy/n-mode';
 import { readTensorFile } from '../verify/tensor-files';
 import { HostTensor } from '../verify/tensors';
 import { formatPatch, formatWrite } from './format';
-import { collect, optionalInteger, rejectExtraArguments } from './parse';
+import { collect, dimsValue, optionalInteger, pairs, rejectExtraArguments } from './parse';
 import { defaultOutput, EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
 import { CalibrateDocument, documentJson, settle } from './report';
 import { Run } from './run';
@@ -77,7 +76,8 @@ export async function calibrateCommand(args: string[], o: CalibrateCliOptions, r
   const options = optionsFrom(o);
   const write = writeOptions(o, input);
   onnxruntime();
-  for (const f of [output, files.report, files.plot]) checkTarget(f, input, Boolean(o.force));
+  // Before the runs: every file can be written, none overwrites the input, and none exists without --force.
+  for (const f of [output, files.report, files.plot]) checkTarget(f, { force: o.force, protect: [input] });
   const original = readModel(input);
   const progress = verifyProgress(o.quiet);
   let result;
@@ -105,10 +105,7 @@ function optionsFrom(o: CalibrateCliOptions): Omit<CalibrateOptions, 'inputs'> {
   if (trainLen === undefined) throw new InputError('--train-len is required: the slope is 1 up to the training length', 'usage');
   if (o.match !== undefined && o.match !== 'max-prob' && o.match !== 'entropy') throw new InputError(`--match must be max-prob or entropy, got '${o.match}'`, 'usage');
   if (o.per !== undefined && !GRANULARITY[o.per]) throw new InputError(`--per must be layer or head, got '${o.per}'`, 'usage');
-  const dims = Object.fromEntries((o.dim ?? []).map((d) => {
-    const [k, v] = split(d, '--dim', 'name=size');
-    return [k, optionalInteger(v, `--dim ${k}`, 0)!];
-  }));
+  const dims = dimsValue(o.dim ?? []);
   return {
     trainLen, targetLen: optionalInteger(o.maxLen, '--max-len', trainLen + 1), match: o.match as MatchStatistic | undefined,
     granularity: o.per === undefined ? 'global' : GRANULARITY[o.per], dims, n: parseNOption(o.n), layers: layersValue(o.layers),
@@ -116,28 +113,15 @@ function optionsFrom(o: CalibrateCliOptions): Omit<CalibrateOptions, 'inputs'> {
   };
 }
 
-function split(item: string, flag: string, what: string): [string, string] {
-  const eq = item.indexOf('=');
-  if (eq <= 0 || eq === item.length - 1) throw new InputError(`${flag} ${item}: expected ${what}`, 'usage');
-  return [item.slice(0, eq), item.slice(eq + 1)];
-}
-
 /** `--input NAME=FILE`, read in the element type the model declares for NAME. */
 function givenInputs(model: ModelProto, list: string[]): Record<string, HostTensor> {
   const inputs: Record<string, HostTensor> = {};
-  for (const item of list) {
-    const [name, file] = split(item, '--input', 'name=file');
+  for (const [name, file] of pairs(list, '--input', 'name=file')) {
     const decl = model.graph!.input.find((v) => v.name === name);
     if (!decl) throw new InputError(`--input ${name}: the model has no input '${name}'`, 'usage');
     inputs[name] = readTensorFile(file, name, decl.type?.tensorType?.elemType ?? 0);
   }
   return inputs;
-}
-
-/** Before the runs: every file can be written, none overwrites the input, and none exists without --force. */
-function checkTarget(file: string, input: string, force: boolean): void {
-  checkWritable(file, [input]);
-  if (!force && fs.existsSync(file)) throw new InputError(`${file}: already exists (--force overwrites it)`, 'output-exists');
 }
 
 const p3 = (x: number): string => x.toPrecision(3);

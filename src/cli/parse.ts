@@ -67,3 +67,17 @@ export function rejectExtraArguments(args: string[], expected: number, what: str
   const extra = args.slice(expected).map((a) => `'${a}'`).join(', ');
   throw new InputError(`unexpected argument ${extra}: ${what}${hint}`, 'usage');
 }
+
+/** `NAME=VALUE` items of a repeatable option, each with both sides non-empty. */
+export function pairs(list: string[], flag: string, what: string): [string, string][] {
+  return list.map((item) => {
+    const eq = item.indexOf('=');
+    if (eq <= 0 || eq === item.length - 1) throw new InputError(`${flag} ${item}: expected ${what}`, 'usage');
+    return [item.slice(0, eq), item.slice(eq + 1)];
+  });
+}
+
+/** `--dim NAME=SIZE` items as sizes by dim name. */
+export function dimsValue(list: string[]): Record<string, number> {
+  return Object.fromEntries(pairs(list, '--dim', 'name=size').map(([k, v]) => [k, optionalInteger(v, `--dim ${k}`, 0)!]));
+}

@@ -17,7 +17,7 @@ import { FileVerifyOptions, VerifyReport, verifyForCli } from '../verify/verify'
 import type { ModelProto } from '../io/onnx';
 import { formatVerify } from './format';
 import { junitXml } from './junit';
-import { collect, listValue, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
+import { collect, dimsValue, listValue, optionalInteger, optionalReal, pairs, rejectExtraArguments } from './parse';
 import { documentJson, ReportDocument, settle, VerifyDocument } from './report';
 import { printWarnings, Run } from './run';
 import { refusedOf, skippedOf } from './sites';
@@ -54,14 +54,6 @@ export function addVerifyOptions(cmd: Command): Command {
     .option('--junit <file>', 'write JUnit XML: one test case per check (per site for the probe) and per refused attention node');
 }
 
-function pairs(list: string[], flag: string, what: string): [string, string][] {
-  return list.map((item) => {
-    const eq = item.indexOf('=');
-    if (eq <= 0 || eq === item.length - 1) throw new InputError(`${flag} ${item}: expected ${what}`, 'usage');
-    return [item.slice(0, eq), item.slice(eq + 1)];
-  });
-}
-
 /** Parses the shared options; every bad value is an InputError naming its option. */
 export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): FileVerifyOptions {
   const lengths = o.lengths === undefined ? undefined : listValue(o.lengths, '--lengths').map((v) => optionalInteger(v, '--lengths', 2)!);
@@ -69,7 +61,7 @@ export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): FileV
   for (const c of checks ?? []) {
     if (!CHECK_IDS.includes(c as CheckId)) throw new InputError(`--checks: unknown check '${c}' (checks: ${CHECK_IDS.join(', ')})`, 'usage');
   }
-  const dims = Object.fromEntries(pairs(o.dim ?? [], '--dim', 'name=size').map(([k, v]) => [k, optionalInteger(v, `--dim ${k}`, 0)!]));
+  const dims = dimsValue(o.dim ?? []);
   const inputFiles = Object.fromEntries(pairs(o.input ?? [], '--input', 'name=file'));
   return {
     trainLen, lengths, maxLen: optionalInteger(o.maxLen, '--max-len', 2), batch: optionalInteger(o.batch, '--batch', 1),
