@@ -125,8 +125,9 @@ describe('signals during a verification', () => {
   const dir = scratchdir('ssmax-signals-verify-');
   dirs.push(dir);
   const input = path.join(dir, 'decoder.onnx');
-  // One 4096-token run takes seconds on this machine: the signal arrives while onnxruntime holds the thread.
-  writeModel(input, parseModel(encodeModel(smallTransformer({ layers: 4, d: 64, heads: 4, ff: 64, vocab: 50, tmax: 4096 })), 'decoder.onnx'));
+  // One 4096-token run of 8 layers takes seconds on this machine (the whole verification about 10 s): the signal
+  // arrives while onnxruntime holds the thread.
+  writeModel(input, parseModel(encodeModel(smallTransformer({ layers: 8, d: 64, heads: 4, ff: 64, vocab: 50, tmax: 4096 })), 'decoder.onnx'));
 
   it('SIGINT: "stopping ..." at once, exit 130 within a second, no temporary folder left, nothing written', async () => {
     const tmp = fs.mkdtempSync(path.join(dir, 'tmp-'));
@@ -135,17 +136,20 @@ describe('signals during a verification', () => {
       { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, TMPDIR: tmp } });
     let stderr = '';
     child.stderr.on('data', (b: Buffer) => { stderr += b.toString(); });
+    // Listened for from the start: a child that ends before the signal must fail the test, not leave it waiting.
+    const closed = new Promise<number | null>((resolve) => child.on('close', (c) => resolve(c)));
     // Something of the child's appears in the parent's folder once onnxruntime has started (its sessions' files,
     // or onnxruntime's own): a second later the child is inside a run of 4096 tokens, which takes seconds.
     const started = await new Promise<boolean>((resolve) => {
       const poll = setInterval(() => {
-        const inside = fs.readdirSync(tmp).flatMap((d) => fs.readdirSync(path.join(tmp, d)));
+        // A folder can go between the two listings (a child that ends): it then holds nothing.
+        const inside = fs.readdirSync(tmp).flatMap((d) => { try { return fs.readdirSync(path.join(tmp, d)); } catch { return []; } });
         if (inside.length || child.exitCode !== null) { clearInterval(poll); setTimeout(() => resolve(inside.length > 0 && child.exitCode === null), 1500); }
       }, 5);
     });
     const sent = Date.now();
     child.kill('SIGINT');
-    const [code] = await new Promise<[number | null]>((resolve) => child.on('close', (c) => resolve([c])));
+    const code = await closed;
     const took = Date.now() - sent;
     assert.ok(started, `the verification ended before it could be interrupted: ${stderr}`);
     assert.equal(code, 130, stderr);
