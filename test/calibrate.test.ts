@@ -14,7 +14,7 @@ import Ajv2020 from 'ajv/dist/2020';
 import { evalSet, TASK } from '../bench/quality-data';
 import { qualityModel } from '../bench/quality';
 import { calibrationModel } from '../src/calibrate/model';
-import { SlopeSearch } from '../src/calibrate/search';
+import { gapOf, predictSlope, SlopeSearch } from '../src/calibrate/search';
 import { CalibrateDocument } from '../src/cli/report';
 import { findAttentionSoftmax } from '../src/detect/find-attention';
 import { findValueMatMul } from '../src/detect/trace';
@@ -206,21 +206,56 @@ describe('the calibration model', () => {
 
 describe('the slope search', () => {
   it('brackets and narrows to the root of a monotone f', () => {
-    const f = (s: number): number => Math.tanh(3 * (s - 0.7));
-    const x = new SlopeSearch(1, f(0), 0.25, 4);
+    const f = (s: number): number => 1 + Math.tanh(3 * (s - 0.7));
+    const x = new SlopeSearch(1, f(0), (v) => v, 0.25, 4);
     for (let k = 0; k < 12 && x.state === 'searching'; k++) {
       const s = x.next();
-      x.observe({ s, f: f(s) });
+      x.observe(s, f(s));
     }
     assert.equal(x.state, 'found');
     assert.ok(Math.abs(x.result(0.25) - 0.7) < 0.005, `${x.result(0.25)}`);
   });
 
+  it('reads a statistic as the gap of one key over n − 1 equal others, for the largest probability and for entropy', () => {
+    const n = 512;
+    for (const x of [0.5, 2, 5, 9]) {
+      const z = Math.exp(x) + n - 1, p = Math.exp(x) / z;
+      const entropy = -p * Math.log(p) - (n - 1) * (1 / z) * Math.log(1 / z);
+      assert.ok(Math.abs(gapOf('max-prob', p, n) - x) < 1e-9, `max-prob at gap ${x}`);
+      assert.ok(Math.abs(gapOf('entropy', entropy, n) - x) < 1e-9, `entropy at gap ${x}: ${gapOf('entropy', entropy, n)}`);
+    }
+    // Sharper attention, a larger gap, for either statistic.
+    assert.ok(gapOf('entropy', 2, n) > gapOf('entropy', 3, n));
+    assert.ok(gapOf('max-prob', 0.3, n) > gapOf('max-prob', 0.2, n));
+  });
+
+  // The two shapes calibration meets (bench/calibrate.ts, fixtures/quality): on random weights the largest
+  // probability's gap is linear in s (the probability convex), on trained models the probability itself is
+  // about linear. A search that only interpolates one way takes 5-8 runs on the other.
+  for (const [shape, at] of [
+    ['gap linear in s (random weights)', (s: number): number => { const z = Math.exp(0.77 + 0.78 * s); return z / (z + 2047); }],
+    ['statistic linear in s (trained)', (s: number): number => 0.0788 + 0.33 * s],
+  ] as const) {
+    it(`finds s within 3 runs where the ${shape}`, () => {
+      const target = at(1.66), gap = (v: number): number => gapOf('max-prob', v, 2048);
+      const first = predictSlope(gap(target), gap(at(0)), 512, 2048, 1 / Math.log(512), 16 / Math.log(512));
+      const x = new SlopeSearch(target, at(0), gap, first, 16 / Math.log(512));
+      let runs = 0;
+      for (; runs < 10 && x.state === 'searching'; runs++) {
+        const s = x.next();
+        x.observe(s, at(s));
+      }
+      assert.equal(x.state, 'found');
+      assert.ok(runs <= 3, `${runs} runs: ${x.points.map((p) => p.s.toFixed(3)).join(', ')}`);
+      assert.ok(Math.abs(x.result(0) - 1.66) < 0.02, `${x.result(0)}`);
+    });
+  }
+
   it('gives up beyond the largest s, and takes s = 0 where nothing fades', () => {
-    const flat = new SlopeSearch(1, -0.5, 0.25, 2);
-    for (let k = 0; k < 10 && flat.state === 'searching'; k++) flat.observe({ s: flat.next(), f: -0.5 });
+    const flat = new SlopeSearch(1, 0.5, (v) => v, 0.25, 2);
+    for (let k = 0; k < 10 && flat.state === 'searching'; k++) flat.observe(flat.next(), 0.5);
     assert.equal(flat.state, 'out of reach');
     assert.equal(flat.result(0.25), 0.25);
-    assert.equal(new SlopeSearch(1, 0.1, 0.25, 2).result(0.25), 0);
+    assert.equal(new SlopeSearch(1, 1.1, (v) => v, 0.25, 2).result(0.25), 0);
   });
 });

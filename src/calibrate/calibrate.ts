@@ -30,7 +30,7 @@ import { prepare, Setup } from '../verify/setup';
 import { Feeds, HostTensor } from '../verify/tensors';
 import { CalibrationModel, calibrationModel, scaleFeeds } from './model';
 import { CalibrationGroup, CalibrationReport, CurvePoint, MatchStatistic } from './report';
-import { SlopeSearch } from './search';
+import { gapOf, predictSlope, SlopeSearch } from './search';
 import { Granularity, groupOf, RowStats, SiteLayout } from './stats';
 
 export interface CalibrateOptions {
@@ -69,7 +69,6 @@ interface Plan {
   N: number;
   granularity: Granularity;
   match: MatchStatistic;
-  sign: number;
   maxRuns: number;
   maxS: number;
   notes: string[];
@@ -139,8 +138,7 @@ function planOf(o: CalibrateOptions, L: number, granularity: Granularity): Plan 
   const N = o.targetLen === undefined ? 8 * L : checkInteger(o.targetLen, 'targetLen', L + 1);
   const maxS = o.maxS ?? 16 / Math.log(L);
   if (!(maxS > 0) || !Number.isFinite(maxS)) throw new InputError(`${opt('maxS')} must be a positive number, got ${maxS}`, 'usage');
-  // Entropy falls as the factor sharpens: f = target − entropy grows with s, as max probability − target does.
-  return { L, N, granularity, match, sign: match === 'entropy' ? -1 : 1, maxRuns: checkInteger(o.maxRuns ?? 10, 'maxRuns', 1), maxS, notes: [] };
+  return { L, N, granularity, match, maxRuns: checkInteger(o.maxRuns ?? 10, 'maxRuns', 1), maxS, notes: [] };
 }
 
 /**
@@ -237,9 +235,10 @@ async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{
   const before = await measure(ctx, causalOnly ? [plan.N] : lengths, () => 0, 'the original (s = 0)');
   const searches = new Map<string, SlopeSearch>();
   for (const g of before.groups()) {
-    const target = before.mean(g, plan.L);
-    if (!Number.isFinite(target) || !Number.isFinite(before.mean(g, plan.N))) throw new InputError(`${g}: no rows at n ≈ ${plan.L} or n ≈ ${plan.N} were read`, 'cannot-verify');
-    const x = new SlopeSearch(target, plan.sign * (before.mean(g, plan.N) - target), first, plan.maxS);
+    const target = before.mean(g, plan.L), original = before.mean(g, plan.N);
+    if (!Number.isFinite(target) || !Number.isFinite(original)) throw new InputError(`${g}: no rows at n ≈ ${plan.L} or n ≈ ${plan.N} were read`, 'cannot-verify');
+    const gap = (v: number): number => gapOf(plan.match, v, plan.N);
+    const x = new SlopeSearch(target, original, gap, predictSlope(gap(target), gap(original), plan.L, plan.N, first, plan.maxS), plan.maxS);
     // Attention about uniform at L (random weights): no factor sharpens it, so no run would reach the target.
     if (plan.match === 'max-prob' && isUniform(target, plan.L)) x.giveUp();
     searches.set(g, x);
@@ -248,7 +247,7 @@ async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{
   for (let k = 0; k < plan.maxRuns && [...searches.values()].some((x) => x.state === 'searching'); k++) {
     const s = new Map([...searches].map(([g, x]) => [g, x.next()]));
     const stats = await measure(ctx, [plan.N], (g) => s.get(g) ?? first, `s = ${describe(s)}`);
-    for (const [g, x] of searches) x.observe({ s: s.get(g)!, f: plan.sign * (stats.mean(g, plan.N) - x.target) });
+    for (const [g, x] of searches) x.observe(s.get(g)!, stats.mean(g, plan.N));
     last = { stats, s };
   }
   const found = new Map([...searches].map(([g, x]) => [g, x.result(first)]));
@@ -367,7 +366,7 @@ function inputsOf(ctx: Context, run: RunSpec): Feeds {
 function groupReport(g: string, x: SlopeSearch, s: number, before: RowStats, after: RowStats, plan: Plan): CalibrationGroup {
   return {
     group: g, s, state: x.state, residual: x.residual(), target: x.target, beforeAtN: before.mean(g, plan.N), afterAtN: after.mean(g, plan.N),
-    tried: x.points.map((p) => ({ s: p.s, value: x.target + plan.sign * p.f })),
+    tried: x.points.map((p) => ({ s: p.s, value: p.value })),
   };
 }
 
