@@ -10,10 +10,13 @@ import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { Graph } from '../src/graph/graph';
 import { readModel } from '../src/io/model-file';
+import { patchModel } from '../src/rewrite/patch';
 import { makePlan } from '../src/verify/plan';
+import { verifyPatch } from '../src/verify/verify';
 import { convStack, samplesFor } from '../src/verify/waveform';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 import { FIXTURES, TORCH } from './support/ref';
+import { doubleN } from './support/tamper';
 
 after(removeScratch);
 
@@ -106,6 +109,49 @@ describe('verify --strict on what the model accepts', () => {
       ['wiring', 'PASSED', ''], ['probe', 'PASSED', ''], ['retrofit', 'SKIPPED', 'not applicable'], ['liveness', 'SKIPPED', 'not applicable'], ['sharpness', 'SKIPPED', 'not applicable'],
     ]);
     assert.match(checks[3].summary, /^no attention row of this model can see more than 10 keys \(every attention site's key count is a constant of the graph\), never beyond L = 64/);
+  });
+});
+
+describe('MultiHeadAttention running DecoderMaskedMultiHeadAttention\'s kernel (a cache indirection)', () => {
+  const name = 'ort_dmmha_inside_mha_self_attn.onnx';
+  it('runs one query token over a shared buffer of past + 1 with at least one cached token and one beam; strict exit 0', { skip: absent(name) }, () => {
+    const out = path.join(tmpdir('ssmax-reach-'), 'dm.onnx');
+    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    // Before: num_beams sized by position (0), max_sequence_length as the sequence (no room for the cache), then an
+    // empty cache, on which onnxruntime's CPU kernel corrupts its heap (the process died with SIGSEGV).
+    const r = cli(['verify', corpus(name), out, '--strict', '--json']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const checks = checksOf(r.stdout);
+    assert.deepEqual(checks.map((c) => [c.id, c.status]), [['wiring', 'PASSED'], ['probe', 'PASSED'], ['retrofit', 'PASSED'], ['liveness', 'PASSED'], ['sharpness', 'PASSED']]);
+    assert.match(checks[1].summary, /\(batch=2 seq=1 past=1; /);
+    assert.match(checks[2].summary, /batch=1 seq=1 past=63/);
+  });
+});
+
+describe('rows the original computes as NaN', () => {
+  // onnxruntime's Megatron fusion test: logits (qk / mask) · mask − mask, so a padding 0 in 'mask' makes the
+  // original's row NaN (0/0): it attends to no number of keys, and the probe cannot hold the patch to one.
+  const name = 'ort_self_attention_megatron_basic_test.onnx';
+  it('are left out of the probe and said so; the rest of the row holds the patch to n; strict exit 0', { skip: absent(name) }, () => {
+    const out = path.join(tmpdir('ssmax-reach-'), 'm.onnx');
+    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const r = cli(['verify', corpus(name), out, '--strict', '--json']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    const checks = checksOf(r.stdout);
+    const probe = checks.find((c) => c.id === 'probe')!;
+    assert.equal(probe.status, 'PASSED');
+    assert.match(probe.summary, /; 24 row\(s\) not probed: the original's logits there hold NaN or \+Inf/);
+    assert.match(checks.find((c) => c.id === 'liveness')!.summary, /outputs finite wherever the original's are in \d+ run\(s\) \(the original's own outputs hold NaN or Inf in 1: batch=2 seq=12 padded\)/);
+  });
+
+  it('a patch with n doubled still fails the probe on the rows that are numbers', { skip: absent(name) }, async () => {
+    const original = readModel(corpus(name));
+    const patched = patchModel(original, { trainLen: 64 }).model;
+    assert.ok(doubleN(patched) > 0);
+    const r = await verifyPatch(original, patched, { strict: true });
+    const probe = r.checks.find((c) => c.id === 'probe')!;
+    assert.equal(probe.status, 'FAILED', probe.summary);
+    assert.match(probe.summary, /matches n doubled/);
   });
 });
 

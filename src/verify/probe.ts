@@ -34,6 +34,8 @@ export interface ProbeSiteResult {
   matches?: string[];
   /** This result is of the site's positional prior (after its Add = before + c·B), not of its factor. */
   prior?: boolean;
+  /** Rows not probed: the original's logits there hold NaN or +Inf, so its attention row is NaN and sees no n. */
+  rowsWithoutN?: number;
 }
 
 /** One run's tensors of a site arranged as blocks × rows × cols (index (g·rows + i)·cols + j). */
@@ -87,6 +89,7 @@ export class SiteProbe {
   private readonly hypotheses: Hypothesis[];
   private runs = 0;
   private entries = 0;
+  private rowsWithoutN = 0;
   private maxRel = 0;
   private worst: RowFailure | null = null;
   private varying: RowFailure | null = null;
@@ -156,8 +159,14 @@ export class SiteProbe {
   }
 
   private observeRow(v: ProbeView, g: number, i: number, hypotheses: Hypothesis[]): void {
+    const n = v.n(g, i);
+    // A row whose logits hold NaN or +Inf in the original (a 0 mask divided into them) is NaN after its Softmax there.
+    if (Number.isNaN(n)) {
+      this.rowsWithoutN++;
+      return;
+    }
     // A row without a key to attend to (an empty cache) has no attention for a factor to change.
-    if (!(v.n(g, i) >= 1)) return;
+    if (!(n >= 1)) return;
     const offset = (g * v.rows + i) * v.cols;
     const b = v.before, a = v.after;
     const prior = this.subject.prior;
@@ -229,7 +238,7 @@ export class SiteProbe {
     const { layer, scope, label, n } = this.subject;
     const s = this.subject.s.length === 1 ? this.subject.s[0] : this.subject.s;
     const base = { layer, ...(scope && scope !== 'main' ? { scope } : {}), site: label, n, s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel,
-      ...(this.subject.additive ? { prior: true } : {}) };
+      ...(this.subject.additive ? { prior: true } : {}), ...(this.rowsWithoutN ? { rowsWithoutN: this.rowsWithoutN } : {}) };
     if (this.problem) return { ...base, passed: false, message: `${label}: ${this.problem}` };
     if (this.entries === 0) return { ...base, passed: false, message: `${label}: no finite values to check` };
     if (this.hypotheses[0].fits) return { ...base, passed: true };

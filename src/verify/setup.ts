@@ -5,10 +5,11 @@
  */
 import { Detection, detectAttention } from '../detect/find-attention';
 import { InputError, opt } from '../errors';
-import { inputOf, specOf } from '../graph/attention-ops';
+import { AttentionOp, inputOf, specOf } from '../graph/attention-ops';
 import { Graph } from '../graph/graph';
+import { attrInt } from '../graph/node';
 import { modelScopes } from '../graph/scopes';
-import { DataType, ModelProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { RECORD_KEY } from '../rewrite/identity';
 import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
@@ -81,6 +82,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const graph = new Graph(original.graph!);
   const specs = describeInputs(graph);
   oneBeam(graph, specs);
+  sharedBuffers(graph, specs);
   const checks = new Set(options.checks ?? CHECK_IDS);
   const given = { ...readGivenInputs(specs, options.inputFiles ?? {}), ...checkGivenTensors(specs, options.inputs ?? {}) };
   const fixed = new Map(Object.entries(options.dims ?? {}));
@@ -160,7 +162,13 @@ function fixedTokens(specs: InputSpec[]): number | undefined {
  */
 function minCachedTokens(model: ModelProto): number {
   let most = 0;
-  for (const s of modelScopes(model)) for (const n of s.graph.nodes) most = Math.max(most, specOf(n)?.contracts.minPast?.tokens ?? 0);
+  for (const s of modelScopes(model)) {
+    for (const n of s.graph.nodes) {
+      const op = specOf(n);
+      const min = op?.contracts.minPast;
+      if (op && min && applies(op, n, min.given)) most = Math.max(most, min.tokens);
+    }
+  }
   return most;
 }
 
@@ -175,8 +183,33 @@ function oneBeam(graph: Graph, specs: InputSpec[]): void {
     if (!op || !beams) continue;
     const spec = specs.find((s) => s.name === inputOf(op, node, beams.indirection));
     const d = spec?.dims[1];
-    if (d && !('value' in d)) d.rule = { source: 'fixed', size: 1, why: `the beams of ${op.opType}'s cache indirection: one` };
+    if (d && !('value' in d)) d.rule = { source: 'fixed', size: 1, why: `the beams of ${op.opType}'s cache indirection: one`, contract: true };
   }
+}
+
+/**
+ * A past/present pair that is one buffer (the operator's shared-buffer attribute set, or its input given) holds the past and the new
+ * tokens: its length axis is sized past + sequence, whatever its name says (max_sequence_length would be sized as
+ * the sequence, leaving no room for a cache).
+ */
+function sharedBuffers(graph: Graph, specs: InputSpec[]): void {
+  for (const node of graph.nodes) {
+    const op = specOf(node);
+    const shared = op?.contracts.sharedBuffer;
+    if (!op || !shared || (attrInt(node, shared.attribute) !== 1 && !(shared.given && inputOf(op, node, shared.given)))) continue;
+    const axes: [string, number, string][] = shared.caches.map((role) => [role, shared.axis, 'shared past/present buffer: past + current tokens']);
+    // A cache indirection [B, beams, max length] spans the same buffer.
+    if (op.contracts.beams) axes.push([op.contracts.beams.indirection, 2, 'cache indirection spans its shared cache buffer']);
+    for (const [role, axis, why] of axes) {
+      const d = specs.find((s) => s.name === inputOf(op, node, role))?.dims[axis];
+      if (d && !('value' in d)) d.rule = { source: 'total', why: `${op.opType}'s ${why}`, contract: true };
+    }
+  }
+}
+
+/** A contract that holds whenever the node runs, or only when it is given the input `given`. */
+function applies(op: AttentionOp, node: NodeProto, given: string | undefined): boolean {
+  return given === undefined || inputOf(op, node, given) !== '';
 }
 
 /** The query rows an operator's kernel takes, when it takes only so many (DecoderMaskedMultiHeadAttention: one token). */
@@ -184,8 +217,9 @@ function fewestQueryRows(model: ModelProto): number | undefined {
   let fewest: number | undefined;
   for (const s of modelScopes(model)) {
     for (const n of s.graph.nodes) {
-      const rows = specOf(n)?.contracts.queryRows;
-      if (rows !== undefined) fewest = Math.min(fewest ?? rows, rows);
+      const op = specOf(n);
+      const rows = op?.contracts.queryRows;
+      if (op && rows && applies(op, n, rows.given)) fewest = Math.min(fewest ?? rows.rows, rows.rows);
     }
   }
   return fewest;

@@ -25,6 +25,8 @@ export interface DimRule {
   why: string;
   /** A waveform's sample axis: the convolutions that make the run's sequence (in frames) out of its samples. */
   frames?: ConvStep[];
+  /** From an operator's contract (its cache indirection's beams, its shared cache buffer): it wins over the dim's name. */
+  contract?: boolean;
 }
 
 /** The size of a dim that is neither a sequence, past nor batch axis and has a name no rule knows. */
@@ -178,12 +180,16 @@ export function resolveDim(input: InputSpec, axis: number, shape: RunShape, fixe
   if ('value' in d) return { size: d.value, source: 'fixed' };
   if (d.rule?.frames) return { size: samplesFor(d.rule.frames, shape.seq), source: 'seq' };
   if (input.unshaped) return { size: shape.seq, source: 'seq' };
+  if (d.rule?.contract && !('param' in d && fixed.has(d.param))) return sized(d.rule, shape);
   const r = 'param' in d ? resolveParam(d.param, shape, fixed) : unnamedDim(input, axis, shape);
   if (r) return r;
   const fromGraph = input.graphDims?.[axis];
   if (fromGraph !== undefined) return { size: fromGraph, source: 'fixed' };
-  const rule = d.rule ?? sizeByPosition(input, axis);
-  const size = rule.source === 'batch' ? shape.batch : rule.source === 'seq' ? shape.seq : rule.source === 'past' ? shape.past : rule.size!;
+  return sized(d.rule ?? sizeByPosition(input, axis), shape);
+}
+
+function sized(rule: DimRule, shape: RunShape): { size: number; source: DimSource } {
+  const size = { batch: shape.batch, seq: shape.seq, past: shape.past, total: shape.past + shape.seq, fixed: rule.size! }[rule.source];
   return { size, source: rule.source };
 }
 

@@ -64,7 +64,7 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   const heads = r >= 4 ? before.dims[r - 3] : Math.max(1, x.heads);
   const tq = x.lastRow ? x.lastRow.seq : rows;
   const row = (i: number): number => (x.lastRow ? tq - 1 : i);
-  let counts: Int32Array | null = null;
+  let counts: Float64Array | null = null;
   if (x.masked) {
     if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
     counts = x.keys === undefined && x.after.data.length === x.masked.data.length
@@ -102,7 +102,7 @@ function termsOf(masked: ArrayLike<number>, content: ArrayLike<number>): Float64
 }
 
 /** Keys the terms on the logits leave visible per row, by the patch's rule: an entry HIDDEN_GAP below its row's largest hides. */
-function visibleCounts(terms: ArrayLike<number>, tk: number): Int32Array {
+function visibleCounts(terms: ArrayLike<number>, tk: number): Float64Array {
   return countRows(terms, tk, (max) => max - HIDDEN_GAP);
 }
 
@@ -113,7 +113,7 @@ function visibleCounts(terms: ArrayLike<number>, tk: number): Int32Array {
  * below its row's largest and below −HIDDEN_GAP is hidden. Either way a row masked alike on every key hides none, as
  * in the patch; a mix of mild and strong masks would make the probe fail, not pass.
  */
-function maskedCounts(masked: ArrayLike<number>, tk: number): Int32Array {
+function maskedCounts(masked: ArrayLike<number>, tk: number): Float64Array {
   const strong = Array.prototype.some.call(masked, (v: number) => v <= STRONG_MASK);
   return countRows(masked, tk, (max) => Math.min(max - HIDDEN_GAP, strong ? STRONG_MASK : -HIDDEN_GAP));
 }
@@ -121,11 +121,23 @@ function maskedCounts(masked: ArrayLike<number>, tk: number): Int32Array {
 /** Masks at or below this are far from any content logit. */
 const STRONG_MASK = -9000;
 
-function countRows(values: ArrayLike<number>, tk: number, limitOf: (max: number) => number): Int32Array {
-  const counts = new Int32Array(values.length / tk);
+/**
+ * Keys per row above the row's limit; NaN for a row holding NaN or +Inf, whose Softmax is NaN in the original
+ * too (a mask of 0 divided into the logits): its attention sees no number of keys, so there is no n to check.
+ */
+function countRows(values: ArrayLike<number>, tk: number, limitOf: (max: number) => number): Float64Array {
+  const counts = new Float64Array(values.length / tk);
   for (let row = 0; row < counts.length; row++) {
-    let max = -Infinity;
-    for (let j = 0; j < tk; j++) if (values[row * tk + j] > max) max = values[row * tk + j]; // NaN is never the max
+    let max = -Infinity, nan = false;
+    for (let j = 0; j < tk; j++) {
+      const v = values[row * tk + j];
+      if (Number.isNaN(v)) nan = true;
+      else if (v > max) max = v;
+    }
+    if (nan || max === Infinity) {
+      counts[row] = NaN;
+      continue;
+    }
     const limit = limitOf(max);
     let n = 0;
     for (let j = 0; j < tk; j++) if (values[row * tk + j] > limit) n++;

@@ -20,7 +20,7 @@ export const MS_ATTENTION = patchedOp({
   contracts: {
     keyEnds: 'mask_index',
     divisible: [{ size: 'hidden_size (qkv_hidden_sizes[0], else a third of the weights\' columns)', by: 'num_heads' }],
-    sharedBuffer: { attribute: 'past_present_share_buffer', caches: ['past'], length: 'past_sequence_length' },
+    sharedBuffer: { attribute: 'past_present_share_buffer', caches: ['past'], axis: 3, length: 'past_sequence_length' },
     notes: [
       'weights: (input_hidden_size, hidden_size + hidden_size + v_hidden_size), split at qkv_hidden_sizes (equal thirds without it)',
       'mask_index: int32 (batch_size) key lengths, (2 * batch_size) end then start positions, (3 * batch_size + 2), raw (batch_size, '

@@ -20,10 +20,10 @@ export const DECODER_MASKED_MULTI_HEAD_ATTENTION = patchedOp({
   probabilities: { output: 'qk', mode: { attribute: 'output_qk', enable: 1 }, holds: (mode) => (mode === 1 ? 'logits' : { reason: 'its qk output is not enabled' }) },
   contracts: {
     lengths: { past_sequence_length: 'past' },
-    queryRows: 1,
+    queryRows: { rows: 1 },
     beams: { width: 'beam_width', indirection: 'cache_indirection' },
     minPast: { tokens: 1, why: 'onnxruntime 1.30\'s CPU kernel corrupts memory (the process aborts) on an empty cache (past_sequence_length 0)' },
-    sharedBuffer: { attribute: 'past_present_share_buffer', caches: ['past_key', 'past_value'], length: 'past_sequence_length' },
+    sharedBuffer: { attribute: 'past_present_share_buffer', caches: ['past_key', 'past_value'], axis: 2, length: 'past_sequence_length' },
     notes: [
       'query: (batch_size, 1, hidden_size), or packed QKV (batch_size, 1, 2 * hidden_size + v_hidden_size)',
       'key, value: (batch_size, 1, ·) for self attention, or the cached (batch_size, num_heads, kv_sequence_length, head_size) for cross attention',

@@ -20,7 +20,13 @@ export const MULTI_HEAD_ATTENTION = patchedOp({
   probabilities: { output: 'qk', holds: () => 'logits' },
   contracts: {
     lengths: { past_sequence_length: 'past' },
-    sharedBuffer: { attribute: 'past_present_share_buffer', caches: ['past_key', 'past_value'], length: 'past_sequence_length' },
+    // With a cache indirection the node runs DecoderMaskedMultiHeadAttention's kernel, with its contract: one query
+    // token, a cache of at least one token, and batch × beams = the query's batch.
+    beams: { indirection: 'cache_indirection' },
+    queryRows: { rows: 1, given: 'cache_indirection' },
+    minPast: { tokens: 1, why: 'with a cache indirection, onnxruntime 1.30\'s CPU kernel corrupts memory (the process aborts) on an empty cache (past_sequence_length 0)', given: 'cache_indirection' },
+    // A past_sequence_length makes the caches one buffer: present_key has past_key's shape (onnxruntime 1.30, CPU).
+    sharedBuffer: { attribute: 'past_present_share_buffer', given: 'past_sequence_length', caches: ['past_key', 'past_value'], axis: 2, length: 'past_sequence_length' },
     notes: [
       'key_padding_mask: (batch_size), (3 * batch_size + 2), (batch_size, kv_sequence_length), (batch_size, total_sequence_length) '
         + 'or (batch_size, sequence_length, total_sequence_length); 0 = padding',

@@ -116,16 +116,22 @@ export interface Contracts<I extends string> {
   lengths?: Partial<Record<I, LengthFill<I>>>;
   /** A 1-D mask in this input holds each item's key end, then (2B, 3B + 2 entries) more positions. */
   keyEnds?: I;
-  /** Every run needs at least this many cached tokens, and why. */
-  minPast?: { tokens: number; why: string };
-  /** Beam search's width input and the cache indirection [B, beams, max length] it must match (axis 1); the indirection holds beam indices. */
-  beams?: { width: I; indirection: I };
-  /** The query rows the kernel takes, when it takes only so many. */
-  queryRows?: number;
+  /** Every run needs at least this many cached tokens, and why (`given`: only when that input is given). */
+  minPast?: { tokens: number; why: string; given?: I };
+  /**
+   * Beam search's cache indirection [B, beams, max length] (it holds beam indices) and the width input it must match
+   * on axis 1, where the operator has one.
+   */
+  beams?: { width?: I; indirection: I };
+  /** The query rows the kernel takes, when it takes only so many (`given`: only when that input is given). */
+  queryRows?: { rows: number; given?: I };
   /** Sizes that must divide exactly, as the documentation states them. */
   divisible?: { size: string; by: string }[];
-  /** A past/present pair that may be one max-length buffer (when `attribute` = 1); `length` then holds the past's length. */
-  sharedBuffer?: { attribute: string; caches: I[]; length?: I };
+  /**
+   * A past/present pair that may be one max-length buffer (when `attribute` = 1, or when the input `given` is
+   * given), its length on `axis` of the caches; `length` then holds the past's length.
+   */
+  sharedBuffer?: { attribute: string; given?: I; caches: I[]; axis: number; length?: I };
   /** Token-packed (padding-free) layout: every item's rows in one axis, placed by `offsets` and `cumulative`. */
   packedTokens?: { offsets: I; cumulative: I };
   /** Other requirements of the documentation, in its words. */

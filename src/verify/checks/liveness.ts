@@ -16,6 +16,8 @@ export class LivenessCheck implements CheckUnit {
   /** Long runs whose original attention is saturated (mean largest probability ≥ 0.99): no factor can show there. */
   private readonly saturatedRuns = new Set<string>();
   private finiteRuns = 0;
+  /** Runs where the original's own outputs hold NaN or Inf (the patched may match them there). */
+  private readonly originalNonFinite = new Set<string>();
   private readonly nonFinite: string[] = [];
   private readonly errors: string[] = [];
   /** Where the factor must show: `L = 64`, `n ≥ floor_scale = 8192`. */
@@ -42,6 +44,7 @@ export class LivenessCheck implements CheckUnit {
     }
     const r = compareRun(this.ctx.setup, run, outcome.outputs, original);
     this.finiteRuns++;
+    if (r.outputs.some((x) => x.expectedNonFinite > 0)) this.originalNonFinite.add(run.id);
     for (const o of r.outputs.filter((x) => x.newNonFinite > 0)) {
       this.nonFinite.push(`${run.id}: ${o.name} has ${o.newNonFinite} NaN/Inf values where the original's are finite`);
     }
@@ -77,7 +80,10 @@ export class LivenessCheck implements CheckUnit {
     const longRuns = aliveRuns(this.longRuns, noise);
     if (this.errors.length) return check('liveness', 'FAILED', this.errors[0], this.criterion, longRuns);
     if (this.nonFinite.length) return check('liveness', 'FAILED', this.nonFinite[0], this.criterion, longRuns);
-    const finite = `all outputs finite in ${this.finiteRuns} run(s)`;
+    const own = [...this.originalNonFinite];
+    const finite = own.length
+      ? `outputs finite wherever the original's are in ${this.finiteRuns} run(s) (the original's own outputs hold NaN or Inf in ${own.length}: ${own.join('; ')})`
+      : `all outputs finite in ${this.finiteRuns} run(s)`;
     const bound = setup.bound;
     if (longRuns.length === 0 && bound?.longest !== undefined && bound.longest <= setup.liveFrom) {
       return skippedCheck('liveness', this.criterion, `no attention row of this model can see more than ${bound.longest} keys (${bound.why}), never beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
