@@ -14,7 +14,7 @@ export interface LiftedVerdict {
   where: string;
   /** The outer verification's site indices in that graph. */
   sites: number[];
-  /** The lifted pair's verdict of the check, or why the graph could not be verified on its own. */
+  /** The lifted pair's verdict of the check, or why the graph could not be verified on its own (a sentence naming it). */
   result: CheckResult | string;
 }
 
@@ -24,7 +24,7 @@ export function liftedVerdicts(lifted: Lifted | undefined, id: CheckId, sites: I
   for (const i of sites) {
     const g = lifted?.graphs.get(i);
     if (!g || out.has(g)) continue;
-    const result = typeof g.checks === 'string' ? g.checks : g.checks.get(id) ?? 'its graph was not verified on its own';
+    const result = typeof g.checks === 'string' ? g.checks : g.checks.get(id) ?? `${g.where} was not verified on its own`;
     out.set(g, { where: `${g.where}, run on its own`, sites: g.sites, result });
   }
   return [...out.values()];
@@ -38,10 +38,9 @@ export function liftedVerdicts(lifted: Lifted | undefined, id: CheckId, sites: I
 export function withLifted(id: CheckId, criterion: string, own: CheckResult | null, verdicts: LiftedVerdict[]): CheckResult {
   const parts = [
     ...(own ? [{ text: own.summary, r: own, prefix: '' }] : []),
-    ...verdicts.map((v) => {
-      const r = typeof v.result === 'string' ? skippedCheck(id, criterion, v.result) : v.result;
-      return { text: `${v.where}: ${r.summary}`, r, prefix: `${v.where}: ` };
-    }),
+    ...verdicts.map((v) => (typeof v.result === 'string'
+      ? { text: v.result, r: skippedCheck(id, criterion, v.result), prefix: '' }
+      : { text: `${v.where}: ${v.result.summary}`, r: v.result, prefix: `${v.where}: ` })),
   ];
   const texts = (xs: typeof parts): string => xs.map((x) => x.text).join(' | ');
   const failed = parts.filter((x) => x.r.status === 'FAILED');
