@@ -217,6 +217,20 @@ describe('retrofit parity in graphs an operator holds (BeamSearch and GreedySear
     assert.match(wrongS.summary, /layer 0 of main\/BeamSearch_gpt2\.decoder .*the factor at n = L = 64 is 1\.1\d*, not 1/);
     assert.match(wrongS.summary, /the decoder graph of BeamSearch 'BeamSearch_gpt2', run on its own: /, 'the decoder run on its own sees it too');
   });
+
+  it('stays skipped, saying why, when the decoder reads a value of the graph around it that is not an initializer', async () => {
+    const original = readModel(beam);
+    const patched = patchModel(original, { trainLen: 64 }).model;
+    for (const m of [original, patched]) {
+      const g = modelScopes(m).find((x) => x.path === decoder)!.graph.proto;
+      g.node.push({ opType: 'Identity', domain: '', input: ['max_length'], output: ['outer_read'], name: 'outer_read', attribute: [] });
+    }
+    const r = await verifyPatch(original, patched, { checks: ['retrofit'], strict: true });
+    const retrofit = retrofitOf(r);
+    assert.equal(retrofit.status, 'SKIPPED');
+    assert.equal(retrofit.summary, "the decoder graph of BeamSearch 'BeamSearch_gpt2' reads 'max_length' from the graph around it: it cannot run on its own");
+    assert.equal(r.passed, false, 'left unverified under --strict');
+  });
 });
 
 describe('a load failure of the original', () => {
