@@ -17,10 +17,12 @@ import { compareOutputs } from '../src/verify/compare';
 import { verifyPatch } from '../src/verify/verify';
 import { originalLoadError } from '../src/verify/sessions';
 import { CORPUS, TORCH } from './support/ref';
-import { doubleN } from './support/tamper';
+import { doubleN, siteOf } from './support/tamper';
 import { detectAttention } from '../src/detect/find-attention';
 import { modelScopes } from '../src/graph/scopes';
 import { ModelProto } from '../src/io/onnx';
+import { makeTensor, readTensor } from '../src/graph/tensor';
+import { CheckResult } from '../src/verify/report';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 
 after(removeScratch);
@@ -168,6 +170,66 @@ describe('graphs an operator holds (GreedySearch decoders)', { skip: fs.existsSy
     const failed = wrong.checks.find((c) => c.id === 'probe')!;
     assert.equal(failed.status, 'FAILED');
     assert.match(failed.summary, /^layer \d of main\/GreedySearch_gpt2\.decoder \(Attention '.*'\) .*matches n doubled \(2n\) \(lifted out of the decoder graph of GreedySearch/);
+  });
+});
+
+const beam = path.join(CORPUS, 'ort_tiny_gpt2_beamsearch.onnx');
+/**
+ * Retrofit parity needs the rows of every site at n = L, which a decoder BeamSearch or GreedySearch runs cannot give
+ * as outputs: the decoder is lifted into a model of its own and those rows are read there.
+ */
+describe('retrofit parity in graphs an operator holds (BeamSearch and GreedySearch decoders)', { skip: fs.existsSync(beam) && fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+  const decoder = 'main/BeamSearch_gpt2.decoder';
+  const retrofitOf = (r: { checks: { id: string }[] }): CheckResult => r.checks.find((c) => c.id === 'retrofit') as CheckResult;
+
+  it('passes --strict (exit 0) on both corpus models, saying the rows at n = L were read on each decoder run on its own', async () => {
+    const dir = tmpdir('ssmax-beam-');
+    const patched = path.join(dir, 'beam.ssmax.onnx');
+    assert.equal(cli([beam, '--train-len', '64', '-o', patched]).code, 0);
+    const r = cli(['verify', beam, patched, '--strict']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /PASSED {2}retrofit parity: the decoder graph of BeamSearch 'BeamSearch_gpt2', run on its own: at n = L = 64 the factor is 1 at 5 site\(s\) \([1-9]\d* rows seen\); every output equals the original's in [1-9] run\(s\)/);
+    assert.match(r.stdout, /strict: PASSED/);
+    const original = readModel(greedy);
+    const report = await verifyPatch(original, patchModel(original, { trainLen: 64 }).model, { strict: true });
+    assert.equal(report.passed, true, report.unverified.join('\n'));
+    const retrofit = retrofitOf(report);
+    assert.equal(retrofit.status, 'PASSED');
+    const graphs = retrofit.summary.split(' | ');
+    assert.deepEqual(graphs.map((g) => /^the (\w+) graph of GreedySearch 'GreedySearch_gpt2', run on its own: at n = L = 64 the factor is 1 at 5 site\(s\)/.exec(g)?.[1]), ['init_decoder', 'decoder']);
+  });
+
+  it('fails when a decoder\'s factor is not 1 at L: n tampered in the graph, or s changed', async () => {
+    const original = readModel(beam);
+    const patched = patchModel(original, { trainLen: 64 }).model;
+    assert.equal(doubleN(patched, decoder), 5);
+    const doubled = retrofitOf(await verifyPatch(original, patched, { checks: ['retrofit'] }));
+    assert.equal(doubled.status, 'FAILED', doubled.summary);
+    assert.match(doubled.summary, /^the decoder graph of BeamSearch 'BeamSearch_gpt2', run on its own: layer \d .*ratio 1\.1\d* where the factor must be 1 \(n = 64, n = L = 64\)/);
+    const scaled = patchModel(original, { trainLen: 64 }).model;
+    const name = siteOf(scaled, 0, decoder).sInitializer!;
+    const g = modelScopes(scaled).find((x) => x.path === decoder)!.graph;
+    const s = g.initializers.get(name)!;
+    const values = readTensor(s)!.values.map((v) => v * 1.1);
+    Object.assign(s, makeTensor(name, s.dataType, s.dims.map(Number), values));
+    const wrongS = retrofitOf(await verifyPatch(original, scaled, { checks: ['retrofit'] }));
+    assert.equal(wrongS.status, 'FAILED', wrongS.summary);
+    assert.match(wrongS.summary, /layer 0 of main\/BeamSearch_gpt2\.decoder .*the factor at n = L = 64 is 1\.1\d*, not 1/);
+    assert.match(wrongS.summary, /the decoder graph of BeamSearch 'BeamSearch_gpt2', run on its own: /, 'the decoder run on its own sees it too');
+  });
+
+  it('stays skipped, saying why, when the decoder reads a value of the graph around it that is not an initializer', async () => {
+    const original = readModel(beam);
+    const patched = patchModel(original, { trainLen: 64 }).model;
+    for (const m of [original, patched]) {
+      const g = modelScopes(m).find((x) => x.path === decoder)!.graph.proto;
+      g.node.push({ opType: 'Identity', domain: '', input: ['max_length'], output: ['outer_read'], name: 'outer_read', attribute: [] });
+    }
+    const r = await verifyPatch(original, patched, { checks: ['retrofit'], strict: true });
+    const retrofit = retrofitOf(r);
+    assert.equal(retrofit.status, 'SKIPPED');
+    assert.equal(retrofit.summary, "the decoder graph of BeamSearch 'BeamSearch_gpt2' reads 'max_length' from the graph around it: it cannot run on its own");
+    assert.equal(r.passed, false, 'left unverified under --strict');
   });
 });
 

@@ -2,8 +2,8 @@
  * Sites inside a graph attribute of an operator other than If, Loop and Scan (the decoders of com.microsoft
  * GreedySearch and BeamSearch) cannot be brought out as outputs: the operator defines its outputs. Such a graph
  * that reads nothing from the graph around it is a model of its own: it is lifted out of both models (the
- * patched one with its record's sites and journal entries for that graph), and probed on inputs synthesised from
- * its own signature by a verification of the lifted pair.
+ * patched one with its record's sites and journal entries for that graph), and verified on inputs synthesised from
+ * its own signature: the probe, retrofit parity and sharpness of its sites are judged on the lifted pair, in memory.
  */
 import { InputError } from '../errors';
 import { nodeLabel } from '../graph/graph';
@@ -12,11 +12,29 @@ import { readsOf } from '../graph/toposort';
 import { GraphProto, ModelProto } from '../io/onnx';
 import { cloneModel } from '../rewrite/patch';
 import { PatchRecord, readRecord, removeRecord, writeRecord } from '../rewrite/record';
+import { CheckId } from './plan';
 import { ProbeSiteResult } from './probe';
+import { CheckResult } from './report';
 import type { FileVerifyOptions as VerifyOptions, VerifyReport } from './verify';
 
-/** Per site index: the lifted probe's result, or why the site could not be probed that way. */
-export type Lifted = Map<number, ProbeSiteResult | string>;
+/** The checks a lifted graph is verified with: those that read its sites' tensors, which the model cannot bring out. */
+const LIFTED_CHECKS: CheckId[] = ['probe', 'retrofit', 'sharpness'];
+
+export interface Lifted {
+  /** Per site index: the lifted probe's result, or why the site could not be probed that way. */
+  probes: Map<number, ProbeSiteResult | string>;
+  /** Per site index: the graph it was lifted out of, with the verdicts of its verification. */
+  graphs: Map<number, LiftedGraph>;
+}
+
+export interface LiftedGraph {
+  /** How messages name it: `the decoder graph of BeamSearch 'X'`. */
+  where: string;
+  /** The site indices of the outer verification in it. */
+  sites: number[];
+  /** The lifted pair's verdict per check it ran (retrofit, sharpness), or why it could not run. */
+  checks: Map<CheckId, CheckResult> | string;
+}
 
 type Verify = (original: ModelProto, patched: ModelProto, options: VerifyOptions) => Promise<VerifyReport>;
 
@@ -30,10 +48,12 @@ function rootOf(scope: Scope | undefined): Scope | null {
 }
 
 /** `labels`: how the outer verification names each site (its results keep those names). */
-export async function liftedProbes(original: ModelProto, patched: ModelProto, options: VerifyOptions, verify: Verify, labels: string[]): Promise<Lifted> {
-  const out: Lifted = new Map();
+export async function liftedChecks(original: ModelProto, patched: ModelProto, options: VerifyOptions, verify: Verify, labels: string[],
+  selected: ReadonlySet<CheckId>): Promise<Lifted> {
+  const out: Lifted = { probes: new Map(), graphs: new Map() };
   const record = readRecord(patched);
-  if (!record) return out;
+  const checks = LIFTED_CHECKS.filter((c) => selected.has(c));
+  if (!record || !checks.length) return out;
   const scopes = new Map(modelScopes(patched).map((s) => [s.path, s]));
   const groups = new Map<Scope, number[]>();
   record.sites.forEach((site, i) => {
@@ -41,18 +61,26 @@ export async function liftedProbes(original: ModelProto, patched: ModelProto, op
     if (root) groups.set(root, [...(groups.get(root) ?? []), i]);
   });
   for (const [root, indices] of groups) {
-    const results = await liftOne(original, patched, record, root, options, verify, labels);
+    const where = `the ${root.path.split('.').pop()} graph of ${root.owner!.node.opType} '${nodeLabel(root.owner!.node)}'`;
+    const results = await liftOne(original, patched, record, { root, where, checks }, options, verify, labels);
     const missing = (i: number): string => (record.sites[i].expanded
       ? 'expanded into its definition; the probe does not read the expanded nodes (wiring parity covers it)'
       : 'the lifted graph\'s probe did not reach it');
-    indices.forEach((i) => out.set(i, typeof results === 'string' ? results : results.get(i) ?? missing(i)));
+    const graph: LiftedGraph = { where, sites: indices, checks: typeof results === 'string' ? results : results.checks };
+    for (const i of indices) {
+      out.probes.set(i, typeof results === 'string' ? results : results.probes.get(i) ?? missing(i));
+      out.graphs.set(i, graph);
+    }
   }
   return out;
 }
 
-async function liftOne(original: ModelProto, patched: ModelProto, record: PatchRecord, root: Scope, options: VerifyOptions, verify: Verify,
-  labels: string[]): Promise<Map<number, ProbeSiteResult> | string> {
-  const where = `the ${root.path.split('.').pop()} graph of ${root.owner!.node.opType} '${nodeLabel(root.owner!.node)}'`;
+interface LiftTarget { root: Scope; where: string; checks: CheckId[] }
+interface LiftResult { probes: Map<number, ProbeSiteResult>; checks: Map<CheckId, CheckResult> }
+
+async function liftOne(original: ModelProto, patched: ModelProto, record: PatchRecord, target: LiftTarget, options: VerifyOptions, verify: Verify,
+  labels: string[]): Promise<LiftResult | string> {
+  const { root, where } = target;
   // Weights the graph shares with the one around it (initializers there) come along; activations cannot.
   const captured = capturedNames(root.graph.proto).filter((name) => !root.graph.initializers.has(name));
   if (captured.length) return `${where} reads '${captured[0]}' from the graph around it: it cannot run on its own`;
@@ -70,20 +98,23 @@ async function liftOne(original: ModelProto, patched: ModelProto, record: PatchR
   });
   let report: VerifyReport;
   try {
-    report = await verify(liftedOriginal, liftedPatched, { ...options, checks: ['probe'], strict: false, progress: undefined, lengths: undefined, trainLen: undefined, dims: undefined, inputFiles: undefined, inputs: undefined });
+    // L and the lengths are the outer verification's; dims and inputs name the outer model's inputs.
+    const progress = options.progress && ((line: string): void => options.progress!(`${line} (${where}, run on its own)`));
+    const own = { checks: target.checks, strict: false, progress, dims: undefined, inputFiles: undefined, inputs: undefined };
+    report = await verify(liftedOriginal, liftedPatched, { ...options, ...own });
   } catch (e) {
     if (e instanceof InputError) return `${where}, lifted into a model of its own, cannot run on synthesised inputs: ${e.message}`;
     throw e;
   }
-  const probe = report.checks.find((c) => c.id === 'probe')!;
+  const probe = report.checks.find((c) => c.id === 'probe');
   const results = new Map<number, ProbeSiteResult>();
-  for (const r of probe.sites ?? []) {
+  for (const r of probe?.sites ?? []) {
     const k = kept.find(({ s }) => s.layer === r.layer && inner(s.scope) === (r.scope ?? 'main'));
     if (!k) continue;
     const label = labels[k.i];
     results.set(k.i, { ...r, scope: k.s.scope, site: label, ...(r.message ? { message: `${label}${r.message.slice(r.site.length)} (lifted out of ${where} into a model of its own)` } : {}) });
   }
-  return results;
+  return { probes: results, checks: new Map(report.checks.filter((c) => c.id !== 'probe' && target.checks.includes(c.id)).map((c) => [c.id, c])) };
 }
 
 /**

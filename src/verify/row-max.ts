@@ -11,6 +11,7 @@ import { inputOf, isOp, MS_ATTENTION, MULTI_HEAD_ATTENTION, PatchedOp, patchedSp
 import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
+import { isPatchNode, namePrefix } from '../rewrite/identity';
 import { nodeKey } from '../rewrite/journal';
 import { Exposer, Unexposable } from './expose';
 import { attribute, constant, lastRows, node, PREFIX } from './nodes';
@@ -177,8 +178,27 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite, re
     return typeof holds === 'string' ? readQk(x, scope, op, spec, position, holds, site.record.layer, reading) : holds;
   }
   if (spec === MS_ATTENTION) return attentionLogits(x, scope, op, site.record.layer, reading);
+  const single = op.opType === 'Identity' && site.record.expanded ? singleRowSoftmax(scope.graph, op, site.record.layer) : undefined;
+  if (single) return softmaxRowMax(x, scope, single, site.record.layer, reading);
   if (op.opType === 'If' && site.record.expanded) return { reason: 'its expansion runs the kernel inside an If (one branch for decoding, one for a prompt), which the sweep does not read' };
   return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
+}
+
+/**
+ * An expanded operator whose query has one row by the graph's shapes (a decoder fed one token at a time) is plain
+ * ops ending in an Identity, with no If: the Softmax among the site's own inserted nodes before it.
+ */
+function singleRowSoftmax(g: Graph, identity: NodeProto, layer: number): NodeProto | undefined {
+  const todo = [...identity.input];
+  const done = new Set<string>();
+  for (let name = todo.shift(); name !== undefined; name = todo.shift()) {
+    const n = g.producer.get(name);
+    if (done.has(name) || !n || !isPatchNode(n)) continue;
+    done.add(name);
+    if (n.opType === 'Softmax') return n.name.startsWith(namePrefix(layer)) ? n : undefined;
+    todo.push(...n.input);
+  }
+  return undefined;
 }
 
 /** The row maxima of the kernel's output `at` (added to the node when absent), which holds `kind`. */

@@ -19,7 +19,7 @@ import { prepare, Setup } from './setup';
 import { ruledDims } from './signature';
 import { elemTypeName, HostTensor } from './tensors';
 import { execute } from './execute';
-import { liftedProbes } from './lift';
+import { liftedChecks } from './lift';
 import { failedParityRun, optimisationChanges } from './optimisation';
 import { Optimization } from './run';
 import { skippedCheck } from './checks/common';
@@ -82,7 +82,7 @@ async function runVerification(original: ModelProto, patched: ModelProto, option
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization);
   const labels = setup.sites.map((s) => s.label);
   const again = (o: ModelProto, p: ModelProto, opts: FileVerifyOptions): Promise<VerifyReport> => runVerification(o, p, opts, audience);
-  const lifted = setup.checks.has('probe') ? await liftedProbes(original, patched, options, again, labels) : undefined;
+  const lifted = await liftedChecks(original, patched, options, again, labels, setup.checks);
   const ctx: UnitContext = { setup, factory, lifted };
   const sharpness = new SharpnessCheck(ctx);
   // Retrofit first: it adds its runs to the plan before the others look at the runs.

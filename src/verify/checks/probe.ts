@@ -150,7 +150,7 @@ export class ProbeCheck implements CheckUnit {
     this.probes.forEach((p, i) => {
       const problem = this.problems.get(i);
       const why = this.unprobed.get(i);
-      const lifted = why ? this.ctx.lifted?.get(i) : undefined;
+      const lifted = why ? this.ctx.lifted?.probes.get(i) : undefined;
       if (lifted && typeof lifted !== 'string' && !problem) { results.push(lifted); return; }
       if (why && !problem) { unprobed.push(typeof lifted === 'string' ? `${p.label}: ${lifted}` : why); return; }
       const site = this.ctx.setup.sites[i];

@@ -19,6 +19,7 @@ import { Identity, Setup } from '../setup';
 import { readsLogits, VerifySite } from '../sites';
 import { siteViews } from '../views';
 import { check, describeStatsOf, skippedCheck } from './common';
+import { liftedVerdicts, withLifted } from './lifted';
 import { CheckUnit, compareRun, failedRun, Outcome, UnitContext } from './unit';
 
 interface SiteSeen {
@@ -159,13 +160,23 @@ export class RetrofitCheck implements CheckUnit {
   }
 
   judge(): CheckResult {
-    const { setup } = this.ctx;
     if (this.skip) return skippedCheck('retrofit', this.criterion, this.skip.why, this.skip.kind);
+    // Sites this model cannot bring out are judged on their graph run on its own (lift.ts).
+    const verdicts = liftedVerdicts(this.ctx.lifted, 'retrofit', this.unseen.keys());
+    const lifted = new Set(verdicts.flatMap((v) => v.sites).filter((i) => this.unseen.has(i)));
+    const own = this.ownVerdict(lifted);
+    return verdicts.length ? withLifted('retrofit', this.criterion, own, verdicts) : own!;
+  }
+
+  /** The verdict from what this model showed of the sites not in `lifted`; null when there are none and no outputs were compared. */
+  private ownVerdict(lifted: ReadonlySet<number>): CheckResult | null {
+    const { setup } = this.ctx;
     const id = setup.identity!;
     const siteFailure = this.seen.find((s) => s.failure)?.failure;
     const parity = this.runs.find((r) => !r.passed);
     const failure = this.scaleFailures[0] ?? siteFailure ?? (parity ? parityText(parity, setup) : undefined);
-    const unchecked = [...this.unseen.values()];
+    if (!failure && lifted.size > 0 && lifted.size === setup.sites.length && !this.runs.length) return null;
+    const unchecked = [...this.unseen].filter(([i]) => !lifted.has(i)).map(([, why]) => why);
     const notAt = setup.sites.flatMap((site, i) => {
       if (this.unseen.has(i) || this.seen[i].rows > 0) return [];
       const spans = [...this.seen[i].spans.values()];
@@ -176,7 +187,7 @@ export class RetrofitCheck implements CheckUnit {
     else {
       const checked = this.seen.filter((s) => s.rows > 0);
       if (checked.length === 0 && this.unseen.size === setup.sites.length && this.runs.length) {
-        result = check('retrofit', 'PASSED', `every output equals the original's in ${this.runs.length} run(s) placing each row at ${id.text}; worst ${describeStatsOf(this.runs, setup.tolerance)} (no site's rows seen: ${unchecked[0]})`, this.criterion, this.runs);
+        result = check('retrofit', 'PASSED', `every output equals the original's in ${this.runs.length} run(s) placing each row at ${id.text}; worst ${describeStatsOf(this.runs, setup.tolerance)} (no site's rows seen${unchecked.length ? `: ${unchecked[0]}` : ' in the model'})`, this.criterion, this.runs);
       } else if (checked.length === 0) {
         result = skippedCheck('retrofit', this.criterion, notAt[0] ?? unchecked[0] ?? `no run put a row at ${id.text}`, notAt.length && !unchecked.length ? 'not applicable' : 'not checked', this.runs);
       } else {

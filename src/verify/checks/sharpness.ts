@@ -9,6 +9,7 @@ import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { isUniform, layerMeans, MIN_KEPT, NO_FADE, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
 import { check, skippedCheck } from './common';
+import { liftedVerdicts, withLifted } from './lifted';
 import { CheckUnit, Outcome, UnitContext } from './unit';
 
 export class SharpnessCheck implements CheckUnit {
@@ -41,10 +42,16 @@ export class SharpnessCheck implements CheckUnit {
       return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior alone, which promises no sharper attention at long lengths (the probe checks the prior itself)', 'not applicable');
     }
     // A site counts where both models show its probabilities: the original's operator may hide what the patch's kernel shows.
-    const unseen = [...new Set([...(factory.rowMax.patched?.unseen ?? []), ...(factory.rowMax.original?.unseen ?? []).map((u) => `${u} (the original)`)])];
-    const result = this.verdict(unseen);
-    if (unseen.length && result.status !== 'SKIPPED') result.unchecked = unseen;
-    return result;
+    const { original, patched } = factory.rowMax;
+    const hidden = setup.sites.map((_, i) => i).filter((i) => !patched?.outputs.has(i) || !original?.outputs.has(i));
+    // Sites this model cannot bring out are judged on their graph run on its own (lift.ts).
+    const verdicts = liftedVerdicts(this.ctx.lifted, 'sharpness', hidden);
+    const lifted = verdicts.flatMap((v) => v.sites).filter((i) => hidden.includes(i)).map((i) => `${setup.sites[i].label}: `);
+    const unseen = [...new Set([...(patched?.unseen ?? []), ...(original?.unseen ?? []).map((u) => `${u} (the original)`)])]
+      .filter((u) => !lifted.some((label) => u.startsWith(label)));
+    const own = lifted.length === setup.sites.length ? null : this.verdict(unseen);
+    if (own && unseen.length && own.status !== 'SKIPPED') own.unchecked = unseen;
+    return verdicts.length ? withLifted('sharpness', this.criterion, own, verdicts) : own!;
   }
 
   private verdict(unseen: string[]): CheckResult {

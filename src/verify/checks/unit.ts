@@ -30,7 +30,7 @@ export interface CheckUnit {
 export interface UnitContext {
   setup: Setup;
   factory: SessionFactory;
-  /** Probe results of sites in graphs lifted out of an operator (lift.ts), by site index. */
+  /** Sites in graphs lifted out of an operator (lift.ts): their probe results and their graphs' verdicts, by site index. */
   lifted?: Lifted;
 }
 
