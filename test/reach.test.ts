@@ -128,6 +128,17 @@ describe('MultiHeadAttention running DecoderMaskedMultiHeadAttention\'s kernel (
   });
 });
 
+describe('an original this runtime cannot run', () => {
+  const name = 'ort_gpt2_megatron_opt.onnx';
+  it('is named a missing kernel feature, without a --dim or --input that cannot help (a 4-D mask on the CPU Attention kernel)', { skip: absent(name) }, () => {
+    const out = path.join(tmpdir('ssmax-reach-'), 'g.onnx');
+    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const r = cli(['verify', corpus(name), out, '--strict']);
+    assertOneLineError(r, 2, /4D mask in attention cpu kernel is not supported; this runtime \(onnxruntime-\w+ [\d.]+\) does not implement what the model asks, whatever its inputs/);
+    assert.doesNotMatch(r.stderr, /--dim/);
+  });
+});
+
 describe('rows the original computes as NaN', () => {
   // onnxruntime's Megatron fusion test: logits (qk / mask) · mask − mask, so a padding 0 in 'mask' makes the
   // original's row NaN (0/0): it attends to no number of keys, and the probe cannot hold the patch to one.

@@ -9,6 +9,7 @@ import * as path from 'node:path';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
 import { InputError, opt } from '../errors';
+import { runtimeLabel, runtimeReport } from '../onnxruntime';
 import { Feeds, synthesize } from './inputs';
 import { RunSpec } from './plan';
 import { RunReport } from './report';
@@ -88,6 +89,9 @@ async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<
   }
 }
 
+/** onnxruntime's words for a kernel that lacks a feature (its NOT_IMPLEMENTED status, or a kernel's own check). */
+const UNSUPPORTED = /\bnot (?:supported|implemented)\b|NOT_IMPLEMENTED/i;
+
 /**
  * The original's outcome: kept for the variants' runs. An original that fails on the first run cannot be
  * verified (an input error); failing at a sweep length ends the sweep there.
@@ -98,12 +102,16 @@ function original(setup: Setup, run: RunSpec, outcome: Outcome, store: OriginalO
     return;
   }
   if (run === setup.plan.runs[0]) {
-    throw new InputError(`the original model fails on the synthesised inputs (${run.id}): ${outcome.error}; set sizes with ${opt('dims', 'NAME=N')} or give inputs with ${opt('inputFiles', 'NAME=FILE')}`, 'cannot-verify');
+    // A kernel that does not implement what the model asks fails whatever the inputs: no size or file helps.
+    const action = UNSUPPORTED.test(outcome.error)
+      ? `this runtime (${runtimeLabel(runtimeReport())}) does not implement what the model asks, whatever its inputs: verify it where a runtime does, or re-export it without that feature`
+      : `set sizes with ${opt('dims', 'NAME=N')} or give inputs with ${opt('inputFiles', 'NAME=FILE')}`;
+    throw new InputError(`the original model fails on the synthesised inputs (${run.id}): ${outcome.error}; ${action}`, 'cannot-verify');
   }
   dropped.add(run.id);
   if (run.kind === 'sweep') {
     for (const r of setup.plan.runs) if (r.kind === 'sweep' && r.seq + r.past >= run.seq + run.past) dropped.add(r.id);
-    setup.plan.notes.push(`the original model fails at length ${run.seq}, so it and longer lengths were not compared: ${outcome.error}`);
+    setup.plan.notes.push(`the original model fails at length ${run.seq + run.past}, so it and longer lengths were not compared: ${outcome.error}`);
   } else {
     setup.plan.notes.push(`the original model fails at ${run.id}, so that run was not compared: ${outcome.error}`);
   }
