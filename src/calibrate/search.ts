@@ -175,7 +175,8 @@ export class SlopeSearch {
 
   /**
    * No s reaches the target yet: the first s, then the secant through the last two points, kept between 1.05× and
-   * 4× the last s (a secant from points far below the root can still fall short, or shoot far beyond it).
+   * 4× the last s (a secant from points far below the root can still fall short, or shoot far beyond it); a
+   * secant beyond the largest s goes there at once, which either brackets the root or shows it out of reach.
    */
   private grow(f: (p: Point) => number): number {
     const last = this.points[this.points.length - 1];
@@ -183,7 +184,8 @@ export class SlopeSearch {
     const prev = this.points[this.points.length - 2];
     const slope = (f(last) - f(prev)) / (last.s - prev.s);
     const secant = slope > 0 ? last.s - f(last) / slope : Infinity;
-    return Math.min(this.max, Math.max(1.05 * last.s, Math.min(4 * last.s, secant)));
+    if (secant >= this.max) return this.max;
+    return Math.max(1.05 * last.s, Math.min(4 * last.s, secant));
   }
 }
 
