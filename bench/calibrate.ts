@@ -27,8 +27,8 @@ export function calibrateBench(): void {
     const p = timed(process.execPath, [BIN, file, '--train-len', L, '-o', patched, '--quiet']);
     line(`patch --train-len ${L}`, p);
     line('verify (default plan)', timed(process.execPath, [BIN, 'verify', file, patched, '--json'], false));
-    // The decoder's weights are random: its largest probability grows steeply in s (the default searches 8 runs),
-    // and its entropy cannot be brought down to its value at L (out of reach after 4).
+    // The decoder's weights are random: its largest probability grows as e^gap with a gap linear in s (4 runs in
+    // all), and its entropy cannot be brought down to its value at L (out of reach after 3).
     for (const per of [[], ['--match', 'entropy']]) {
       const out = path.join(dir, `slope${per.length ? '-entropy' : ''}.onnx`);
       const c = timed(process.execPath, [BIN, 'calibrate', file, '--train-len', L, ...per, '-o', out, '--json', '--quiet'], false);
