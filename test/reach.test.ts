@@ -139,6 +139,18 @@ describe('an original this runtime cannot run', () => {
   });
 });
 
+describe('an original that fails on the synthesised inputs', () => {
+  const name = 'ort_microbench_attention_fp32.onnx';
+  it('is reported in the model\'s own words, not in those of a node verification added to read its probabilities', { skip: absent(name) }, () => {
+    const out = path.join(tmpdir('ssmax-reach-'), 'mb.onnx');
+    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    // Its weights are inputs with unnamed dims: a hidden size of 4 for 12 heads, which the kernel refuses.
+    const r = cli(['verify', corpus(name), out]);
+    assertOneLineError(r, 2, /running Attention node\. .*hidden_size should be divisible by num_heads/);
+    assert.doesNotMatch(r.stderr, /ssmax_verify\//);
+  });
+});
+
 describe('rows the original computes as NaN', () => {
   // onnxruntime's Megatron fusion test: logits (qk / mask) · mask − mask, so a padding 0 in 'mask' makes the
   // original's row NaN (0/0): it attends to no number of keys, and the probe cannot hold the patch to one.

@@ -17,6 +17,7 @@ import { Outputs, OutputTensor, Runner } from './run';
 import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { Setup } from './setup';
 import { CheckUnit, Outcome } from './checks/unit';
+import { PREFIX } from './nodes';
 import { makeScratch, removeScratch } from './scratch';
 
 export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
@@ -44,7 +45,7 @@ export async function execute(setup: Setup, factory: SessionFactory, units: Chec
           if (dropped.has(run.id)) continue;
           const checks = [...new Set(readers(run, key).map((u) => u.id))].join(', ');
           progress(`verify: ${SESSION_LABELS[key]} model, run ${k + 1} of ${todo.length} (${run.id}) for ${checks}`);
-          const bytes = await step(setup, runner, key, run, { reports, store, dropped, readers: readers(run, key) });
+          const bytes = await step(setup, runner, key, run, { reports, store, dropped, readers: readers(run, key), factory });
           // This run's outputs are dropped (the original's large ones are on disk): free large ones before the next run.
           if (bytes >= SPILL_BYTES) await collectGarbage();
         }
@@ -58,15 +59,33 @@ export async function execute(setup: Setup, factory: SessionFactory, units: Chec
   return runs.filter((r) => reports.has(r.id)).map((r) => reports.get(r.id)!);
 }
 
-interface StepState { reports: Map<string, RunReport>; store: OriginalOutputs; dropped: Set<string>; readers: CheckUnit[] }
+interface StepState { reports: Map<string, RunReport>; store: OriginalOutputs; dropped: Set<string>; readers: CheckUnit[]; factory: SessionFactory }
 
 /** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
 async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
-  const outcome = await runOnce(setup, runner, run, st.reports);
+  let outcome = await runOnce(setup, runner, run, st.reports);
+  if (key === 'original' && 'error' in outcome && run === setup.plan.runs[0] && outcome.error.includes(PREFIX)) outcome = await bareOriginal(setup, run, st);
   const bytes = 'outputs' in outcome ? Object.values(outcome.outputs).reduce((n, t) => n + t.data.byteLength, 0) : 0;
   if (key === 'original') original(setup, run, outcome, st.store, st.dropped);
   else for (const u of st.readers) u.observe(run, key, outcome, st.store.get(run.id));
   return bytes;
+}
+
+/**
+ * The first run of the original failed in a node verification added (its probability read-outs): the model
+ * as it is, on the same inputs, says what is wrong with them in its own words; if it runs, the fault is this
+ * tool's.
+ */
+async function bareOriginal(setup: Setup, run: RunSpec, st: StepState): Promise<Outcome> {
+  const bare = await st.factory.openOriginal(st.factory.optimization);
+  try {
+    await bare.run(feedsFor(setup, run));
+  } catch (e) {
+    return { error: firstLine(e) };
+  } finally {
+    await st.factory.release(bare);
+  }
+  throw new Error(`verification's copy of the original fails at ${run.id} where the original runs (a bug)`);
 }
 
 /** The inputs of a run: the same for every session. */

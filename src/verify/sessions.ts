@@ -54,7 +54,7 @@ export class SessionFactory {
    * outputs depend on it, see optimisationChanges).
    */
   constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: VerifySite[],
-    private readonly sharpness: boolean, private readonly optimization: Optimization = 'all') {
+    private readonly sharpness: boolean, readonly optimization: Optimization = 'all') {
     this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
   }
 
