@@ -130,6 +130,17 @@ describe('calibrate on a fused operator', () => {
     }
   });
 
+  it('a decoder whose fixed tokens outnumber N (Whisper\'s 1,500, causal) is read in one run of them alone, not in a run of negative cache', { skip: !fs.existsSync(CORPUS) }, () => {
+    // Before: past = N − 1500 < 0, an internal error (Invalid typed array length).
+    const r = calibrate(path.join(CORPUS, 'ort_whisper_decoder_with_past_self_mha_fused.onnx'), 'whisper');
+    assert.equal(r.code, 1, r.stderr);
+    assert.equal(r.doc.error?.code, 'calibrate-failed');
+    const c = r.doc.calibration!;
+    assert.equal(c.runs, 1);
+    assert.ok(c.curve.every((p) => Number.isFinite(p.before)), JSON.stringify(c.curve));
+    assert.match(c.notes.join(), /about uniform/);
+  });
+
   it('a corpus model (com.microsoft Attention, random weights) is read and refused: its attention is uniform', { skip: !fs.existsSync(CORPUS) }, () => {
     const r = calibrate(path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx'), 'corpus');
     assert.equal(r.code, 1);

@@ -346,7 +346,10 @@ function runOf(ctx: Context, length: number): RunSpec {
   const past = setup.pinned.past ?? minPast;
   if (setup.seqFree) return { id: `batch=${batch} seq=${length - past}${past ? ` past=${past}` : ''}`, kind: 'sweep', batch, seq: length - past, past, padded: false };
   const seq = setup.pinned.seq ?? setup.fixedSeq ?? 1;
-  return { id: `batch=${batch} seq=${seq} past=${length - seq}`, kind: 'sweep', batch, seq, past: length - seq, padded: false };
+  // Fixed tokens beyond the length asked for (Whisper's 1,500 frames): one run of them alone, whose causal rows
+  // still see every n from 1 up.
+  const grown = Math.max(length - seq, minPast);
+  return { id: `batch=${batch} seq=${seq}${grown ? ` past=${grown}` : ''}`, kind: 'sweep', batch, seq, past: grown, padded: false };
 }
 
 /** Synthesised inputs for the run, with given token ids cut to its length. */
