@@ -139,6 +139,16 @@ describe('an original this runtime cannot run', () => {
   });
 });
 
+describe('an original this runtime cannot load, with inputs it cannot synthesise', () => {
+  const name = 'ort_packed_attention_fp32.onnx';
+  it('names the kernel onnxruntime lacks (RestorePadding on CPU), not the lengths input a file would not help with', { skip: absent(name) }, () => {
+    const out = path.join(tmpdir('ssmax-reach-'), 'p.onnx');
+    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const r = cli(['verify', corpus(name), out, '--strict']);
+    assertOneLineError(r, 2, /^ssmax-patch: onnxruntime cannot load the original model: Could not find an implementation for RestorePadding/);
+  });
+});
+
 describe('an original that fails on the synthesised inputs', () => {
   const name = 'ort_microbench_attention_fp32.onnx';
   it('is reported in the model\'s own words, not in those of a node verification added to read its probabilities', { skip: absent(name) }, () => {

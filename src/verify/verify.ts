@@ -9,7 +9,7 @@
  * The sites come from the patch record and its journal. With `strict`, anything left unverified (a skipped
  * check, a site that could not be seen, attention the patch refused) fails the verification.
  */
-import { opt, render } from '../errors';
+import { InputError, opt, render } from '../errors';
 import { ModelProto } from '../io/onnx';
 import { runtimeReport } from '../onnxruntime';
 import { CheckId, CHECK_IDS } from './plan';
@@ -72,11 +72,31 @@ export async function verifyForCli(original: ModelProto, patched: ModelProto, op
   return runVerification(original, patched, options, 'cli');
 }
 
+/**
+ * The inputs cannot be synthesised (a lengths input, say): where onnxruntime cannot even load the original (a
+ * kernel only another provider has), that is what to say; a file for the input would not help.
+ */
+async function prepareOrLoadError(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Promise<Setup> {
+  try {
+    return prepare(original, patched, options);
+  } catch (e) {
+    if (!(e instanceof InputError) || e.code !== 'cannot-verify') throw e;
+    // A load failure of the original is an InputError of its own (originalLoadError), thrown from here.
+    const factory = new SessionFactory(original, patched, [], false);
+    try {
+      await factory.release(await factory.openOriginal('all'));
+    } finally {
+      factory.cleanup();
+    }
+    throw e;
+  }
+}
+
 /** `optimization`: 'basic' once the original's outputs turned out to depend on onnxruntime's optimisations (`why`). */
 async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli',
   optimization: Optimization = 'all', why?: string): Promise<VerifyReport> {
   const started = performance.now();
-  const setup = prepare(original, patched, options);
+  const setup = await prepareOrLoadError(original, patched, options);
   if (why) setup.plan.notes.push(why);
   const progress = options.progress ?? ((): void => undefined);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization);
