@@ -24,8 +24,23 @@ const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 const corpus = (name: string): string => path.join(CORPUS, name);
 const absent = (name: string): false | string => (fs.existsSync(corpus(name)) ? false : 'corpus not present');
 
+/** The corpus model patched with --train-len 64 into a scratch folder. */
+function patchedCopy(name: string): string {
+  const out = path.join(tmpdir('ssmax-reach-'), name);
+  const r = cli([corpus(name), '--train-len', '64', '-o', out]);
+  assert.equal(r.code, 0, r.stderr);
+  return out;
+}
+
 interface CheckLine { id: string; status: string; skip?: string; summary: string }
 const checksOf = (stdout: string): CheckLine[] => (JSON.parse(stdout) as { checks: CheckLine[] }).checks;
+
+/** `verify --strict` of the pair passes (exit 0); its checks. */
+function strictChecks(original: string, patched: string): CheckLine[] {
+  const r = cli(['verify', original, patched, '--strict', '--json']);
+  assert.equal(r.code, 0, r.stdout + r.stderr);
+  return checksOf(r.stdout);
+}
 
 describe('patch time: fixed lengths', () => {
   const fixed = 'burn_attention_3d.onnx';
@@ -115,13 +130,10 @@ describe('verify --strict on what the model accepts', () => {
 describe('MultiHeadAttention running DecoderMaskedMultiHeadAttention\'s kernel (a cache indirection)', () => {
   const name = 'ort_dmmha_inside_mha_self_attn.onnx';
   it('runs one query token over a shared buffer of past + 1 with at least one cached token and one beam; strict exit 0', { skip: absent(name) }, () => {
-    const out = path.join(tmpdir('ssmax-reach-'), 'dm.onnx');
-    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const out = patchedCopy(name);
     // Before: num_beams sized by position (0), max_sequence_length as the sequence (no room for the cache), then an
     // empty cache, on which onnxruntime's CPU kernel corrupts its heap (the process died with SIGSEGV).
-    const r = cli(['verify', corpus(name), out, '--strict', '--json']);
-    assert.equal(r.code, 0, r.stdout + r.stderr);
-    const checks = checksOf(r.stdout);
+    const checks = strictChecks(corpus(name), out);
     assert.deepEqual(checks.map((c) => [c.id, c.status]), [['wiring', 'PASSED'], ['probe', 'PASSED'], ['retrofit', 'PASSED'], ['liveness', 'PASSED'], ['sharpness', 'PASSED']]);
     assert.match(checks[1].summary, /\(batch=2 seq=1 past=1; /);
     assert.match(checks[2].summary, /batch=1 seq=1 past=63/);
@@ -131,8 +143,7 @@ describe('MultiHeadAttention running DecoderMaskedMultiHeadAttention\'s kernel (
 describe('an original this runtime cannot run', () => {
   const name = 'ort_gpt2_megatron_opt.onnx';
   it('is named a missing kernel feature, without a --dim or --input that cannot help (a 4-D mask on the CPU Attention kernel)', { skip: absent(name) }, () => {
-    const out = path.join(tmpdir('ssmax-reach-'), 'g.onnx');
-    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const out = patchedCopy(name);
     const r = cli(['verify', corpus(name), out, '--strict']);
     assertOneLineError(r, 2, /4D mask in attention cpu kernel is not supported; this runtime \(onnxruntime-\w+ [\d.]+\) does not implement what the model asks, whatever its inputs/);
     assert.doesNotMatch(r.stderr, /--dim/);
@@ -142,8 +153,7 @@ describe('an original this runtime cannot run', () => {
 describe('an original this runtime cannot load, with inputs it cannot synthesise', () => {
   const name = 'ort_packed_attention_fp32.onnx';
   it('names the kernel onnxruntime lacks (RestorePadding on CPU), not the lengths input a file would not help with', { skip: absent(name) }, () => {
-    const out = path.join(tmpdir('ssmax-reach-'), 'p.onnx');
-    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const out = patchedCopy(name);
     const r = cli(['verify', corpus(name), out, '--strict']);
     assertOneLineError(r, 2, /^ssmax-patch: onnxruntime cannot load the original model: Could not find an implementation for RestorePadding/);
   });
@@ -152,8 +162,7 @@ describe('an original this runtime cannot load, with inputs it cannot synthesise
 describe('an original that fails on the synthesised inputs', () => {
   const name = 'ort_microbench_attention_fp32.onnx';
   it('is reported in the model\'s own words, not in those of a node verification added to read its probabilities', { skip: absent(name) }, () => {
-    const out = path.join(tmpdir('ssmax-reach-'), 'mb.onnx');
-    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
+    const out = patchedCopy(name);
     // Its weights are inputs with unnamed dims: a hidden size of 4 for 12 heads, which the kernel refuses.
     const r = cli(['verify', corpus(name), out]);
     assertOneLineError(r, 2, /running Attention node\. .*hidden_size should be divisible by num_heads/);
@@ -166,11 +175,8 @@ describe('rows the original computes as NaN', () => {
   // original's row NaN (0/0): it attends to no number of keys, and the probe cannot hold the patch to one.
   const name = 'ort_self_attention_megatron_basic_test.onnx';
   it('are left out of the probe and said so; the rest of the row holds the patch to n; strict exit 0', { skip: absent(name) }, () => {
-    const out = path.join(tmpdir('ssmax-reach-'), 'm.onnx');
-    assert.equal(cli([corpus(name), '--train-len', '64', '-o', out]).code, 0);
-    const r = cli(['verify', corpus(name), out, '--strict', '--json']);
-    assert.equal(r.code, 0, r.stdout + r.stderr);
-    const checks = checksOf(r.stdout);
+    const out = patchedCopy(name);
+    const checks = strictChecks(corpus(name), out);
     const probe = checks.find((c) => c.id === 'probe')!;
     assert.equal(probe.status, 'PASSED');
     assert.match(probe.summary, /; 24 row\(s\) not probed: the original's logits there hold NaN or \+Inf/);
