@@ -127,6 +127,16 @@ describe('verify --strict on what the model accepts', () => {
   });
 });
 
+describe('cross attention over a cache behind 1,500 fixed tokens', () => {
+  const name = 'ort_whisper_decoder_with_past_cross_mha_fused.onnx';
+  it('retrofit parity runs a cache of L keys, which is what the cross attention sees: PASSED, outputs compared', { skip: absent(name) }, () => {
+    // Before: its only retrofit run had an empty cache (n = 0), reported as not applicable although a run could reach n = L.
+    const retrofit = strictChecks(corpus(name), patchedCopy(name)).find((c) => c.id === 'retrofit')!;
+    assert.equal(retrofit.status, 'PASSED', retrofit.summary);
+    assert.match(retrofit.summary, /every output equals the original's in 1 run\(s\); worst batch=1 seq=1500 past=64/);
+  });
+});
+
 describe('MultiHeadAttention running DecoderMaskedMultiHeadAttention\'s kernel (a cache indirection)', () => {
   const name = 'ort_dmmha_inside_mha_self_attn.onnx';
   it('runs one query token over a shared buffer of past + 1 with at least one cached token and one beam; strict exit 0', { skip: absent(name) }, () => {

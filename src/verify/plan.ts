@@ -155,7 +155,11 @@ export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number 
   if ((o.seqFree || o.pinned.seq === top) && !o.minPast) ids.push(addRun(plan.runs, 'retrofit', o.batch, top, 0));
   const seq = o.pinned.seq ?? 1;
   if (o.pastFree && seq < top) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, top - seq));
-  // More fixed tokens than L: causal rows still count up through L (which rows do is seen at run time).
-  if (!ids.length && !o.seqFree && seq > top) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, o.pastFree ? o.minPast ?? 0 : 0));
+  // More fixed tokens than L: causal rows still count up through L, and where the cache can grow, a cache of L
+  // keys is what cross attention over it sees (which rows do have n = L is seen at run time, per site).
+  if (!ids.length && !o.seqFree && seq > top) {
+    ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, o.pastFree ? o.minPast ?? 0 : 0));
+    if (o.pastFree && top > (o.minPast ?? 0)) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, top));
+  }
   return ids.length ? ids : `no run reaches n = ${top}: ${plan.notes[0] ?? 'the sequence length cannot vary'}`;
 }
