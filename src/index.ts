@@ -83,3 +83,10 @@ export type { PlotLabels } from './verify/plot';
 
 export { InputError, VerificationError, SsmaxError, ERROR_CODES } from './errors';
 export type { ErrorCode, InputErrorCode } from './errors';
+
+// Calibration of the slope preset's s from the model's own attention.
+export { calibrateSlope } from './calibrate/calibrate';
+export type { CalibrateOptions, CalibrationResult } from './calibrate/calibrate';
+export type { CalibrationReport, CalibrationGroup, CurvePoint, MatchStatistic } from './calibrate/report';
+export type { Granularity } from './calibrate/stats';
+export type { SearchState } from './calibrate/search';

@@ -128,6 +128,13 @@ describe('docs/api.md examples, against the built package', () => {
     assert.equal(stopped.stdout, '', 'the loop stopped at the bad model');
   });
 
+  it('the calibration example finds s on the quality model and its patch passes strict verification', () => {
+    const dir = compiled('## Example: calibrate s, then verify');
+    const r = spawnSync(process.execPath, [path.join(dir, 'example.js')], { cwd: ROOT, encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /^all: s = 0\.(49|50)\d, found in 4 runs\nstrict: PASSED\n$/);
+  });
+
   it('the ES module example imports the named exports and runs', () => {
     const dir = project();
     fs.writeFileSync(path.join(dir, 'example.mjs'), block('## Example (ES module)', 'js'));
