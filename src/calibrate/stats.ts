@@ -28,9 +28,26 @@ export function windowOf(x: number): { above: number; upTo: number } {
   return { above: Math.floor((3 * x) / 4), upTo: x };
 }
 
+type Bins = Map<number, { sum: number; count: number }>;
+
+/** The mean over the rows of every group of bins in the window n ≈ x; NaN without any. */
+function windowMean(groups: Iterable<Bins>, x: number): number {
+  const { above, upTo } = windowOf(x);
+  let sum = 0, count = 0;
+  for (const bins of groups) {
+    for (const [n, b] of bins) {
+      if (n > above && n <= upTo) {
+        sum += b.sum;
+        count += b.count;
+      }
+    }
+  }
+  return count ? sum / count : NaN;
+}
+
 export class RowStats {
   /** group → n → sum and count of the statistic over rows with that n. */
-  private readonly bins = new Map<string, Map<number, { sum: number; count: number }>>();
+  private readonly bins = new Map<string, Bins>();
 
   /** Adds every row of one site's statistics, over `keys` keys (the run's past + sequence, or as the site reports). */
   add(t: OutputTensor, site: SiteLayout, keys: number, granularity: Granularity): void {
@@ -47,30 +64,12 @@ export class RowStats {
 
   /** The mean over the rows of `group` in the window n ≈ x; NaN without any. */
   mean(group: string, x: number): number {
-    const { above, upTo } = windowOf(x);
-    let sum = 0, count = 0;
-    for (const [n, b] of this.bins.get(group) ?? []) {
-      if (n > above && n <= upTo) {
-        sum += b.sum;
-        count += b.count;
-      }
-    }
-    return count ? sum / count : NaN;
+    return windowMean([this.bins.get(group) ?? new Map()], x);
   }
 
   /** The mean over every group's rows in the window (the whole model's curve). */
   pooled(x: number): number {
-    const { above, upTo } = windowOf(x);
-    let sum = 0, count = 0;
-    for (const bins of this.bins.values()) {
-      for (const [n, b] of bins) {
-        if (n > above && n <= upTo) {
-          sum += b.sum;
-          count += b.count;
-        }
-      }
-    }
-    return count ? sum / count : NaN;
+    return windowMean(this.bins.values(), x);
   }
 
   groups(): string[] {
