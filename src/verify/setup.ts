@@ -5,7 +5,7 @@
  */
 import { Detection, detectAttention } from '../detect/find-attention';
 import { InputError, opt } from '../errors';
-import { AttentionOp, inputOf, specOf } from '../graph/attention-ops';
+import { AttentionOp, Contracts, inputOf, specOf } from '../graph/attention-ops';
 import { Graph } from '../graph/graph';
 import { attrInt } from '../graph/node';
 import { modelScopes } from '../graph/scopes';
@@ -161,15 +161,7 @@ function fixedTokens(specs: InputSpec[]): number | undefined {
  * DecoderMaskedMultiHeadAttention corrupts memory on an empty cache, so models that have one get at least one).
  */
 function minCachedTokens(model: ModelProto): number {
-  let most = 0;
-  for (const s of modelScopes(model)) {
-    for (const n of s.graph.nodes) {
-      const op = specOf(n);
-      const min = op?.contracts.minPast;
-      if (op && min && applies(op, n, min.given)) most = Math.max(most, min.tokens);
-    }
-  }
-  return most;
+  return Math.max(0, ...contractsInForce(model, (c) => c.minPast).map((m) => m.tokens));
 }
 
 /**
@@ -212,17 +204,23 @@ function applies(op: AttentionOp, node: NodeProto, given: string | undefined): b
   return given === undefined || inputOf(op, node, given) !== '';
 }
 
-/** The query rows an operator's kernel takes, when it takes only so many (DecoderMaskedMultiHeadAttention: one token). */
-function fewestQueryRows(model: ModelProto): number | undefined {
-  let fewest: number | undefined;
+/** One contract (`pick`) of every operator node in any graph of the model, where it holds for that node. */
+function contractsInForce<T extends { given?: string }>(model: ModelProto, pick: (c: Contracts<string>) => T | undefined): T[] {
+  const out: T[] = [];
   for (const s of modelScopes(model)) {
     for (const n of s.graph.nodes) {
       const op = specOf(n);
-      const rows = op?.contracts.queryRows;
-      if (op && rows && applies(op, n, rows.given)) fewest = Math.min(fewest ?? rows.rows, rows.rows);
+      const c = op && pick(op.contracts);
+      if (op && c && applies(op, n, c.given)) out.push(c);
     }
   }
-  return fewest;
+  return out;
+}
+
+/** The query rows an operator's kernel takes, when it takes only so many (DecoderMaskedMultiHeadAttention: one token). */
+function fewestQueryRows(model: ModelProto): number | undefined {
+  const rows = contractsInForce(model, (c) => c.queryRows).map((q) => q.rows);
+  return rows.length ? Math.min(...rows) : undefined;
 }
 
 interface SiteSetup { sites: VerifySite[]; refused: string[]; heads?: number; detection: Detection }
