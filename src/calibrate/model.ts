@@ -40,7 +40,7 @@ export function calibrationModel(patched: ModelProto, sites: VerifySite[], stat:
     main.input.push({ name, type: { tensorType: { elemType: DataType.FLOAT, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } });
     scales.set(i, { input: name, dims });
   });
-  return { model, scales, outputs: rows.outputs, keys: rows.keys, unseen: rows.unseen };
+  return { model, scales, outputs: rows.outputs, keys: rows.keys, unseen: [...rows.unseen.values()] };
 }
 
 /** The s feeds of every site: `valueOf(site, head)` gives the s of a head of a site. */

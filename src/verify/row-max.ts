@@ -29,8 +29,8 @@ type RowReading = { stat: RowStatistic; rows: 'last' | 'all' };
 export interface RowMaxOutputs {
   /** Graph output per site index. */
   outputs: Map<number, string>;
-  /** Sites whose probabilities cannot be read, with the reason. */
-  unseen: string[];
+  /** Per site index: why its probabilities cannot be read (`<site label>: <reason>`). */
+  unseen: Map<number, string>;
   /** Reading all rows: per site index, an output holding the key count Tk of its probabilities ([1]). */
   keys: Map<number, string>;
 }
@@ -38,7 +38,7 @@ export interface RowMaxOutputs {
 export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[], stat: RowStatistic = 'max', rows: RowReading['rows'] = 'last'): RowMaxOutputs {
   const x = new Exposer(model);
   const reading: RowReading = { stat, rows };
-  const result: RowMaxOutputs = { outputs: new Map(), unseen: [], keys: new Map() };
+  const result: RowMaxOutputs = { outputs: new Map(), unseen: new Map(), keys: new Map() };
   sites.forEach((site, index) => {
     const t = site.tensors;
     if (!t) return;
@@ -52,10 +52,10 @@ export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[], stat: R
     // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
     const softmax = t.softmax !== undefined ? scope.graph.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
     const r = site.fused && !softmax ? fusedRowMax(x, where, key, site, reading) : softmaxRowMax(x, scope, softmax, site.record.layer, reading);
-    if ('reason' in r) result.unseen.push(`${site.label}: ${r.reason}`);
+    if ('reason' in r) result.unseen.set(index, `${site.label}: ${r.reason}`);
     else {
       const out = x.expose(where.path, r.tensor, `L${site.record.layer}/row_max`, site.call);
-      if (out instanceof Unexposable) result.unseen.push(`${site.label}: ${out.reason}`);
+      if (out instanceof Unexposable) result.unseen.set(index, `${site.label}: ${out.reason}`);
       else result.outputs.set(index, out);
       const keys = r.keys && !(out instanceof Unexposable) ? x.expose(where.path, r.keys, `L${site.record.layer}/keys`, site.call) : undefined;
       if (typeof keys === 'string') result.keys.set(index, keys);
@@ -189,16 +189,13 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite, re
  * ops ending in an Identity, with no If: the Softmax among the site's own inserted nodes before it.
  */
 function singleRowSoftmax(g: Graph, identity: NodeProto, layer: number): NodeProto | undefined {
-  const todo = [...identity.input];
-  const done = new Set<string>();
-  for (let name = todo.shift(); name !== undefined; name = todo.shift()) {
-    const n = g.producer.get(name);
-    if (done.has(name) || !n || !isPatchNode(n)) continue;
-    done.add(name);
-    if (n.opType === 'Softmax') return n.name.startsWith(namePrefix(layer)) ? n : undefined;
-    todo.push(...n.input);
-  }
-  return undefined;
+  // Up through the patch's own nodes only; the first Softmax met is the site's, or none is.
+  const found = g.query.first(`single-row-softmax:${layer}`, identity.input[0], (_t, n) => {
+    if (!n || !isPatchNode(n)) return null;
+    if (n.opType === 'Softmax') return n.name.startsWith(namePrefix(layer)) ? n : null;
+    return undefined;
+  });
+  return found ?? undefined;
 }
 
 /** The row maxima of the kernel's output `at` (added to the node when absent), which holds `kind`. */

@@ -46,10 +46,10 @@ export class SharpnessCheck implements CheckUnit {
     const hidden = setup.sites.map((_, i) => i).filter((i) => !patched?.outputs.has(i) || !original?.outputs.has(i));
     // Sites this model cannot bring out are judged on their graph run on its own (lift.ts).
     const verdicts = liftedVerdicts(this.ctx.lifted, 'sharpness', hidden);
-    const lifted = verdicts.flatMap((v) => v.sites).filter((i) => hidden.includes(i)).map((i) => `${setup.sites[i].label}: `);
-    const unseen = [...new Set([...(patched?.unseen ?? []), ...(original?.unseen ?? []).map((u) => `${u} (the original)`)])]
-      .filter((u) => !lifted.some((label) => u.startsWith(label)));
-    const own = lifted.length === setup.sites.length ? null : this.verdict(unseen);
+    const lifted = new Set(verdicts.flatMap((v) => v.sites).filter((i) => hidden.includes(i)));
+    const reasons = (m: Map<number, string> | undefined): string[] => [...(m ?? [])].filter(([i]) => !lifted.has(i)).map(([, u]) => u);
+    const unseen = [...new Set([...reasons(patched?.unseen), ...reasons(original?.unseen).map((u) => `${u} (the original)`)])];
+    const own = lifted.size === setup.sites.length ? null : this.verdict(unseen);
     if (own && unseen.length && own.status !== 'SKIPPED') own.unchecked = unseen;
     return verdicts.length ? withLifted('sharpness', this.criterion, own, verdicts) : own!;
   }
