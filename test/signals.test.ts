@@ -124,38 +124,81 @@ describe('SIGKILL during a write, then another run', () => {
 describe('signals during a verification', () => {
   const dir = scratchdir('ssmax-signals-verify-');
   dirs.push(dir);
-  const input = path.join(dir, 'decoder.onnx');
-  // One 4096-token run of 8 layers takes seconds on this machine (the whole verification about 10 s): the signal
-  // arrives while onnxruntime holds the thread.
-  writeModel(input, parseModel(encodeModel(smallTransformer({ layers: 8, d: 64, heads: 4, ff: 64, vocab: 50, tmax: 4096 })), 'decoder.onnx'));
 
-  it('SIGINT: "stopping ..." at once, exit 130 within a second, no temporary folder left, nothing written', async () => {
+  /**
+   * The relaunch with a stand-in for the verifying child: it makes a file in its temporary folder, says so, and
+   * then holds its thread as an onnxruntime run does (its own SIGINT handler cannot run), or lets the handler run.
+   * Saying so is the moment to send the signal: the test knows the child is inside what it holds.
+   */
+  async function interruptStandIn(holds: boolean): Promise<{ code: number | null; stderr: string; took: number; tmp: string }> {
+    const standIn = path.join(dir, `stand-in-${holds ? 'holds' : 'yields'}.js`);
+    fs.writeFileSync(standIn, [
+      "const fs = require('node:fs'), os = require('node:os'), path = require('node:path');",
+      "process.on('SIGINT', () => { process.stderr.write('stand-in: handled SIGINT\\n'); process.exit(130); });",
+      "fs.writeFileSync(path.join(os.tmpdir(), 'session-file'), 'x');",
+      "process.stderr.write('stand-in: ready\\n');",
+      holds ? 'const end = Date.now() + 60000; while (Date.now() < end);' : 'setTimeout(() => process.exit(0), 60000);',
+    ].join('\n'));
+    const driver = path.join(dir, 'driver.js');
+    fs.writeFileSync(driver, `require(${JSON.stringify(path.resolve(__dirname, '../src/cli/relaunch.js'))})
+      .relaunchForVerify(process.argv[2], ['--verify', '--dry-run', 'model.onnx']).then((c) => process.exit(c ?? 99));`);
+    const tmp = fs.mkdtempSync(path.join(dir, 'tmp-'));
+    const child = spawn(process.execPath, [driver, standIn], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, TMPDIR: tmp } });
+    let stderr = '';
+    let sent = 0;
+    child.stderr.on('data', (b: Buffer) => {
+      stderr += b.toString();
+      if (!sent && stderr.includes('stand-in: ready\n')) { sent = Date.now(); child.kill('SIGINT'); }
+    });
+    const code = await new Promise<number | null>((resolve) => child.on('close', (c) => resolve(c)));
+    return { code, stderr, took: Date.now() - sent, tmp };
+  }
+
+  it('a child holding its thread: "stopping ..." at once, killed after the grace time, exit 130, its temporary folder removed', async () => {
+    const r = await interruptStandIn(true);
+    assert.equal(r.code, 130, r.stderr);
+    assert.ok(r.took >= 450 && r.took < 1500, `stopped ${r.took} ms after the signal (the grace time is 500 ms)`);
+    assert.equal(r.stderr, 'stand-in: ready\nssmax-patch: stopping ...\nssmax-patch: interrupted by SIGINT: onnxruntime stopped mid-run, its temporary files removed\n');
+    assert.deepEqual(fs.readdirSync(r.tmp), [], 'temporary folders left');
+  });
+
+  it('a child whose handler runs: it stops by itself, its own exit code and words pass through, no kill', async () => {
+    const r = await interruptStandIn(false);
+    assert.equal(r.code, 130, r.stderr);
+    assert.ok(r.took < 450, `stopped ${r.took} ms after the signal: killed rather than stopped by itself`);
+    // Two processes write to one pipe: the child's line may come before or after the parent's.
+    assert.deepEqual(r.stderr.split('\n').sort(), ['', 'ssmax-patch: stopping ...', 'stand-in: handled SIGINT', 'stand-in: ready']);
+    assert.deepEqual(fs.readdirSync(r.tmp), [], 'temporary folders left');
+  });
+
+  it('a real verification: SIGINT stops it within a second, exit 130, no temporary folder left, nothing written', async () => {
+    const input = path.join(dir, 'decoder.onnx');
+    // One 4096-token run of 8 layers takes seconds here (the whole verification 17 s): the signal, sent 2.5 s after
+    // the child starts, arrives during a run or between two; either way the user sees the same stop.
+    writeModel(input, parseModel(encodeModel(smallTransformer({ layers: 8, d: 64, heads: 4, ff: 64, vocab: 50, tmax: 4096 })), 'decoder.onnx'));
     const tmp = fs.mkdtempSync(path.join(dir, 'tmp-'));
     const out = path.join(dir, 'out.onnx');
     const child = spawn(process.execPath, [BIN, input, '--train-len', '64', '--verify', '--lengths', '4096', '--max-len', '4096', '-o', out],
       { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, TMPDIR: tmp } });
     let stderr = '';
     child.stderr.on('data', (b: Buffer) => { stderr += b.toString(); });
-    // Listened for from the start: a child that ends before the signal must fail the test, not leave it waiting.
     const closed = new Promise<number | null>((resolve) => child.on('close', (c) => resolve(c)));
-    // Something of the child's appears in the parent's folder once onnxruntime has started (its sessions' files,
-    // or onnxruntime's own): a second later the child is inside a run of 4096 tokens, which takes seconds.
-    const started = await new Promise<boolean>((resolve) => {
-      const poll = setInterval(() => {
-        // A folder can go between the two listings (a child that ends): it then holds nothing.
-        const inside = fs.readdirSync(tmp).flatMap((d) => { try { return fs.readdirSync(path.join(tmp, d)); } catch { return []; } });
-        if (inside.length || child.exitCode !== null) { clearInterval(poll); setTimeout(() => resolve(inside.length > 0 && child.exitCode === null), 1500); }
-      }, 5);
+    // The parent makes its folder for the child just before starting it.
+    await new Promise<void>((resolve) => {
+      const poll = setInterval(() => { if (fs.readdirSync(tmp).length || child.exitCode !== null) { clearInterval(poll); resolve(); } }, 5);
     });
+    await new Promise((resolve) => setTimeout(resolve, 2500));
+    assert.equal(child.exitCode, null, `the verification ended before it could be interrupted: ${stderr}`);
     const sent = Date.now();
     child.kill('SIGINT');
     const code = await closed;
     const took = Date.now() - sent;
-    assert.ok(started, `the verification ended before it could be interrupted: ${stderr}`);
     assert.equal(code, 130, stderr);
     assert.ok(took < 1000, `stopped ${took} ms after the signal`);
-    assert.match(stderr, /^ssmax-patch: stopping \.\.\.\n/);
-    assert.match(stderr, /interrupted by SIGINT: onnxruntime stopped mid-run/);
+    // Stopped mid-run, the parent says so after its first line; stopped between runs, the child's line (which may
+    // come first: two processes, one pipe) says what it removed.
+    assert.deepEqual(stderr.split('\n').filter((l) => l.startsWith('ssmax-patch: stopping')), ['ssmax-patch: stopping ...'], stderr);
+    assert.match(stderr, /^ssmax-patch: interrupted by SIGINT: (onnxruntime stopped mid-run, its temporary files removed|no temporary file left.*)$/m);
     assert.deepEqual(fs.readdirSync(tmp), [], 'temporary folders left');
     assert.ok(!fs.existsSync(out));
   });
