@@ -24,10 +24,10 @@ const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 const corpus = (name: string): string => path.join(CORPUS, name);
 const absent = (name: string): false | string => (fs.existsSync(corpus(name)) ? false : 'corpus not present');
 
-/** The corpus model patched with --train-len 64 into a scratch folder. */
-function patchedCopy(name: string): string {
+/** The corpus model patched (with --train-len 64 unless other options are given) into a scratch folder. */
+function patchedCopy(name: string, options = ['--train-len', '64']): string {
   const out = path.join(tmpdir('ssmax-reach-'), name);
-  const r = cli([corpus(name), '--train-len', '64', '-o', out]);
+  const r = cli([corpus(name), ...options, '-o', out]);
   assert.equal(r.code, 0, r.stderr);
   return out;
 }
@@ -91,35 +91,23 @@ describe('plan: fixed tokens beyond the lengths asked for', () => {
 
 describe('verify --strict on what the model accepts', () => {
   it('a --dim the model cannot honour is a one-line error (a model fixed at 2 tokens has no sequence to set)', { skip: absent('burn_attention_3d.onnx') }, () => {
-    const dir = tmpdir('ssmax-reach-');
-    const out = path.join(dir, 'b.onnx');
     const original = corpus('burn_attention_3d.onnx');
-    assert.equal(cli([original, '--train-len', '64', '-o', out]).code, 0);
+    const out = patchedCopy('burn_attention_3d.onnx');
     assertOneLineError(cli(['verify', original, out, '--dim', 'seq=128']), 2,
       /^ssmax-patch: --dim seq=128: no input of this model has a dim 'seq' or an axis sized by the sequence \(inputs: .*\)/);
     assert.equal(cli(['verify', original, out, '--strict']).code, 0);
   });
 
   it('Whisper decoder self-attention with past (1500 fixed tokens), --s 0.3: liveness beyond L passes, strict exit 0', { skip: absent('ort_whisper_decoder_with_past_self_mha_fused.onnx') }, () => {
-    const dir = tmpdir('ssmax-reach-');
-    const out = path.join(dir, 'w.onnx');
-    const original = corpus('ort_whisper_decoder_with_past_self_mha_fused.onnx');
-    assert.equal(cli([original, '--s', '0.3', '-o', out]).code, 0);
-    const r = cli(['verify', original, out, '--strict', '--json']);
-    assert.equal(r.code, 0, r.stdout + r.stderr);
-    const live = checksOf(r.stdout).find((c) => c.id === 'liveness')!;
+    const name = 'ort_whisper_decoder_with_past_self_mha_fused.onnx';
+    const live = strictChecks(corpus(name), patchedCopy(name, ['--s', '0.3'])).find((c) => c.id === 'liveness')!;
     assert.equal(live.status, 'PASSED');
     assert.match(live.summary, /differ from the original's at .*1948 \(> L = 28/);
   });
 
   it('DecoderMaskedMultiHeadAttention (cross attention over 10 keys): one query token, one beam; strict exit 0 without --dim, the checks it cannot see not applicable', { skip: absent('ort_dmmha_cross_attn.onnx') }, () => {
-    const dir = tmpdir('ssmax-reach-');
-    const out = path.join(dir, 'd.onnx');
-    const original = corpus('ort_dmmha_cross_attn.onnx');
-    assert.equal(cli([original, '--train-len', '64', '-o', out]).code, 0);
-    const r = cli(['verify', original, out, '--strict', '--json']);
-    assert.equal(r.code, 0, r.stdout + r.stderr);
-    const checks = checksOf(r.stdout);
+    const name = 'ort_dmmha_cross_attn.onnx';
+    const checks = strictChecks(corpus(name), patchedCopy(name));
     assert.deepEqual(checks.map((c) => [c.id, c.status, c.skip ?? '']), [
       ['wiring', 'PASSED', ''], ['probe', 'PASSED', ''], ['retrofit', 'SKIPPED', 'not applicable'], ['liveness', 'SKIPPED', 'not applicable'], ['sharpness', 'SKIPPED', 'not applicable'],
     ]);
