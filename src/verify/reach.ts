@@ -84,13 +84,13 @@ function sum(a: Poly, b: Poly): Poly {
   return out;
 }
 
+/** What synthesis feeds a value input (past_sequence_length, say), when it knows. */
+type ValueOf = (input: string) => number | undefined;
+
 /**
  * A polynomial's value for a run: each dim name by the input dim that carries it, each `input:axis` by that dim,
  * each value input by what synthesis feeds it. Undefined when a symbol is none of these.
  */
-/** What synthesis feeds a value input (past_sequence_length, say), when it knows. */
-type ValueOf = (input: string) => number | undefined;
-
 export function evaluate(p: Poly, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
   let total = 0;
   for (const [mono, coefficient] of p) {
@@ -127,7 +127,6 @@ export function fixedRange(site: SiteLengths, mode: string): [number, number] | 
   }
   return [countsMasks(mode) ? 1 : tk, tk];
 }
-
 
 /** The factor's smallest and largest value over n in [lo, hi] and every head's s (each preset's factor is monotone in n). */
 export function factorRange(preset: Preset, s: number[], [lo, hi]: [number, number]): [number, number] {
@@ -173,14 +172,16 @@ export function lengthReport(lengths: ModelLengths, patched: PatchedLengthSite[]
   });
   // With s given directly, a table that reaches past the factor's 1 runs on both sides of it: nothing to say either.
   if (kind === 'capped' && sites.every((x) => x.factor && x.factor[0] <= 1 && x.factor[1] > 1)) return undefined;
-  const known = sites.every((x) => x.factor);
-  const unchanged = known && sites.every((x) => Math.abs(x.factor![0] - 1) <= 1e-6 && Math.abs(x.factor![1] - 1) <= 1e-6);
-  const effect = unchanged ? 'none' : sites.some((x) => x.factor && !(Math.abs(x.factor[0] - 1) <= 1e-6 && Math.abs(x.factor[1] - 1) <= 1e-6)) ? 'changed' : 'unknown';
+  const unchanged = sites.every((x) => x.factor && isOne(x.factor));
+  const effect = unchanged ? 'none' : sites.some((x) => x.factor && !isOne(x.factor)) ? 'changed' : 'unknown';
   const why = lengths.fixed ?? lengths.cap!.reason;
   const report: LengthReport = { kind, why, ...(cap !== undefined ? { cap } : {}), sites, effect, message: '' };
   report.message = lengthMessage(report, preset, trainLen);
   return report;
 }
+
+/** A factor range that is 1 throughout (to float32 rounding): the patch changes nothing there. */
+const isOne = ([lo, hi]: [number, number]): boolean => Math.abs(lo - 1) <= 1e-6 && Math.abs(hi - 1) <= 1e-6;
 
 const span = ([a, b]: [number, number], digits = 0): string => {
   const f = (x: number): string => (digits ? x.toFixed(digits) : String(x));
