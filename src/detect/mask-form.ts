@@ -58,7 +58,7 @@ export class TermForms {
     if (op === 'Where') return this.where(node.input, depth);
     if (op === 'Concat') return combine(node.input.map((_, i) => input(i)));
     if (op === 'Mul') return this.product(node.input[0], node.input[1], depth);
-    if (op === 'Add' || op === 'Sub') return sum(input(0), input(1));
+    if (op === 'Add' || op === 'Sub') return combine([input(0), input(1)]);
     return 'unknown';
   }
 
@@ -89,17 +89,11 @@ function constantForm(values: number[]): TermForm {
   return hi - lo >= HIDDEN_GAP ? 'mask' : 'bias';
 }
 
-/** Several terms taken together (Concat, the branches of a Where): the strongest form any of them has. */
+/**
+ * Several terms taken together (Concat, the branches of a Where, a sum): the strongest form any of them has. A sum
+ * hides keys when one of its terms does (T5 adds its mask into the position bias).
+ */
 function combine(forms: TermForm[]): TermForm {
   for (const f of ['mask', 'unknown', 'bias', 'position', 'flag'] as TermForm[]) if (forms.includes(f)) return f;
   return 'unknown';
-}
-
-/** A sum hides keys when one of its terms does (T5 adds its mask into the position bias). */
-function sum(a: TermForm, b: TermForm): TermForm {
-  if (a === 'mask' || b === 'mask') return 'mask';
-  if (a === 'unknown' || b === 'unknown') return 'unknown';
-  if (a === 'bias' || b === 'bias') return 'bias';
-  if (a === 'position' || b === 'position') return 'position';
-  return 'flag';
 }
