@@ -1,5 +1,5 @@
 /** Walks along the logits and probabilities of an attention candidate, op by op. */
-import { attrInt, Graph } from '../graph/graph';
+import { attrInt, attrString, Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
 import { NodeProto } from '../io/onnx';
 
@@ -8,9 +8,9 @@ export interface Step { node: NodeProto; index: number }
 
 /** The letters of a two-operand Einsum equation (`bhqd,bhkd->bhqk`), without ellipses; null otherwise. */
 export function einsumTerms(node: NodeProto): { a: string; b: string; out: string } | null {
-  const eq = node.attribute.find((x) => x.name === 'equation')?.s;
+  const eq = attrString(node, 'equation');
   if (!eq) return null;
-  const m = /^([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]+)$/.exec(Buffer.from(eq).toString().replace(/\s+/g, ''));
+  const m = /^([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]+)$/.exec(eq.replace(/\s+/g, ''));
   return m ? { a: m[1], b: m[2], out: m[3] } : null;
 }
 

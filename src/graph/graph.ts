@@ -13,7 +13,7 @@ import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
 // Readers of a node that need no Graph live in node.ts, so that the modules this one loads can import them.
-export { attr, attrFloat, attrInt, attrInts, subgraphsOf } from './node';
+export { attr, attrFloat, attrInt, attrInts, attrString, subgraphsOf } from './node';
 
 /** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
 export interface NameRegistry {

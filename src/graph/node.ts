@@ -26,6 +26,11 @@ export function attrInts(node: NodeProto, name: string): number[] | undefined {
   return typed(node, name, AttributeType.INTS)?.ints.map(toNumber);
 }
 
+export function attrString(node: NodeProto, name: string): string | undefined {
+  const a = typed(node, name, AttributeType.STRING);
+  return a ? Buffer.from(a.s ?? new Uint8Array()).toString('utf8') : undefined;
+}
+
 export function attrFloat(node: NodeProto, name: string): number | undefined {
   const a = typed(node, name, AttributeType.FLOAT);
   return a ? a.f ?? 0 : undefined;

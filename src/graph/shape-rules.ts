@@ -6,7 +6,7 @@
  */
 import { NodeProto } from '../io/onnx';
 import type { Graph } from './graph';
-import { attr, attrInt, attrInts } from './node';
+import { attr, attrInt, attrInts, attrString } from './node';
 import { readTensor } from './tensor';
 import { add, broadcast, constantOf, div, mul, num, Poly, product, sliceLength } from './poly';
 
@@ -275,8 +275,8 @@ export const nonZero: ShapeRule = (_node, ins) => [{ shape: [ins[0]?.shape ? num
 
 /** Einsum without ellipsis: each output letter takes its size from an operand holding it. */
 export const einsum: ShapeRule = (node, ins) => {
-  const eq = node.attribute.find((a) => a.name === 'equation')?.s;
-  const [lhs, rhs] = eq ? Buffer.from(eq).toString().replace(/\s+/g, '').split('->') : [];
+  const eq = attrString(node, 'equation');
+  const [lhs, rhs] = eq ? eq.replace(/\s+/g, '').split('->') : [];
   if (rhs === undefined || /\./.test(lhs + rhs)) return [{}];
   const terms = lhs.split(',');
   const dimOf = (letter: string): Poly | undefined => {

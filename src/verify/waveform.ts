@@ -4,7 +4,7 @@
  * every 320). Runs are planned in frames; the waveform gets the fewest samples that make exactly that many frames.
  */
 import { Graph } from '../graph/graph';
-import { attr, attrInts } from '../graph/node';
+import { attrInts, attrString } from '../graph/node';
 import { NodeProto, toNumber } from '../io/onnx';
 
 /** One convolution along the sample axis: kernel, stride, dilation and the padding of both ends together. */
@@ -44,7 +44,7 @@ function convStep(graph: Graph, node: NodeProto): ConvStep | undefined {
   const kernel = attrInts(node, 'kernel_shape')?.[0] ?? (weight && weight.dims.length === 3 ? toNumber(weight.dims[2]) : undefined);
   const rank = attrInts(node, 'kernel_shape')?.length ?? weight?.dims.length;
   // Only 1-D convolutions run along the samples; auto_pad makes the output length depend on more than this.
-  const autoPad = new TextDecoder().decode(attr(node, 'auto_pad')?.s ?? new Uint8Array());
+  const autoPad = attrString(node, 'auto_pad') ?? '';
   if (kernel === undefined || (rank !== undefined && rank !== 1 && rank !== 3) || (autoPad !== '' && autoPad !== 'NOTSET')) return undefined;
   const pads = attrInts(node, 'pads') ?? [0, 0];
   return { kernel, stride: attrInts(node, 'strides')?.[0] ?? 1, dilation: attrInts(node, 'dilations')?.[0] ?? 1, pad: pads[0] + (pads[1] ?? 0) };
