@@ -17,7 +17,7 @@ import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { positionLimit } from './limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from './reach';
-import { bindGivenDims, describeInputs, InputSpec, pinnedShape, RunShape } from './signature';
+import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from './signature';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
 import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
@@ -169,13 +169,8 @@ function minCachedTokens(model: ModelProto): number {
  * is 1 whatever its name says (a name like num_beams would otherwise be sized by position).
  */
 function oneBeam(graph: Graph, specs: InputSpec[]): void {
-  for (const node of graph.nodes) {
-    const op = specOf(node);
-    const beams = op?.contracts.beams;
-    if (!op || !beams) continue;
-    const spec = specs.find((s) => s.name === inputOf(op, node, beams.indirection));
-    const d = spec?.dims[1];
-    if (d && !('value' in d)) d.rule = { source: 'fixed', size: 1, why: `the beams of ${op.opType}'s cache indirection: one`, contract: true };
+  for (const { op, node, contract } of contractNodes([graph], (c) => c.beams)) {
+    contractRule(specs, inputOf(op, node, contract.indirection), 1, { source: 'fixed', size: 1, why: `the beams of ${op.opType}'s cache indirection: one` });
   }
 }
 
@@ -185,18 +180,19 @@ function oneBeam(graph: Graph, specs: InputSpec[]): void {
  * the sequence, leaving no room for a cache).
  */
 function sharedBuffers(graph: Graph, specs: InputSpec[]): void {
-  for (const node of graph.nodes) {
-    const op = specOf(node);
-    const shared = op?.contracts.sharedBuffer;
-    if (!op || !shared || (attrInt(node, shared.attribute) !== 1 && !(shared.given && inputOf(op, node, shared.given)))) continue;
+  for (const { op, node, contract: shared } of contractNodes([graph], (c) => c.sharedBuffer)) {
+    if (attrInt(node, shared.attribute) !== 1 && !(shared.given && inputOf(op, node, shared.given))) continue;
     const axes: [string, number, string][] = shared.caches.map((role) => [role, shared.axis, 'shared past/present buffer: past + current tokens']);
     // A cache indirection [B, beams, max length] spans the same buffer.
     if (op.contracts.beams) axes.push([op.contracts.beams.indirection, 2, 'cache indirection spans its shared cache buffer']);
-    for (const [role, axis, why] of axes) {
-      const d = specs.find((s) => s.name === inputOf(op, node, role))?.dims[axis];
-      if (d && !('value' in d)) d.rule = { source: 'total', why: `${op.opType}'s ${why}`, contract: true };
-    }
+    for (const [role, axis, why] of axes) contractRule(specs, inputOf(op, node, role), axis, { source: 'total', why: `${op.opType}'s ${why}` });
   }
+}
+
+/** An operator's contract sizes this axis of the input `name` (when the model does not give it as a number). */
+function contractRule(specs: InputSpec[], name: string, axis: number, rule: Omit<DimRule, 'contract'>): void {
+  const d = specs.find((s) => s.name === name)?.dims[axis];
+  if (d && !('value' in d)) d.rule = { ...rule, contract: true };
 }
 
 /** A contract that holds whenever the node runs, or only when it is given the input `given`. */
@@ -204,17 +200,22 @@ function applies(op: AttentionOp, node: NodeProto, given: string | undefined): b
   return given === undefined || inputOf(op, node, given) !== '';
 }
 
-/** One contract (`pick`) of every operator node in any graph of the model, where it holds for that node. */
-function contractsInForce<T extends { given?: string }>(model: ModelProto, pick: (c: Contracts<string>) => T | undefined): T[] {
-  const out: T[] = [];
-  for (const s of modelScopes(model)) {
-    for (const n of s.graph.nodes) {
-      const op = specOf(n);
-      const c = op && pick(op.contracts);
-      if (op && c && applies(op, n, c.given)) out.push(c);
+/** The operator nodes of `graphs` that have the contract `pick` reads, with it. */
+function contractNodes<T>(graphs: Graph[], pick: (c: Contracts<string>) => T | undefined): { op: AttentionOp; node: NodeProto; contract: T }[] {
+  const out: { op: AttentionOp; node: NodeProto; contract: T }[] = [];
+  for (const graph of graphs) {
+    for (const node of graph.nodes) {
+      const op = specOf(node);
+      const contract = op && pick(op.contracts);
+      if (op && contract) out.push({ op, node, contract });
     }
   }
   return out;
+}
+
+/** One contract (`pick`) of every operator node in any graph of the model, where it holds for that node. */
+function contractsInForce<T extends { given?: string }>(model: ModelProto, pick: (c: Contracts<string>) => T | undefined): T[] {
+  return contractNodes(modelScopes(model).map((s) => s.graph), pick).filter((x) => applies(x.op, x.node, x.contract.given)).map((x) => x.contract);
 }
 
 /** The query rows an operator's kernel takes, when it takes only so many (DecoderMaskedMultiHeadAttention: one token). */
