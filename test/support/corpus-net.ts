@@ -276,10 +276,27 @@ export function readExpected(): Outcomes {
   return JSON.parse(fs.readFileSync(EXPECTED, 'utf8')) as Outcomes;
 }
 
+/**
+ * `--update` rewrites every file's expectations; `--update --only A B …` recomputes only the named net files (as the
+ * net names them: `deeploy_SleepViT.onnx`, `jolt_minigpt/network.onnx`) and keeps every other file's as committed,
+ * so that a change meant for a few files cannot carry unnoticed changes of the rest into the expectations.
+ */
+function filesToUpdate(argv: string[]): string[] {
+  const at = argv.indexOf('--only');
+  if (at < 0) return corpusFiles();
+  const named = argv.slice(at + 1);
+  const unknown = named.filter((f) => !corpusFiles().includes(f));
+  if (!named.length || unknown.length) throw new Error(`--only names no net file: ${unknown.join(', ') || '(none given)'}`);
+  return named;
+}
+
 if (require.main === module && process.argv.includes('--update')) {
-  corpusOutcomes(corpusFiles()).then((o) => {
-    fs.writeFileSync(EXPECTED, `${JSON.stringify(o, null, 1)}\n`);
-    process.stdout.write(`wrote ${EXPECTED}: ${Object.keys(o).length} files\n`);
+  const only = filesToUpdate(process.argv);
+  corpusOutcomes(only).then((o) => {
+    const kept = process.argv.includes('--only') ? readExpected() : {};
+    const merged = Object.fromEntries(corpusFiles().filter((f) => f in o || f in kept).map((f) => [f, o[f] ?? kept[f]]));
+    fs.writeFileSync(EXPECTED, `${JSON.stringify(merged, null, 1)}\n`);
+    process.stdout.write(`wrote ${EXPECTED}: ${Object.keys(o).length} of ${Object.keys(merged).length} files recomputed\n`);
   }, (e: unknown) => {
     process.stderr.write(`${(e as Error).stack}\n`);
     process.exitCode = 1;
