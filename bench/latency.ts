@@ -6,8 +6,8 @@
 import * as fs from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { makeTensor } from '../src/graph/tensor';
-import { readModel, serializeModel } from '../src/io/model-file';
-import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
+import { encodeModel, readModel, serializeModel } from '../src/io/model-file';
+import { DataType, ModelProto } from '../src/io/onnx';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { node } from '../src/verify/nodes';
 import { buildDecoder, DecoderConfig, decoderFile } from './decoder';

@@ -9,7 +9,7 @@ export type { WriteOptions, WriteReport, ExternalDataMode, ParseOptions, Seriali
 export type { Stray } from './io/sink';
 export { terminalProgress } from './io/progress';
 export type { Progress, ProgressOptions } from './io/progress';
-export { cloneModel } from './io/onnx';
+export { cloneModel } from './io/model-file';
 export type {
   ModelProto, GraphProto, NodeProto, TensorProto, AttributeProto, FunctionProto, ValueInfoProto, TypeProto, Dimension, OperatorSetId, StringStringEntry,
   Int64,
@@ -27,6 +27,11 @@ export type { Shapes } from './graph/shapes';
 export type { Query, Visit } from './graph/query';
 export type { ConstTensor } from './graph/tensor';
 export type { Poly } from './graph/poly';
+export type { AncestryReader, ConstantReader } from './graph/view';
+
+// What is known of a model before anything changes, computed once and handed to patch and verify.
+export { analyseModel } from './analysis/analyse';
+export type { Analysis, AnalyseOptions } from './analysis/analyse';
 
 // Attention detection, as named rules.
 export { findAttentionSoftmax, detectAttention, explainNode } from './detect/find-attention';
@@ -52,7 +57,7 @@ export type { NOption, NMode } from './policy/n-mode';
 // The patch and its record.
 export { patchModel } from './rewrite/patch';
 export type { PatchOptions, PatchReport, PatchResult, PatchedSite } from './rewrite/patch';
-export type { LengthReport } from './verify/reach';
+export type { LengthReport } from './analysis/reach';
 export type { Target } from './rewrite/insert-scale';
 export type { PlanOptions } from './policy/plan';
 export type { ScaleOptions } from './policy/scale';
@@ -69,9 +74,11 @@ export type { Factor } from './rewrite/existing';
 // Verification on onnxruntime.
 export { verifyPatch, withUnitFactor } from './verify/verify';
 export type { VerifyOptions } from './verify/verify';
+export { planVerification } from './verify/verification-plan';
+export type { VerificationPlan, SubjectPlan, PlannedRun } from './verify/verification-plan';
 export type { VerifyReport, CheckResult, RunResult, Status, InputReport, RunReport, SessionReport, SkipKind } from './verify/report';
 export type { ProbeSiteResult } from './verify/probe';
-export type { InputRole } from './verify/signature';
+export type { InputRole } from './analysis/signature';
 export type { CheckId } from './verify/plan';
 export type { Tolerance, OutputStats } from './verify/compare';
 export type { SharpnessCurve, SharpnessPoint } from './verify/sharpness';
@@ -87,6 +94,5 @@ export type { ErrorCode, InputErrorCode } from './errors';
 // Calibration of the slope preset's s from the model's own attention.
 export { calibrateSlope } from './calibrate/calibrate';
 export type { CalibrateOptions, CalibrationResult } from './calibrate/calibrate';
-export type { CalibrationReport, CalibrationGroup, CurvePoint, MatchStatistic } from './calibrate/report';
+export type { CalibrationReport, CalibrationGroup, CurvePoint, MatchStatistic, SearchState } from './calibrate/report';
 export type { Granularity } from './calibrate/stats';
-export type { SearchState } from './calibrate/search';

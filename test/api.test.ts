@@ -11,7 +11,7 @@ import { after, describe, it } from 'node:test';
 import {
   detectAttention, findAttentionSoftmax, InputError, modelScopes, ModelProto, patchModel, readModel, Rule, RULES, serializeModel, SsmaxError,
 } from '../src/index';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel } from '../src/io/model-file';
 import { classifierOnly } from './support/build';
 import { removeScratch, tmpdir } from './support/io';
 import { TORCH } from './support/ref';

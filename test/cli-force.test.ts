@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { DataType, encodeModel } from '../src/io/onnx';
+import { DataType } from '../src/io/onnx';
+import { encodeModel } from '../src/io/model-file';
 import { model, node, value } from './support/build';
 import { cli, removeScratch, tmpdir } from './support/io';
 

@@ -4,7 +4,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { ERROR_CODES, ErrorCode } from '../src/errors';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel } from '../src/io/model-file';
 import { f32, model, node, randoms, value } from './support/build';
 import { TORCH } from './support/ref';
 import { assertOneLineError, cli, removeScratch, sha, tmpdir } from './support/io';

@@ -13,8 +13,8 @@ import { after, describe, it, mock } from 'node:test';
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const realFs: typeof fs = require('node:fs');
 import { smallTransformer } from '../bench/transformer';
-import { readModel, writeModel } from '../src/io/model-file';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel, readModel, writeModel } from '../src/io/model-file';
+
 import { externalRef } from '../src/io/external';
 import { patchModel } from '../src/rewrite/patch';
 import { assertOneLineError, assertSameOutputs, cli, ortLoadError, removeScratch, runIds, scratchdir, sha, snapshot, tmpdir, writeExternal, writeSparseModel } from './support/io';

@@ -6,8 +6,8 @@
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { readModel } from '../src/io/model-file';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel, readModel } from '../src/io/model-file';
+
 import { patchModel } from '../src/rewrite/patch';
 import { Runner } from '../src/verify/run';
 import { decode, feedsOf, loadRef, TORCH } from './support/ref';

@@ -8,8 +8,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import * as ort from 'onnxruntime-node';
-import { readModel, serializeModel } from '../src/io/model-file';
-import { decodeModel } from '../src/io/onnx';
+import { decodeModel, readModel, serializeModel } from '../src/io/model-file';
+
 import { patchModel } from '../src/rewrite/patch';
 import { TORCH } from './support/ref';
 import { removeScratch, tmpdir } from './support/io';

@@ -12,8 +12,8 @@ import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { InputError } from '../src/errors';
-import { readModel, writeModel } from '../src/io/model-file';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel, readModel, writeModel } from '../src/io/model-file';
+
 import { patchModel } from '../src/rewrite/patch';
 import { rng } from '../src/verify/inputs';
 import { revertModel } from '../src/rewrite/revert';
@@ -25,7 +25,6 @@ const COUNT = Number(process.env.SSMAX_FUZZ_COUNT ?? 3000);
 /** The run stops early after this long, so CI time stays bounded on a slow machine. */
 const BUDGET_MS = Number(process.env.SSMAX_FUZZ_BUDGET_MS ?? 50_000);
 const MIN_COUNT = Math.min(COUNT, 1000);
-
 
 type Mutation = (b: Buffer, r: () => number, other: Buffer) => Buffer;
 const at = (b: Buffer, r: () => number): number => Math.floor(r() * b.length);

@@ -4,7 +4,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
+import { DataType, ModelProto } from '../src/io/onnx';
+import { encodeModel } from '../src/io/model-file';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Runner } from '../src/verify/run';
 import { f32, i64, model, node, randoms, value } from './support/build';

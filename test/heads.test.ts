@@ -6,7 +6,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { DataType, encodeModel, ModelProto } from '../src/io/onnx';
+import { DataType, ModelProto } from '../src/io/onnx';
+import { encodeModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { Runner } from '../src/verify/run';
 import { attention, bnsd, f32 as host, floats, maxDiff } from './support/attention';

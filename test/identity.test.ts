@@ -1,5 +1,5 @@
 /**
- * The patch's own names (rewrite/identity.ts) are how a patched model whose record another tool stripped is still
+ * The patch's own names (src/identity.ts) are how a patched model whose record another tool stripped is still
  * recognised, so what the patch builds and what identity.ts recognises must agree: on real patches, every node the
  * journal lists is named as the patch's, each factor's Mul as the apply node of its layer, each s and each function
  * input passing s as s, and no node of the original model as the patch's. A record without its journal (only
@@ -11,7 +11,7 @@ import { describe, it } from 'node:test';
 import { modelScopes } from '../src/graph/scopes';
 import { parseModel, readModel, serializeModel } from '../src/io/model-file';
 import { ModelProto } from '../src/io/onnx';
-import { applyLayer, isApplyNode, isPatchNode, isScaleName, RECORD_KEY } from '../src/rewrite/identity';
+import { applyLayer, isApplyNode, isPatchNode, isScaleName, RECORD_KEY } from '../src/identity';
 import { patchModel } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';

@@ -5,8 +5,8 @@
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { readModel } from '../src/io/model-file';
-import { encodeModel, ModelProto } from '../src/io/onnx';
+import { encodeModel, readModel } from '../src/io/model-file';
+import { ModelProto } from '../src/io/onnx';
 import { NOption } from '../src/policy/n-mode';
 import { patchModel } from '../src/rewrite/patch';
 import { Feeds } from '../src/verify/inputs';

@@ -8,8 +8,8 @@ import { cliError } from './support/io';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { readModel } from '../src/io/model-file';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel, readModel } from '../src/io/model-file';
+
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Runner } from '../src/verify/run';
 import { layersValue } from '../src/cli/values';

@@ -13,7 +13,7 @@ import { readModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { makePlan } from '../src/verify/plan';
 import { verifyPatch } from '../src/verify/verify';
-import { convStack, samplesFor } from '../src/verify/waveform';
+import { convStack, samplesFor } from '../src/analysis/waveform';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 import { FIXTURES, TORCH } from './support/ref';
 import { doubleN } from './support/tamper';

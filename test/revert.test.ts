@@ -13,7 +13,7 @@ import { parseModel, readModel, serializeModel } from '../src/io/model-file';
 import { ModelProto } from '../src/io/onnx';
 import { encodeAs } from '../src/io/proto';
 import { patchModel } from '../src/rewrite/patch';
-import { RECORD_KEY } from '../src/rewrite/identity';
+import { RECORD_KEY } from '../src/identity';
 import { revertModel } from '../src/rewrite/revert';
 import { Outputs, Runner } from '../src/verify/run';
 import { assertOneLineError, cli, cliError, removeScratch, tmpdir } from './support/io';

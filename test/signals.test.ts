@@ -9,8 +9,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
-import { parseModel, writeModel } from '../src/io/model-file';
-import { encodeModel } from '../src/io/onnx';
+import { encodeModel, parseModel, writeModel } from '../src/io/model-file';
+
 import { tempPath } from '../src/io/sink';
 import { BIN, removeScratch, scratchdir, writeSparseModel } from './support/io';
 

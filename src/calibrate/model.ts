@@ -4,7 +4,8 @@
  * attention statistic of every row of every site as outputs (verification's row-max outputs, over all rows).
  */
 import { modelScopes } from '../graph/scopes';
-import { cloneModel, DataType, ModelProto, toNumber } from '../io/onnx';
+import { DataType, ModelProto, toNumber } from '../io/onnx';
+import { cloneModel } from '../io/model-file';
 import { addRowMaxOutputs, RowStatistic } from '../verify/row-max';
 import { VerifySite } from '../verify/sites';
 import { HostTensor, makeHost } from '../verify/tensors';

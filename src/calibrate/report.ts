@@ -3,11 +3,12 @@ import type { RuntimeReport } from '../onnxruntime';
 import type { SValue } from '../policy/scale';
 import { sharpnessSvg } from '../verify/plot';
 import { sharpnessCurve, sharpnessPoint } from '../verify/sharpness';
-import type { SearchState } from './search';
 import type { Granularity } from './stats';
 
 /** The statistic matched at n ≈ N to its value at n ≈ L. */
 export type MatchStatistic = 'max-prob' | 'entropy';
+
+export type SearchState = 'searching' | 'found' | 'no fade' | 'out of reach';
 
 export interface CalibrationGroup {
   /** `all`, a layer (`L3`) or a head of a layer (`L3 h1`). */

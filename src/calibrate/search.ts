@@ -10,7 +10,7 @@
  * bisection whose new point is the secant's: superlinear on a smooth curve, never leaving the bracket). Each
  * group (the model, a layer or a head) has its own search; all groups are measured by the same run.
  */
-import { MatchStatistic } from './report';
+import { MatchStatistic, SearchState } from './report';
 
 /** Relative residual |statistic − target| / |target| at which a group's s counts as found. */
 export const TOLERANCE = 0.005;
@@ -20,8 +20,6 @@ const WIDTH = 1e-3;
 
 /** A measured s and its statistic. */
 export interface Point { s: number; value: number }
-
-export type SearchState = 'searching' | 'found' | 'no fade' | 'out of reach';
 
 /**
  * The gap x of the one-key model at n keys: one logit x above n − 1 equal others. Its largest probability is

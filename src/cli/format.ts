@@ -2,11 +2,12 @@
 import { Explanation } from '../detect/find-attention';
 import { WriteReport } from '../io/model-file';
 import { runtimeLabel } from '../onnxruntime';
-import { RECORD_KEY } from '../rewrite/identity';
+import { RECORD_KEY } from '../identity';
 import { PatchReport } from '../rewrite/patch';
 import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
 import { VerifyReport } from '../verify/verify';
+import type { VerificationPlan } from '../verify/verification-plan';
 
 const fmtS = (s: LayerScale | null): string => (s === null ? 'none' : (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4)));
 
@@ -40,6 +41,22 @@ export function formatPatch(report: PatchReport, dryRun = false): string[] {
 }
 
 /** One line per check for a CI log; the numbers behind each verdict are in the JSON report. */
+/** `verify --dry-run`: per pair verified, its L, its runs and, per run, the checks each session's outputs go to. */
+export function formatPlan(plan: VerificationPlan): string[] {
+  const lines = ['verify --dry-run: nothing is run'];
+  for (const s of plan.subjects) {
+    if (s.notVerified) {
+      lines.push(`${s.subject}: not verified: ${s.notVerified}`);
+      continue;
+    }
+    const sweep = s.sweep.length ? `lengths ${s.sweep.join(', ')}` : 'no length sweep';
+    lines.push(`${s.subject}: L = ${s.trainLen} (${s.trainLenSource}), checks ${s.checks.join(', ')}, ${sweep}, longest ${s.cap} (${s.capReason}), ${s.runs.length} runs`);
+    for (const note of s.notes) lines.push(`  note: ${note}`);
+    for (const r of s.runs) lines.push(`  ${r.kind.padEnd(8)} ${r.id} (${r.keys} keys): ${r.reads.map((x) => `${x.session} → ${x.checks.join(', ')}`).join('; ')}`);
+  }
+  return lines;
+}
+
 export function formatVerify(report: VerifyReport): string[] {
   const lengths = report.sweep.length ? `lengths ${report.sweep.join(', ')}` : 'no length sweep';
   const lines = [`verify: L = ${report.trainLen} (${report.trainLenSource}), ${lengths}, ${report.runs.length} runs`];

@@ -2,6 +2,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Command } from 'commander';
+import { Analysis, analyseModel, withForce } from '../analysis/analyse';
 import { Detection, explainNode } from '../detect/find-attention';
 import { InputError } from '../errors';
 import { externalFiles, isInside } from '../io/external';
@@ -18,7 +19,7 @@ import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './
 import { layersValue, presetValue, priorFileValue, priorValue, sFileValue } from './values';
 import { CalibrateDocument, PatchDocument, RevertDocument } from './report';
 import { printWarnings, Run } from './run';
-import { detectSites, expandForceSites, refusedOf, siteCausality, skippedOf } from './sites';
+import { expandForceSites, refusedOf, siteCausality } from './sites';
 import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
 
 export interface PatchCliOptions extends VerifyCliOptions {
@@ -80,11 +81,11 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   if (o.explain !== undefined) return explain(args, o, run);
   const plan = planPatch(args, o, doc);
   const original = readModel(plan.input);
-  const { model, report, detection } = patchOrExplain(original, o, plan, doc);
+  const { model, report, analysis } = patchOrExplain(original, o, plan, doc);
   Object.assign(doc, report);
-  doc.warnings.push(...warningsFor(original, report, detection, o, plan));
+  doc.warnings.push(...warningsFor(original, report, analysis.detection, o, plan));
   printWarnings(doc.warnings);
-  const verification = o.verify ? await verifyBeforeWriting(original, model, report, o, plan, doc) : undefined;
+  const verification = o.verify ? await verifyBeforeWriting(original, model, report, analysis, o, plan, doc) : undefined;
   const written = doc.exitCode === 0 && !o.dryRun ? await writeModelAsync(plan.output, model, plan.write) : null;
   doc.output = written?.output ?? null;
   if (written) recordWrite(doc, written);
@@ -173,31 +174,31 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
 }
 
 /**
- * patchModel, with detection run here once (twice with --force-site: before forcing, to expand its patterns, and
- * with the forced sites) and reused for the warnings; when it refuses, the document still lists every skipped node
- * and why, for --json.
+ * patchModel on the model analysed here once (detection runs again only to force refused sites a --force-site
+ * pattern names), the analysis reused for the warnings and verification; when it refuses, the document still lists
+ * every skipped node and why, for --json.
  */
-function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): PatchResult & { detection: Detection } {
-  let detection: Detection | undefined;
+function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): PatchResult & { analysis: Analysis } {
+  let analysis: Analysis | undefined;
   try {
-    detection = detectSites(original);
-    const force = expandForceSites(o.forceSite ?? [], detection);
+    analysis = analyseModel(original);
+    const force = expandForceSites(o.forceSite ?? [], analysis.detection);
     for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
-    if (force.names.length) detection = detectSites(original, force.names);
-    return { ...patchModel(original, { ...plan.values, force: force.names, detection }), detection };
+    analysis = withForce(analysis, force.names);
+    return { ...patchModel(original, { ...plan.values, force: force.names, analysis }), analysis };
   } catch (e) {
-    doc.skipped = detection?.skipped ?? skippedOf(original);
+    doc.skipped = analysis?.detection.skipped ?? [];
     throw e;
   }
 }
 
 /** Verification (and --strict) before anything is written; the verdict goes into the document. */
 async function verifyBeforeWriting(
-  original: ModelProto, model: ModelProto, report: PatchReport, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
+  original: ModelProto, model: ModelProto, report: PatchReport, analysis: Analysis, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
 ): Promise<VerifyReport> {
   // An update replaces s of an existing patch: what it must be compared with is the input without that patch.
   const baseline = report.updated ? revertModel(original).model : original;
-  const verification = await verifyWithProgress(baseline, model, plan.verifyOptions, o.quiet);
+  const verification = await verifyWithProgress(baseline, model, { ...plan.verifyOptions, ...(report.updated ? {} : { analysis }) }, o.quiet);
   doc.verification = verification;
   verdict(doc, verification, ': output not written');
   return verification;

@@ -12,6 +12,7 @@ import type { Warning } from '../policy/warnings';
 import type { PatchedSite, PatchReport } from '../rewrite/patch';
 import type { RevertedSite } from '../rewrite/revert';
 import type { VerifyReport } from '../verify/verify';
+import type { VerificationPlan } from '../verify/verification-plan';
 import { VERSION } from '../version';
 
 /** 2: error became {code, message} (it was the message alone). */
@@ -61,6 +62,8 @@ export interface VerifyDocument extends DocumentBase, Partial<VerifyReport> {
   patched: string | null;
   /** Attention nodes of the original left unpatched (refused, not forced). */
   refused: SkippedSoftmax[];
+  /** With --dry-run: what the verification would run (and nothing was run). */
+  plan?: VerificationPlan;
 }
 
 export interface RevertDocument extends DocumentBase {

@@ -2,27 +2,10 @@
  * What detection says about the original model, for the CLI's own needs: the refused attention sites (for JSON
  * refusals and --strict), each site's mask verdict (for warnings), and --force-site patterns expanded to names.
  */
-import { Detection, findAttentionSoftmax, SkippedSoftmax } from '../detect/find-attention';
+import { Detection, SkippedSoftmax } from '../detect/find-attention';
 import { InputError } from '../errors';
-import { validateGraph } from '../graph/validate';
-import type { ModelProto } from '../io/onnx';
 import { SiteCausality } from '../policy/warnings';
 import { PatchedSite } from '../rewrite/patch';
-
-/** Detection as patchModel runs it (after the graph's structural checks), to be handed to it and reused here. */
-export function detectSites(model: ModelProto, force: string[] = []): Detection {
-  validateGraph(model.graph!);
-  return findAttentionSoftmax(model, { force });
-}
-
-/** Detection for a report that is being assembled anyway: an unreadable graph gives nothing, not a second error. */
-export function skippedOf(model: ModelProto): SkippedSoftmax[] {
-  try {
-    return detectSites(model).skipped;
-  } catch {
-    return [];
-  }
-}
 
 export const refusedOf = (skipped: SkippedSoftmax[]): SkippedSoftmax[] => skipped.filter((k) => k.attention);
 

@@ -14,13 +14,15 @@ import { readRecord } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
 import { noCurveSvg, sharpnessSvg } from '../verify/plot';
 import { FileVerifyOptions, VerifyReport, verifyForCli } from '../verify/verify';
+import { planVerification } from '../verify/verification-plan';
 import type { ModelProto } from '../io/onnx';
-import { formatVerify } from './format';
+import { formatPlan, formatVerify } from './format';
 import { junitXml } from './junit';
 import { collect, dimsValue, listValue, optionalInteger, optionalReal, pairs, rejectExtraArguments } from './parse';
 import { documentJson, ReportDocument, settle, VerifyDocument } from './report';
 import { printWarnings, Run } from './run';
-import { refusedOf, skippedOf } from './sites';
+import { refusedOf } from './sites';
+import { Analysis, analyseModel } from '../analysis/analyse';
 
 export interface VerifyCliOptions {
   lengths?: string;
@@ -170,11 +172,12 @@ export function verifyProgram(cmd: Command): Command {
     .argument('<original>', 'the unpatched ONNX model')
     .argument('<patched>', 'the model ssmax-patch wrote')
     .option('--train-len <L>', 'the retrofit length L (default: from the patch record)')
-    .option('--json', 'print the JSON report on stdout instead of one line per check'));
+    .option('--json', 'print the JSON report on stdout instead of one line per check')
+    .option('--dry-run', 'print the verification plan (each pair verified, its runs and which check reads which session on each) and run nothing'));
 }
 
 /** Runs `verify`; returns the exit code. */
-export async function verifyCommand(args: string[], o: VerifyCliOptions & { trainLen?: string }, run: Run): Promise<number> {
+export async function verifyCommand(args: string[], o: VerifyCliOptions & { trainLen?: string; dryRun?: boolean }, run: Run): Promise<number> {
   const doc = run.doc as VerifyDocument;
   run.failureOnStderr = false;
   rejectExtraArguments(args, 2, 'verify takes two models: the original and the patched one');
@@ -184,6 +187,7 @@ export async function verifyCommand(args: string[], o: VerifyCliOptions & { trai
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
   const options = verifyOptionsFrom(o, trainLen);
   const protect = [originalFile, patchedFile];
+  if (o.dryRun) return dryRun(originalFile, patchedFile, o, options, run);
   prepareVerification(o, protect);
   const original = readModel(originalFile);
   const patched = readModel(patchedFile);
@@ -191,14 +195,35 @@ export async function verifyCommand(args: string[], o: VerifyCliOptions & { trai
   if (trainLen !== undefined && record && record.preset !== 'slope') doc.warnings.push(...trainLenWarnings(trainLen, record.sites.map((r) => ({ node: r.softmax, s: r.s }))));
   printWarnings(doc.warnings);
   // Refused in the original and not forced into the patch: left as they were.
-  const refused = refusedOf(skippedOf(original)).filter((k) => !record?.sites.some((r) => r.softmax === k.node));
+  const analysis = analysed(original);
+  const refused = refusedOf(analysis?.detection.skipped ?? []).filter((k) => !record?.sites.some((r) => r.softmax === k.node));
   doc.refused = refused;
-  const report = await verifyWithProgress(original, patched, options);
+  const report = await verifyWithProgress(original, patched, { ...options, analysis });
   Object.assign(doc, report);
   const code = verdict(doc, report, '');
   const written = writeArtifacts(doc, { verification: report, refused, title: `Attention sharpness: ${path.basename(patchedFile)}`, suite: `ssmax-patch verify ${patchedFile}` }, o, protect);
   run.print(() => [...formatVerify(report), ...strictLines(doc), ...written]);
   return code;
+}
+
+/** `verify --dry-run`: the plan, printed; no runtime is needed and nothing runs or is written. */
+function dryRun(originalFile: string, patchedFile: string, o: VerifyCliOptions, options: FileVerifyOptions, run: Run): number {
+  const writes = (['report', 'plot', 'junit', 'strict'] as const).filter((k) => o[k] !== undefined).map((k) => `--${k}`);
+  if (writes.length) throw new InputError(`--dry-run runs nothing, so it takes no ${writes.join(', ')}`, 'usage');
+  const original = readModel(originalFile);
+  const plan = planVerification(original, readModel(patchedFile), { ...options, analysis: analysed(original) });
+  (run.doc as VerifyDocument).plan = plan;
+  run.print(() => formatPlan(plan));
+  return 0;
+}
+
+/** The original's analysis for the report being assembled; an unreadable graph is verification's to report, in its words. */
+function analysed(model: ModelProto): Analysis | undefined {
+  try {
+    return analyseModel(model);
+  } catch {
+    return undefined;
+  }
 }
 
 export const strictLines = (doc: ReportDocument): string[] =>

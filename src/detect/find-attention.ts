@@ -10,46 +10,12 @@ import { defaultOpsetOf, modelScopes, Scope } from '../graph/scopes';
 import { topoOrder } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
 import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto } from '../io/onnx';
-import { isPatchNode } from '../rewrite/identity';
-import { FusedSite } from './fused';
-import { HeadInfo } from './heads';
-import { MaskVerdict } from './mask';
-import { CandidateTrace, Found, Rule, RULES, runRules } from './rules';
-import { Step } from './trace';
+import { isPatchNode } from '../identity';
+import { CandidateTrace, RULES, runRules } from './rules';
+import type { AttentionSite, CallSite, FusedSite, Found, Rule } from './site';
 
 export type { CandidateTrace, RuleAttempt } from './rules';
-
-export interface AttentionSite {
-  /** 0-based, in graph order within its scope. */
-  layer: number;
-  /** The graph the site is in (`main`, a subgraph path, or a function). */
-  scope: string;
-  /** The detection rule that matched (rules.ts). */
-  rule: string;
-  softmax: NodeProto; qkMatMul: NodeProto; valueMatMul: NodeProto;
-  /** The content logits the factor multiplies: after any 1/√d scaling and Cast, before any mask. */
-  logits: string;
-  /** The node on the path that reads `logits`, and at which input. */
-  consumer: Step;
-  /** The steps from `consumer` up to and including the Softmax: where masks and biases are applied. */
-  afterLogits: Step[];
-  logitsRank?: number;
-  /** ONNX element type of the logits, when known. */
-  logitsType?: number;
-  heads: HeadInfo; mask: MaskVerdict;
-  /** Set when the site already carries an SSMax factor from an earlier run. */
-  patchedBy?: NodeProto;
-  /** Why the site was refused before --force-site accepted it. */
-  forced?: string;
-  /**
-   * Opset < 13 Softmax on logits of unknown rank: it normalises the axes from this one on, flattened together, so n
-   * is the size of that group, read at run time (Tk for [Tq, Tk] logits).
-   */
-  groupAxis?: number;
-}
-
-/** A call of a model-local function whose body holds attention (`inner`): the factor's s comes in through a new input. */
-export interface CallSite { layer: number; scope: string; call: NodeProto; fn: FunctionProto; inner: AttentionSite | FusedSite }
+export type { AttentionSite, CallSite } from './site';
 
 export interface SkippedSoftmax {
   node: string;

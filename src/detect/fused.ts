@@ -6,46 +6,17 @@
  * and where the equivalence breaks (a deviation: refused unless the user forces the site); its rule here asks the
  * spec about the node, answering its questions from the graph.
  */
-import {
-  AxisTerm, FusedOp, HeadInfo, inputAt, inputOf, isOp, MaskVerdict, NodeView, NPlan, PATCHED_OPS, PatchedOp, queryInput, QueryPlan,
-  REFUSED_OPS,
-} from '../graph/attention-ops';
+import { FusedOp, inputAt, inputOf, isOp, NodeView, PATCHED_OPS, PatchedOp, queryInput, REFUSED_OPS } from '../graph/attention-ops';
 import { attrFloat, attrInt, attrInts } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { Shapes } from '../graph/shapes';
 import { NodeProto } from '../io/onnx';
-import { isApplyNode, isPatchNode } from '../rewrite/identity';
+import { isApplyNode, isPatchNode } from '../identity';
 import { declaredDim } from './heads';
 import { classifyMasks } from './mask';
-import type { Rule } from './rules';
+import type { FusedMatch, Rule } from './site';
 
-export interface FusedSite {
-  /** 0-based, in graph order within its scope (shared with the Softmax sites). */
-  layer: number;
-  scope: string;
-  /** The detection rule that matched (rules.ts). */
-  rule: string;
-  node: NodeProto; op: FusedOp; heads: HeadInfo; mask: MaskVerdict;
-  /** Inputs by role in the operator's spec (graph/attention-ops), as in `query` and `n`. */
-  query: QueryPlan; n: NPlan;
-  /** The query length S: a dimension of an input. */
-  queryLength: AxisTerm;
-  /** Element type of the query (or weights), when known. */
-  queryType?: number;
-  /** Why SSMax on the query is not exactly SSMax on the kernel's logits; set sites are refused unless forced. */
-  deviation?: string;
-  /** Set when a deviation was accepted with --force-site. */
-  forced?: boolean;
-  /** The inserted node that applies an earlier run's factor, when the site is already patched. */
-  patchedBy?: NodeProto;
-  /**
-   * Why the factor cannot go on the operator's inputs, so the node is expanded into its definition and the factor
-   * put on the logits there (ONNX Attention: softcap, a qk_matmul_output that shows the logits before the factor).
-   */
-  expand?: string;
-}
-
-export type FusedMatch = Omit<FusedSite, 'layer' | 'scope' | 'rule'>;
+export type { FusedMatch, FusedSite } from './site';
 
 const MS = 'com.microsoft';
 

@@ -1,30 +1,17 @@
 /**
- * Detection as named rules, after onnxscript's rewriter: each exporter pattern and fused operator is a rule whose
- * `match` gives the site, or the node where it stopped and why. The rules tried on a candidate make its trace; a
- * candidate no rule matches is reported with its closest rule (the one that passed most checks) and its stop.
- * Adding a pattern means adding a rule to RULES, its row in the rule table of docs/layout.md, and a test.
+ * Detection as named rules: each exporter pattern and fused operator is a rule whose `match` gives the site, or
+ * the node where it stopped and why. The rules tried on a candidate make its trace; a candidate no rule matches is
+ * reported with its closest rule (the one that passed most checks) and its stop. Adding a pattern means adding a
+ * rule to RULES, its row in the rule table of docs/layout.md, and a test.
  */
 import { nodeLabel } from '../graph/graph';
-import { calledFunction, Scope } from '../graph/scopes';
-import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
-import type { AttentionSite } from './find-attention';
-import { FusedMatch, fusedRules, unsupportedFused } from './fused';
+import { calledFunction } from '../graph/scopes';
+import { NodeProto } from '../io/onnx';
+import { fusedRules, unsupportedFused } from './fused';
+import type { Found, Rule, RuleContext, Stop } from './site';
 import { einsumQk, matmulQk, opset11Reshape } from './softmax';
 
-/** `forced`: the user accepts this node's refusal (--force-site). */
-export interface RuleContext { model: ModelProto; scope: Scope; forced: boolean }
-
-/** The site as detection reports it, before layers and scopes are numbered. */
-export type Found =
-  | { kind: 'softmax'; site: Omit<AttentionSite, 'layer' | 'scope' | 'rule'> }
-  | { kind: 'fused'; site: FusedMatch }
-  | { kind: 'call'; node: NodeProto; fn: FunctionProto };
-
-/** `steps`: checks passed before the stop; `attention`: refused attention, not some other Softmax. */
-export interface Stop { at: NodeProto; reason: string; steps: number; attention?: boolean; forcible?: boolean }
-
-/** `name`: stable, a row of the rule table of docs/layout.md; `applies`: a cheap test on the node; `match`: the site or a stop. */
-export interface Rule { name: string; applies(node: NodeProto, ctx: RuleContext): boolean; match(ctx: RuleContext, node: NodeProto): Found | Stop }
+export type { Found, Rule, RuleContext, Stop } from './site';
 
 /** onnxruntime's fused Add + Softmax: the logits are inside the kernel with no query to scale. */
 const biasSoftmax: Rule = {

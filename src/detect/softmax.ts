@@ -6,10 +6,10 @@
  */
 import { attrInt, Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
-import { isApplyNode, isPatchNode } from '../rewrite/identity';
+import { isApplyNode, isPatchNode } from '../identity';
 import { HeadInfo, inferHeads } from './heads';
 import { classifyMasks, maskOperands } from './mask';
-import type { Found, Rule, RuleContext, Stop } from './rules';
+import type { Found, Rule, RuleContext, Stop } from './site';
 import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, Step } from './trace';
 
 /** `products`: the product ops the rule accepts (any when absent); `flat`: the opset < 13 form, whose axis ≠ −1. */

@@ -1,6 +1,6 @@
 /**
  * A thin in-memory index over one GraphProto: producers, consumers, initializers and constants.
- * The GraphProto stays the source of truth; the index is rebuilt after each batch of edits.
+ * The GraphProto stays the source of truth; every edit method keeps the index live (and forgets remembered answers).
  *
  * A subgraph (If/Loop/Scan body, contrib-op graph attribute) or function body sees the names of its enclosing
  * scope: lookups of a name it does not define fall back to the parent Graph. All graphs of one model share one
@@ -32,7 +32,7 @@ export interface GraphOptions {
 
 /** A Map whose lookups fall back to the enclosing scope's map; iteration sees local entries only. */
 class ScopedMap<K, V> extends Map<K, V> {
-  constructor(private readonly outer?: Map<K, V>) {
+  constructor(private readonly outer?: ReadonlyMap<K, V>) {
     super();
   }
 
@@ -46,7 +46,7 @@ class ScopedMap<K, V> extends Map<K, V> {
 }
 
 class ScopedSet<T> extends Set<T> {
-  constructor(values: Iterable<T>, private readonly outer?: Set<T>) {
+  constructor(values: Iterable<T>, private readonly outer?: ReadonlySet<T>) {
     super(values);
   }
 
@@ -57,12 +57,13 @@ class ScopedSet<T> extends Set<T> {
 
 export class Graph {
   readonly parent?: Graph;
-  producer: Map<string, NodeProto>;
-  consumers = new Map<string, NodeProto[]>();
-  initializers: Map<string, TensorProto>;
-  inputs: Set<string> = new Set<string>();
-  outputs = new Set<string>();
-  valueInfo: Map<string, ValueInfoProto>;
+  // The index is the graph's own: others read it through the getters and change it only through the edit methods.
+  private readonly producerIndex: Map<string, NodeProto>;
+  private readonly consumerIndex = new Map<string, NodeProto[]>();
+  private readonly initializerIndex: Map<string, TensorProto>;
+  private inputNames: Set<string> = new Set<string>();
+  private outputNames = new Set<string>();
+  private readonly valueInfoIndex: Map<string, ValueInfoProto>;
   private readonly registry: NameRegistry;
   private readonly constantInputs: Set<string>;
   private constCache = new Map<string, ConstTensor | null>();
@@ -73,9 +74,9 @@ export class Graph {
 
   constructor(readonly proto: GraphProto, options: GraphOptions = {}) {
     this.parent = options.parent;
-    this.producer = new ScopedMap(this.parent?.producer);
-    this.initializers = new ScopedMap(this.parent?.initializers);
-    this.valueInfo = new ScopedMap(this.parent?.valueInfo);
+    this.producerIndex = new ScopedMap(this.parent?.producer);
+    this.initializerIndex = new ScopedMap(this.parent?.initializers);
+    this.valueInfoIndex = new ScopedMap(this.parent?.valueInfo);
     this.registry = options.registry ?? { tensors: new Set<string>(), nodes: new Set<string>() };
     this.constantInputs = options.constantInputs ?? new Set();
     this.reindex();
@@ -85,23 +86,49 @@ export class Graph {
     return this.proto.node;
   }
 
+  /** The node producing each name (this graph's, then its enclosing scopes'). */
+  get producer(): ReadonlyMap<string, NodeProto> {
+    return this.producerIndex;
+  }
+
+  /** The nodes of this graph reading each name. */
+  get consumers(): ReadonlyMap<string, NodeProto[]> {
+    return this.consumerIndex;
+  }
+
+  get initializers(): ReadonlyMap<string, TensorProto> {
+    return this.initializerIndex;
+  }
+
+  get inputs(): ReadonlySet<string> {
+    return this.inputNames;
+  }
+
+  get outputs(): ReadonlySet<string> {
+    return this.outputNames;
+  }
+
+  get valueInfo(): ReadonlyMap<string, ValueInfoProto> {
+    return this.valueInfoIndex;
+  }
+
   reindex(): void {
-    this.producer.clear();
-    this.consumers.clear();
-    this.initializers.clear();
+    this.producerIndex.clear();
+    this.consumerIndex.clear();
+    this.initializerIndex.clear();
     this.constCache.clear();
     this.query.forget();
     // Names are never released: a name once used stays taken, which is all uniqueName needs.
-    this.inputs = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
-    this.outputs = new Set(this.proto.output.map((v) => v.name));
-    for (const t of this.proto.initializer) this.initializers.set(t.name, t);
-    for (const v of this.declarations()) this.valueInfo.set(v.name, v);
+    this.inputNames = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
+    this.outputNames = new Set(this.proto.output.map((v) => v.name));
+    for (const t of this.proto.initializer) this.initializerIndex.set(t.name, t);
+    for (const v of this.declarations()) this.valueInfoIndex.set(v.name, v);
     for (const node of this.proto.node) {
       if (node.name) this.registry.nodes.add(node.name);
-      for (const out of node.output) if (out) this.producer.set(out, node);
-      for (const name of node.input) if (name) memo(this.consumers, name, () => []).push(node);
+      for (const out of node.output) if (out) this.producerIndex.set(out, node);
+      for (const name of node.input) if (name) memo(this.consumerIndex, name, () => []).push(node);
     }
-    for (const n of [...this.producer.keys(), ...this.initializers.keys(), ...this.inputs]) this.registry.tensors.add(n);
+    for (const n of [...this.producerIndex.keys(), ...this.initializerIndex.keys(), ...this.inputNames]) this.registry.tensors.add(n);
     this.repeated.clear();
     for (const [name, defs] of repeatedConstants(this.proto)) {
       const i = chosenDefinition(defs);
@@ -113,8 +140,8 @@ export class Graph {
   constantTensor(name: string): TensorProto | undefined {
     const def = this.repeated.get(name);
     if (def) return defTensor(def);
-    const node = this.producer.get(name);
-    return node?.opType === 'Constant' ? defTensor({ node }) : this.initializers.get(name);
+    const node = this.producerIndex.get(name);
+    return node?.opType === 'Constant' ? defTensor({ node }) : this.initializerIndex.get(name);
   }
 
   /** An index over a graph held in one of this graph's node attributes (names stay unique model-wide). */
@@ -123,7 +150,7 @@ export class Graph {
   }
 
   consumersOf(name: string): NodeProto[] {
-    return this.consumers.get(name) ?? [];
+    return this.consumerIndex.get(name) ?? [];
   }
 
   // ---- Edits: each keeps the index live and forgets remembered answers. The caller sorts the scope afterwards.
@@ -133,7 +160,7 @@ export class Graph {
   insertNode(node: NodeProto): void {
     this.proto.node.push(node);
     if (node.name) this.registry.nodes.add(node.name);
-    for (const out of node.output) if (out) this.producer.set(out, node);
+    for (const out of node.output) if (out) this.producerIndex.set(out, node);
     for (const name of node.input) this.addConsumer(name, node);
     this.query.forget();
   }
@@ -167,9 +194,9 @@ export class Graph {
     while (node.output.length <= index) node.output.push('');
     const old = node.output[index];
     node.output[index] = name;
-    if (old && this.producer.get(old) === node && !node.output.includes(old)) this.producer.delete(old);
+    if (old && this.producerIndex.get(old) === node && !node.output.includes(old)) this.producerIndex.delete(old);
     if (name) {
-      this.producer.set(name, node);
+      this.producerIndex.set(name, node);
       this.registry.tensors.add(name);
     }
     this.query.forget();
@@ -188,7 +215,7 @@ export class Graph {
   removeNodes(nodes: ReadonlySet<NodeProto>): void {
     this.proto.node = this.proto.node.filter((n) => !nodes.has(n));
     for (const node of nodes) {
-      for (const out of node.output) if (this.producer.get(out) === node) this.producer.delete(out);
+      for (const out of node.output) if (this.producerIndex.get(out) === node) this.producerIndex.delete(out);
       for (const name of new Set(node.input)) if (name) this.removeConsumer(name, node);
     }
     this.query.forget();
@@ -196,7 +223,7 @@ export class Graph {
 
   addInitializer(t: TensorProto): void {
     this.proto.initializer.push(t);
-    this.initializers.set(t.name, t);
+    this.initializerIndex.set(t.name, t);
     this.registry.tensors.add(t.name);
     this.query.forget();
   }
@@ -207,36 +234,36 @@ export class Graph {
     const i = list.findIndex((x) => x.name === t.name);
     if (i < 0) throw new Error(`replaceInitializer: no initializer '${t.name}'`);
     list[i] = t;
-    this.initializers.set(t.name, t);
+    this.initializerIndex.set(t.name, t);
     this.constCache.delete(t.name);
     this.query.forget();
   }
 
   removeInitializer(name: string): void {
     this.proto.initializer = this.proto.initializer.filter((t) => t.name !== name);
-    this.initializers.delete(name);
+    this.initializerIndex.delete(name);
     this.constCache.delete(name);
     this.query.forget();
   }
 
   addInput(v: ValueInfoProto): void {
     this.proto.input.push(v);
-    this.inputs.add(v.name);
-    this.valueInfo.set(v.name, v);
+    this.inputNames.add(v.name);
+    this.valueInfoIndex.set(v.name, v);
     this.registry.tensors.add(v.name);
     this.query.forget();
   }
 
   removeInput(name: string): void {
     this.proto.input = this.proto.input.filter((v) => v.name !== name);
-    this.inputs.delete(name);
+    this.inputNames.delete(name);
     this.query.forget();
   }
 
   /** Declares a new graph output (its value_info entry, if the graph has one, still tells its type). */
   addOutput(v: ValueInfoProto): void {
     this.proto.output.push(v);
-    this.outputs.add(v.name);
+    this.outputNames.add(v.name);
     this.indexDeclarations(new Set([v.name]));
     this.query.forget();
   }
@@ -255,18 +282,18 @@ export class Graph {
 
   /** The declarations of these names in the index, as reindex() finds them. */
   private indexDeclarations(names: ReadonlySet<string>): void {
-    for (const name of names) this.valueInfo.delete(name);
-    for (const v of this.declarations()) if (names.has(v.name)) this.valueInfo.set(v.name, v);
+    for (const name of names) this.valueInfoIndex.delete(name);
+    for (const v of this.declarations()) if (names.has(v.name)) this.valueInfoIndex.set(v.name, v);
   }
 
   private addConsumer(name: string, node: NodeProto): void {
     if (!name) return;
     const list = this.consumersOf(name);
-    if (!list.includes(node)) this.consumers.set(name, [...list, node]);
+    if (!list.includes(node)) this.consumerIndex.set(name, [...list, node]);
   }
 
   private removeConsumer(name: string, node: NodeProto): void {
-    this.consumers.set(name, this.consumersOf(name).filter((n) => n !== node));
+    this.consumerIndex.set(name, this.consumersOf(name).filter((n) => n !== node));
   }
 
   /** A name not yet used by any tensor or node of this graph. */
@@ -288,25 +315,25 @@ export class Graph {
   /** True when the tensor is fixed at load time: an initializer (not overridable by an input) or a Constant output. */
   isConstant(name: string): boolean {
     if (this.constantInputs.has(name)) return true;
-    if (this.initializers.has(name) && !this.inputs.has(name)) return true;
-    if (this.producer.get(name)?.opType === 'Constant') return true;
+    if (this.initializerIndex.has(name) && !this.inputNames.has(name)) return true;
+    if (this.producerIndex.get(name)?.opType === 'Constant') return true;
     return this.parent !== undefined && !this.definesLocally(name) && this.parent.isConstant(name);
   }
 
   /** True when this graph itself (not an enclosing scope) defines the name. */
   definesLocally(name: string): boolean {
-    return Map.prototype.has.call(this.producer, name) || Map.prototype.has.call(this.initializers, name)
-      || Set.prototype.has.call(this.inputs, name);
+    return Map.prototype.has.call(this.producerIndex, name) || Map.prototype.has.call(this.initializerIndex, name)
+      || Set.prototype.has.call(this.inputNames, name);
   }
 
   /** Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable. */
   constValue(name: string): ConstTensor | null {
     return memo(this.constCache, name, () => {
       const def = this.repeated.get(name);
-      const node = def ? ('node' in def ? def.node : undefined) : this.producer.get(name);
+      const node = def ? ('node' in def ? def.node : undefined) : this.producerIndex.get(name);
       if (node?.opType === 'Constant') return constantNodeValue(node);
       if (def && 'tensor' in def) return readTensor(def.tensor);
-      return this.initializers.has(name) && !this.inputs.has(name) ? readTensor(this.initializers.get(name)!) : null;
+      return this.initializerIndex.has(name) && !this.inputNames.has(name) ? readTensor(this.initializerIndex.get(name)!) : null;
     });
   }
 
@@ -314,7 +341,7 @@ export class Graph {
   elemType(name: string): number | undefined {
     const init = this.constantTensor(name);
     if (init) return init.dataType;
-    return this.valueInfo.get(name)?.type?.tensorType?.elemType || undefined;
+    return this.valueInfoIndex.get(name)?.type?.tensorType?.elemType || undefined;
   }
 }
 

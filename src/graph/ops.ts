@@ -15,11 +15,11 @@
  * well-typed patch look mis-typed), no role.
  */
 import { DataType, NodeProto } from '../io/onnx';
-import type { Graph } from './graph';
+import type { ConstantReader } from './view';
 import { attr, attrInt } from './node';
 import * as R from './shape-rules';
 
-export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: Graph) => number | undefined);
+export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: ConstantReader) => number | undefined);
 
 export interface OpInfo {
   shape?: R.ShapeRule;

@@ -11,7 +11,7 @@
  */
 import { NodeProto } from '../io/onnx';
 import { memo } from '../memo';
-import type { Graph } from './graph';
+import type { AncestryReader } from './view';
 import { opInfo } from './ops';
 import { readsOf } from './toposort';
 
@@ -26,7 +26,7 @@ export class Query {
   /** What each node reads (readsOf), once: a node holding a subgraph would otherwise be scanned at every visit. */
   private readonly reads = new Map<NodeProto, string[]>();
 
-  constructor(private readonly graph: Graph) {}
+  constructor(private readonly graph: AncestryReader) {}
 
   forget(): void {
     this.tables.clear();

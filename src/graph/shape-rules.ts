@@ -5,7 +5,7 @@
  * pass gives every unknown dim a fresh symbol. The table in ops.ts says which rule each op uses.
  */
 import { NodeProto } from '../io/onnx';
-import type { Graph } from './graph';
+import type { ConstantReader } from './view';
 import { attr, attrInt, attrInts, attrString } from './node';
 import { readTensor } from './tensor';
 import { add, broadcast, constantOf, div, mul, num, Poly, product, sliceLength } from './poly';
@@ -22,13 +22,13 @@ export interface OutSym {
   value?: Poly[];
 }
 
-export type ShapeRule = (node: NodeProto, ins: Sym[], graph: Graph) => OutSym[];
+export type ShapeRule = (node: NodeProto, ins: Sym[], graph: ConstantReader) => OutSym[];
 
 const unknownDims = (rank: number | undefined): (Poly | undefined)[] | undefined =>
   rank === undefined || !Number.isInteger(rank) || rank < 0 || rank > 64 ? undefined : Array.from({ length: rank }, () => undefined);
 
 /** A constant integer list read from an attribute or from a constant input. */
-function listOf(node: NodeProto, graph: Graph, attr: string, input: number): number[] | undefined {
+function listOf(node: NodeProto, graph: ConstantReader, attr: string, input: number): number[] | undefined {
   return attrInts(node, attr) ?? (node.input[input] ? graph.constValue(node.input[input])?.values : undefined);
 }
 

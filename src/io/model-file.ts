@@ -10,7 +10,7 @@ import { emitModel, Out, toBytes } from './emit';
 import { checkExternalData, externalFiles, isInside } from './external';
 import { ModelFormatError } from './format-error';
 import type { ModelProto } from './onnx';
-import { originOf } from './origin';
+import { cloneTracked, originOf } from './origin';
 import { Progress } from './progress';
 import { decodeModelFrom } from './read';
 import { commit, commitAsync, Committed, Job, PlaceJob, Stray } from './sink';
@@ -279,4 +279,22 @@ function ioError(label: string, e: unknown, verb: 'read' | 'write'): Error {
   const code = (e as NodeJS.ErrnoException)?.code;
   if (verb === 'read' && code === 'ENOENT') return new InputError(`${label}: no such file`, 'io');
   return code ? new InputError(`${label}: cannot ${verb} (${errnoText[code] ?? code})`, 'io') : (e as Error);
+}
+
+/** Decodes a model held in memory; external data, if any, is neither checked nor readable (no folder). */
+export function decodeModel(bytes: Uint8Array): ModelProto {
+  return decodeModelFrom(new MemorySource(bytes, 'bytes'), null);
+}
+
+/**
+ * The model as one protobuf, with external data read back in so the bytes stand alone (onnxruntime sessions
+ * made from bytes cannot resolve external paths). See serializeModel for the size limit and errors.
+ */
+export function encodeModel(model: ModelProto): Uint8Array {
+  return serializeModel(model);
+}
+
+/** A deep copy that is still written losslessly (it keeps each message's provenance). */
+export function cloneModel(model: ModelProto): ModelProto {
+  return cloneTracked(model);
 }

@@ -3,10 +3,6 @@
  * message (src/io/origin.ts), so encoding a decoded model gives back the input's bytes for everything
  * unchanged, unknown fields included.
  */
-import { serializeModel } from './model-file';
-import { cloneTracked } from './origin';
-import { decodeModelFrom } from './read';
-import { MemorySource } from './source';
 import { Int64 } from './constants';
 
 export { toNumber, DataType, AttributeType } from './constants';
@@ -92,22 +88,4 @@ export interface ModelProto {
   graph?: GraphProto;
   metadataProps: StringStringEntry[];
   functions: FunctionProto[];
-}
-
-/** Decodes a model held in memory; external data, if any, is neither checked nor readable (no folder). */
-export function decodeModel(bytes: Uint8Array): ModelProto {
-  return decodeModelFrom(new MemorySource(bytes, 'bytes'), null);
-}
-
-/**
- * The model as one protobuf, with external data read back in so the bytes stand alone (onnxruntime sessions
- * made from bytes cannot resolve external paths). See serializeModel for the size limit and errors.
- */
-export function encodeModel(model: ModelProto): Uint8Array {
-  return serializeModel(model);
-}
-
-/** A deep copy that is still written losslessly (it keeps each message's provenance). */
-export function cloneModel(model: ModelProto): ModelProto {
-  return cloneTracked(model);
 }

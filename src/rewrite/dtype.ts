@@ -5,7 +5,7 @@
  */
 import { DataType } from '../io/onnx';
 import { Builder } from './builder';
-import { PART } from './identity';
+import { PART } from '../identity';
 
 export interface Applied {
   output: string;

@@ -8,7 +8,7 @@
  */
 import { Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
-import { applyLayer, isApplyCast, isPatchNode } from './identity';
+import { applyLayer, isApplyCast, isPatchNode } from '../identity';
 
 export interface Factor {
   /** The Mul that applies the factor. */

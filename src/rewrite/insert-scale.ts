@@ -23,7 +23,7 @@ import { NChoice } from '../policy/n-mode';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { applyFactor } from './dtype';
-import { isPatchNode } from './identity';
+import { isPatchNode } from '../identity';
 import { presetFactor } from './factor';
 import { NSources } from './n-source';
 

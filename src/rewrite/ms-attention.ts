@@ -28,7 +28,7 @@ import { DataType } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { factorBnsd, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
-import { PART } from './identity';
+import { PART } from '../identity';
 import { memo } from '../memo';
 import { fusedPrior, ThetaTensors } from './prior';
 import { Preset } from '../policy/factor';

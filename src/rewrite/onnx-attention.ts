@@ -27,7 +27,7 @@ import { Builder } from './builder';
 import { applyFactor } from './dtype';
 import { presetFactor } from './factor';
 import { InsertedFused, Rows } from './fused';
-import { PART } from './identity';
+import { PART } from '../identity';
 import { ExpansionParams } from './ms-attention';
 import { fusedPrior } from './prior';
 import { extremeLastAxis } from './versioned';

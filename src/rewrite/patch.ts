@@ -2,30 +2,36 @@
  * The patch itself: resolve the options into a plan, detect sites in every graph of the model, then either
  * update s of an existing patch or insert the factors site by site, sort, and record the journal.
  */
-import { defaultOpset, Detection, detectAttention, rebindDetection, SkippedSoftmax } from '../detect/find-attention';
+import { defaultOpset, Detection, rebindDetection, SkippedSoftmax } from '../detect/find-attention';
 import type { Rule } from '../detect/rules';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
-import { validateGraph } from '../graph/validate';
-import { cloneModel, GraphProto, ModelProto, toNumber } from '../io/onnx';
+import { Analysis, analyseModel } from '../analysis/analyse';
+import { ModelProto, toNumber } from '../io/onnx';
+import { cloneModel } from '../io/model-file';
 import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchPlan, PlanOptions, resolvePlan } from '../policy/plan';
 import { findFactors } from './existing';
-import { isPatchNode } from './identity';
+import { isPatchNode } from '../identity';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchResult } from './report';
 import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
 import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
-import { lengthReport, modelLengths } from '../verify/reach';
+import { lengthReport, modelLengths } from '../analysis/reach';
 
-export { cloneModel } from '../io/onnx';
+export { cloneModel } from '../io/model-file';
 export type { PatchedSite, PatchReport, PatchResult } from './report';
 
 export interface PatchOptions extends PlanOptions {
+  /**
+   * The analysis of this model (analyseModel, with the same `force` and `rules`): patchModel then neither checks the
+   * graph nor detects attention again. An analysis of another model object is an error.
+   */
+  analysis?: Analysis;
   /**
    * Detection already run on this model (detectAttention, with the same `force` and `rules`): patchModel then does
    * not run it again. A detection of another model is an error.
@@ -40,26 +46,18 @@ export interface PatchOptions extends PlanOptions {
   allowNoOp?: boolean;
 }
 
-/**
- * Checks the graph before anything walks it. What onnxruntime accepts is accepted and said in notes: nodes out of
- * topological order (the patched model is written sorted, as ONNX requires, and revert restores their order) and
- * names defined by several constants (kept as they are; every reader sees the value onnxruntime uses).
- */
-export function prepareGraph(graph: GraphProto): string[] {
-  const { unsorted, duplicates } = validateGraph(graph);
-  return [...unsorted.map((u) => `nodes out of topological order in ${u}: written sorted, as onnxruntime sorts them on load; revert restores their order`),
-    ...duplicates];
-}
-
 /** Patches a copy of `model`; the argument is left unchanged. */
 export function patchModel(model: ModelProto, options: PatchOptions): PatchResult {
   const record = readRecord(model);
   const plan = resolvePlan(options.updateS && record ? updateOptions(options, record) : options);
   const out = cloneModel(model);
-  const notes = prepareGraph(out.graph!);
-  const scopes = modelScopes(out);
-  const detection = options.detection ? rebindDetection(options.detection, model, out)
-    : detectAttention(out, scopes, { force: plan.force, rules: options.rules });
+  const given = options.analysis && givenAnalysis(options.analysis, model, plan.force);
+  // Without an analysis of the input, the copy is analysed: its nodes are the ones the factors go into.
+  const own = given ? null : analyseModel(out, { force: plan.force, rules: options.rules });
+  const notes = [...(given ?? own!).notes];
+  const scopes = own?.scopes ?? modelScopes(out);
+  const detection = given ? rebindDetection(given.detection, model, out)
+    : options.detection ? rebindDetection(options.detection, model, out) : own!.detection;
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
   // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
@@ -77,6 +75,14 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const reach = lengthReport(lengths, report.sites, plan.preset, plan.trainLen);
   if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message, 'cannot-patch');
   return { model: out, report: { ...report, notes: [...notes, ...report.notes], ...(reach ? { lengths: reach } : {}) } };
+}
+
+/** An analysis handed in must be of this model object, made with the same forced names. */
+function givenAnalysis(analysis: Analysis, model: ModelProto, force: readonly string[]): Analysis {
+  if (analysis.model !== model) throw new InputError('the analysis given to patchModel is of another model: run analyseModel on this model', 'usage');
+  const same = force.length === analysis.force.length && force.every((f) => analysis.force.includes(f));
+  if (!same) throw new InputError(`the analysis given to patchModel forces ${analysis.force.join(', ') || 'nothing'}, the options ${force.join(', ') || 'nothing'}: analyse with the same force`, 'usage');
+  return analysis;
 }
 
 /**

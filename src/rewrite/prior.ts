@@ -12,7 +12,7 @@ import { InputError } from '../errors';
 import { DataType } from '../io/onnx';
 import { LayerTheta, THETAS, ThetaName } from '../policy/prior';
 import { Builder } from './builder';
-import { PART } from './identity';
+import { PART } from '../identity';
 import { ScaleContext, tileOverBatch } from './insert-scale';
 import { Positions } from './n-source';
 

@@ -2,7 +2,7 @@
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
-import { isScaleName, RECORD_KEY } from './identity';
+import { isScaleName, RECORD_KEY } from '../identity';
 import { ScopeEdits } from './journal';
 import type { PresetName } from '../policy/factor';
 import type { PriorName, ThetaName } from '../policy/prior';

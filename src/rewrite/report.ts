@@ -5,7 +5,7 @@ import type { PresetName } from '../policy/factor';
 import type { ThetaName } from '../policy/prior';
 import type { LayerScale } from '../policy/scale';
 import type { Target } from './insert-scale';
-import type { LengthReport } from '../verify/reach';
+import type { LengthReport } from '../analysis/reach';
 
 export interface PatchedSite {
   node: string;

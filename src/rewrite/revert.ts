@@ -12,11 +12,12 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
-import { APPLY_NAME } from './identity';
+import { APPLY_NAME } from '../identity';
 import { orderKeys, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
-import { cloneModel, prepareGraph } from './patch';
+import { cloneModel } from './patch';
+
 
 export interface RevertedSite {
   /** Layer from the record or the node names, or the site's position when names were changed. */
@@ -46,7 +47,7 @@ export interface RevertResult { model: ModelProto; report: RevertReport }
 /** Reverts a copy of `model`; the argument is left unchanged. */
 export function revertModel(model: ModelProto): RevertResult {
   const out = cloneModel(model);
-  prepareGraph(out.graph!);
+  validateGraph(out.graph!);
   const record = readRecord(out);
   if (!record?.journal.length) return revertByStructure(out);
   try {
@@ -56,7 +57,7 @@ export function revertModel(model: ModelProto): RevertResult {
   } catch (e) {
     if (!(e instanceof StaleJournal)) throw e;
     const fallback = cloneModel(model);
-    prepareGraph(fallback.graph!);
+    validateGraph(fallback.graph!);
     try {
       const result = revertByStructure(fallback);
       return { ...result, report: { ...result.report, note: e.message } };

@@ -20,7 +20,7 @@ import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFo
 import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
-import { callInputName, namePrefix, PART } from './identity';
+import { callInputName, namePrefix, PART } from '../identity';
 import { Journal, ScopeEdits } from './journal';
 import { memo } from '../memo';
 import { NSources } from './n-source';

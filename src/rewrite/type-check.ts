@@ -7,7 +7,7 @@ import { inputAt, MULTI_HEAD_ATTENTION } from '../graph/attention-ops';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
-import { isPatchNode } from './identity';
+import { isPatchNode } from '../identity';
 
 /** Input positions that must share one element type, per op (ops not listed are not checked). */
 const SAME: Record<string, number[]> = {

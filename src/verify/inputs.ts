@@ -8,7 +8,7 @@ import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
 import { DataType, NodeProto, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
-import { DimSource, InputSpec, resolveDim, RunShape } from './signature';
+import { DimSource, InputSpec, resolveDim, RunShape } from '../analysis/signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
 
 export type { Feeds, HostTensor } from './tensors';

@@ -4,8 +4,8 @@
  * liveness and sharpness, capped by the model's position table, by --max-len (by default also by the size of one
  * attention matrix), and by what the inputs allow.
  */
-import { LengthLimit } from './limits';
-import { RunShape } from './signature';
+import { LengthLimit } from '../analysis/limits';
+import { RunShape } from '../analysis/signature';
 
 export type CheckId = 'wiring' | 'probe' | 'retrofit' | 'liveness' | 'sharpness';
 export const CHECK_IDS: CheckId[] = ['wiring', 'probe', 'retrofit', 'liveness', 'sharpness'];

@@ -4,7 +4,7 @@ import { OutputStats, Tolerance } from './compare';
 import { CheckId } from './plan';
 import { ProbeSiteResult } from './probe';
 import { SharpnessCurve } from './sharpness';
-import { InputRole } from './signature';
+import { InputRole } from '../analysis/signature';
 
 export type Status = 'PASSED' | 'FAILED' | 'SKIPPED';
 

@@ -11,7 +11,7 @@ import { inputOf, isOp, MS_ATTENTION, MULTI_HEAD_ATTENTION, PatchedOp, patchedSp
 import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
-import { isPatchNode, namePrefix } from '../rewrite/identity';
+import { isPatchNode, namePrefix } from '../identity';
 import { nodeKey } from '../rewrite/journal';
 import { Exposer, Unexposable } from './expose';
 import { attribute, constant, lastRows, node, PREFIX } from './nodes';
@@ -204,10 +204,8 @@ function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: nu
   if (!out) {
     const type = fusedElementType(scope.shapes, spec, op);
     if (type === undefined) return { reason: 'the element type of its inputs is not known, so its qk output cannot be declared' };
-    while (op.output.length < at) op.output.push('');
     out = scope.graph.uniqueName(`${PREFIX}L${layer}/qk`);
-    op.output[at] = out;
-    scope.graph.producer.set(out, op);
+    scope.graph.setOutput(op, at, out);
     // The kernel's schema cannot infer this output's type: it is the query's.
     scope.graph.proto.valueInfo.push({ name: out, type: { tensorType: { elemType: type } } });
   }

@@ -1,8 +1,8 @@
 /** onnxruntime sessions: one per model variant, created once and reused across every run and check. */
 import type * as ort from 'onnxruntime-web';
 import { externalFiles } from '../io/external';
-import { readModel } from '../io/model-file';
-import { encodeModel, ModelProto } from '../io/onnx';
+import { encodeModel, readModel } from '../io/model-file';
+import { ModelProto } from '../io/onnx';
 import { cores, onnxruntime } from '../onnxruntime';
 import { Feeds, hostValues } from './tensors';
 

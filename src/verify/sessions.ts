@@ -12,9 +12,9 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { InputError } from '../errors';
-import { encodeModel, ModelProto } from '../io/onnx';
+import { ModelProto } from '../io/onnx';
 import { externalFiles } from '../io/external';
-import { inputFiles, writeModel } from '../io/model-file';
+import { encodeModel, inputFiles, writeModel } from '../io/model-file';
 import { cloneModel } from '../rewrite/patch';
 import { addProbeOutputs, ProbeWiring } from './probe-model';
 import { SessionReport } from './report';

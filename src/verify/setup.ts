@@ -3,26 +3,27 @@
  * what its journal added is the original), the sites from the record and its journal, the preset and where it
  * promises a factor of 1, the inputs and how their dims are sized, L, and the runs.
  */
-import { Detection, detectAttention } from '../detect/find-attention';
+import { Analysis, analyseModel, forcedAs } from '../analysis/analyse';
+import type { Detection } from '../detect/find-attention';
 import { InputError, opt } from '../errors';
 import { AttentionOp, Contracts, inputOf, specOf } from '../graph/attention-ops';
 import { Graph } from '../graph/graph';
 import { attrInt } from '../graph/node';
-import { modelScopes } from '../graph/scopes';
+import { modelScopes, Scope } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
-import { RECORD_KEY } from '../rewrite/identity';
+import { RECORD_KEY } from '../identity';
 import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
 import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
-import { positionLimit } from './limits';
-import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from './reach';
-import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from './signature';
+import { positionLimit } from '../analysis/limits';
+import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
+import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from '../analysis/signature';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
 import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
 import { Tolerance } from './compare';
-import type { FileVerifyOptions } from './verify';
+import type { FileVerifyOptions } from './options';
 
 const INTEGER_TYPES = new Set<number>([DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.BOOL]);
 
@@ -91,20 +92,21 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const pinned = pinnedShape(fixed);
   const sources = dimSources(specs, fixed, given);
   const pastFree = pinned.past === undefined && specs.some((s) => s.role === 'past' && !given[s.name]) && (sources.has('past') || sources.has('total'));
-  const queryRows = fewestQueryRows(original);
+  const analysis = originalAnalysis(original, record, options.analysis);
+  const queryRows = fewestQueryRows(analysis.scopes);
   // A total length (past + sequence) lets the sequence vary only where no cache takes up the difference.
   const seqFree = pinned.seq === undefined && queryRows === undefined && (sources.has('seq') || (sources.has('total') && !pastFree));
   const fixedSeq = seqFree ? undefined : queryRows ?? fixedTokens(specs);
-  const minPast = minCachedTokens(original);
+  const minPast = minCachedTokens(analysis.scopes);
   const preset = recordedPreset(record);
-  const { sites, refused, heads, detection } = siteSetup(original, patched, record);
+  const { sites, refused, heads, detection } = siteSetup(analysis, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites);
   const plan = makePlan({
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
   });
-  const lengths = modelLengths(modelScopes(original), detection, specs);
+  const lengths = modelLengths(analysis.scopes, detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: Setup = {
@@ -160,8 +162,8 @@ function fixedTokens(specs: InputSpec[]): number | undefined {
  * The cached tokens every run needs: the most any operator's spec asks for (onnxruntime 1.30's CPU
  * DecoderMaskedMultiHeadAttention corrupts memory on an empty cache, so models that have one get at least one).
  */
-function minCachedTokens(model: ModelProto): number {
-  return Math.max(0, ...contractsInForce(model, (c) => c.minPast).map((m) => m.tokens));
+function minCachedTokens(scopes: Scope[]): number {
+  return Math.max(0, ...contractsInForce(scopes, (c) => c.minPast).map((m) => m.tokens));
 }
 
 /**
@@ -214,22 +216,32 @@ function contractNodes<T>(graphs: Graph[], pick: (c: Contracts<string>) => T | u
 }
 
 /** One contract (`pick`) of every operator node in any graph of the model, where it holds for that node. */
-function contractsInForce<T extends { given?: string }>(model: ModelProto, pick: (c: Contracts<string>) => T | undefined): T[] {
-  return contractNodes(modelScopes(model).map((s) => s.graph), pick).filter((x) => applies(x.op, x.node, x.contract.given)).map((x) => x.contract);
+function contractsInForce<T extends { given?: string }>(scopes: Scope[], pick: (c: Contracts<string>) => T | undefined): T[] {
+  return contractNodes(scopes.map((s) => s.graph), pick).filter((x) => applies(x.op, x.node, x.contract.given)).map((x) => x.contract);
 }
 
 /** The query rows an operator's kernel takes, when it takes only so many (DecoderMaskedMultiHeadAttention: one token). */
-function fewestQueryRows(model: ModelProto): number | undefined {
-  const rows = contractsInForce(model, (c) => c.queryRows).map((q) => q.rows);
+function fewestQueryRows(scopes: Scope[]): number | undefined {
+  const rows = contractsInForce(scopes, (c) => c.queryRows).map((q) => q.rows);
   return rows.length ? Math.min(...rows) : undefined;
 }
 
 interface SiteSetup { sites: VerifySite[]; refused: string[]; heads?: number; detection: Detection }
 
-function siteSetup(original: ModelProto, patched: ModelProto, record: PatchRecord): SiteSetup {
-  // Forced sites are in the record; detection accepts them again by their (inner) node labels.
-  const force = record.sites.map((s) => s.softmax.split(' → ').pop()!);
-  const detection = detectAttention(original, modelScopes(original), { force });
+/**
+ * The original's analysis with the record's sites forced (detection accepts forced sites again by their inner node
+ * labels): the one handed in where it is of this model and forcing changes nothing, else made here.
+ */
+function originalAnalysis(original: ModelProto, record: PatchRecord, given: Analysis | undefined): Analysis {
+  const force = recordedForce(record);
+  return given?.model === original ? forcedAs(given, force) : analyseModel(original, { force });
+}
+
+const recordedForce = (record: PatchRecord): string[] => record.sites.map((s) => s.softmax.split(' → ').pop()!);
+
+function siteSetup(analysis: Analysis, patched: ModelProto, record: PatchRecord): SiteSetup {
+  const { detection } = analysis;
+  const force = recordedForce(record);
   const sites = findSites(patched, modelScopes(patched), record, detection);
   const refused = detection.skipped.filter((k) => k.attention && !force.includes(k.node))
     .map((k) => `refused attention ${k.node}${k.scope ? ` [${k.scope}]` : ''}: ${k.reason}`);

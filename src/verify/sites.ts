@@ -12,7 +12,7 @@ import { MS_ATTENTION } from '../graph/attention-ops';
 import { Graph, nodeLabel } from '../graph/graph';
 import { calledFunction, functionKey, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
-import { hasPart, Part, PART } from '../rewrite/identity';
+import { hasPart, Part, PART } from '../identity';
 import { nodeKey, ScopeEdits } from '../rewrite/journal';
 import { PatchRecord, SiteRecord } from '../rewrite/record';
 import { THETAS, ThetaName } from '../policy/prior';

@@ -13,55 +13,24 @@ import { InputError, opt, render } from '../errors';
 import { ModelProto } from '../io/onnx';
 import { runtimeReport } from '../onnxruntime';
 import { CheckId, CHECK_IDS } from './plan';
+import type { FileVerifyOptions, VerifyOptions } from './options';
 import { CheckResult, InputReport, RunReport, VerifyReport } from './report';
 import { SessionFactory } from './sessions';
 import { prepare, Setup } from './setup';
-import { ruledDims } from './signature';
-import { elemTypeName, HostTensor } from './tensors';
+import { ruledDims } from '../analysis/signature';
+import { elemTypeName } from './tensors';
 import { execute } from './execute';
 import { liftedChecks } from './lift';
 import { failedParityRun, optimisationChanges } from './optimisation';
 import { Optimization } from './run';
 import { skippedCheck } from './checks/common';
-import { LivenessCheck } from './checks/liveness';
-import { ProbeCheck } from './checks/probe';
-import { RetrofitCheck } from './checks/retrofit';
-import { SharpnessCheck } from './checks/sharpness';
-import { CheckUnit, UnitContext } from './checks/unit';
-import { WiringCheck } from './checks/wiring';
+import { CheckUnit } from './checks/unit';
+import { checkUnits } from './verification-plan';
 
 export { withUnitFactor } from './runtime-model';
 export type { CheckResult, RunResult, Status, VerifyReport } from './report';
 export type { CheckId } from './plan';
-
-export interface VerifyOptions {
-  /** L: the retrofit length (default: the patch record's, else the length where the mean s gives factor 1). */
-  trainLen?: number;
-  /** Context lengths of the sweep (default L/4, L/2, L, 2L, 4L, 8L, 16L). */
-  lengths?: number[];
-  /** No run longer than this (default 4096, or the model's position table if shorter). */
-  maxLen?: number;
-  /** Batch of the short runs (default 2: one plain item and one padded item). */
-  batch?: number;
-  /** Tolerances for parity (default 1e-4 each for float32 outputs, 1e-2 for float16/bfloat16 outputs). */
-  atol?: number;
-  rtol?: number;
-  /** Checks to run (default all). */
-  checks?: CheckId[];
-  /** Sizes of named dims, e.g. {seq: 128, height: 224}. */
-  dims?: Record<string, number>;
-  /** Input tensors, by input name, in the element type the model declares (see readTensorFile for .npy, .json and .pb files). */
-  inputs?: Record<string, HostTensor>;
-  /** Fail when anything is left unverified: a skipped check, a site not probed, attention the patch refused. */
-  strict?: boolean;
-  /** Called with a short progress line as each stage and run starts. */
-  progress?: (line: string) => void;
-}
-
-/** What the command line adds: the input files it names (read against the model's declared types, and named in the report). */
-export interface FileVerifyOptions extends VerifyOptions {
-  inputFiles?: Record<string, string>;
-}
+export type { FileVerifyOptions, VerifyOptions } from './options';
 
 export async function verifyPatch(original: ModelProto, patched: ModelProto, options: VerifyOptions = {}): Promise<VerifyReport> {
   return runVerification(original, patched, options, 'api');
@@ -103,10 +72,7 @@ async function runVerification(original: ModelProto, patched: ModelProto, option
   const labels = setup.sites.map((s) => s.label);
   const again = (o: ModelProto, p: ModelProto, opts: FileVerifyOptions): Promise<VerifyReport> => runVerification(o, p, opts, audience);
   const lifted = await liftedChecks(original, patched, options, again, labels, setup.checks);
-  const ctx: UnitContext = { setup, factory, lifted };
-  const sharpness = new SharpnessCheck(ctx);
-  // Retrofit first: it adds its runs to the plan before the others look at the runs.
-  const units: CheckUnit[] = [new RetrofitCheck(ctx), new WiringCheck(ctx), new ProbeCheck(ctx), new LivenessCheck(ctx), sharpness];
+  const { units, sharpness } = checkUnits({ setup, factory, lifted });
   progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
   let runs: RunReport[];
   let checks: CheckResult[];

@@ -2,7 +2,8 @@
  * Attention in plain loops, the independent reference for fused operators and tiny graphs: logits
  * z = scale·q·k (+ bias), SSMax factor c on the content term before the mask, softmax over visible keys.
  */
-import { encodeModel, ModelProto } from '../../src/io/onnx';
+import { ModelProto } from '../../src/io/onnx';
+import { encodeModel } from '../../src/io/model-file';
 import { Feeds, HostTensor } from '../../src/verify/inputs';
 import { Runner } from '../../src/verify/run';
 import { randoms } from './build';
