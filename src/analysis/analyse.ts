@@ -12,6 +12,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
 import type { ModelProto } from '../io/onnx';
 
+/** What analyseModel takes: the same `force` and `rules` as patchModel's options. */
 export interface AnalyseOptions {
   /** Node names whose refusal the user accepts (--force-site), as patchModel's `force`. */
   force?: readonly string[];
@@ -19,14 +20,22 @@ export interface AnalyseOptions {
   rules?: readonly Rule[];
 }
 
+/** A model's analysis: valid for that model object only, and only until it is changed. */
 export interface Analysis {
   /** The model analysed: the analysis holds its nodes, so it is of this object only. */
   readonly model: ModelProto;
   /** What the structural checks accepted and how (nodes out of order, constants defined twice). */
   readonly notes: readonly string[];
+  /**
+   * Every graph and function body of the model, indexed.
+   * @internal
+   */
   readonly scopes: Scope[];
+  /** The attention found, and every Softmax skipped with its reason. */
   readonly detection: Detection;
+  /** The names forced (--force-site) when detecting. */
   readonly force: readonly string[];
+  /** The rules detection tried, when not the default RULES. */
   readonly rules?: readonly Rule[];
 }
 
@@ -41,6 +50,7 @@ export function graphNotes(model: ModelProto): string[] {
     ...duplicates];
 }
 
+/** Checks, indexes and detects attention in `model`, once: hand the result to patchModel and verifyPatch. */
 export function analyseModel(model: ModelProto, options: AnalyseOptions = {}): Analysis {
   const notes = graphNotes(model);
   const scopes = modelScopes(model);

@@ -49,6 +49,7 @@ export const findAttentionSoftmax = (model: ModelProto, options: DetectOptions =
 
 type Entry = { kind: 'refused'; skip: SkippedSoftmax } | (Found & { rule: string });
 
+/** Detection over the given scopes of `model` (modelScopes): analyseModel runs it once with the structural checks first. */
 export function detectAttention(model: ModelProto, scopes: Scope[], options: DetectOptions = {}): Detection {
   const force = new Set(options.force ?? []);
   const rules = options.rules ?? RULES;

@@ -44,10 +44,24 @@ export interface FusedSite {
   scope: string;
   /** The detection rule that matched (rules.ts). */
   rule: string;
-  node: NodeProto; op: FusedOp; heads: HeadInfo; mask: MaskVerdict;
-  /** Inputs by role in the operator's spec (graph/attention-ops), as in `query` and `n`. */
-  query: QueryPlan; n: NPlan;
+  node: NodeProto; heads: HeadInfo; mask: MaskVerdict;
+  /**
+   * The operator's spec id (graph/attention-ops).
+   * @internal
+   */
+  op: FusedOp;
+  /**
+   * Inputs by role in the operator's spec (graph/attention-ops): where the query is.
+   * @internal
+   */
+  query: QueryPlan;
+  /**
+   * How n is read from the operator's inputs, by role.
+   * @internal
+   */
+  n: NPlan;
   /** The query length S: a dimension of an input. */
+  /** @internal */
   queryLength: AxisTerm;
   /** Element type of the query (or weights), when known. */
   queryType?: number;

@@ -15,12 +15,16 @@ import { ConstTensor, readTensor } from './tensor';
 // Readers of a node that need no Graph live in node.ts, so that the modules this one loads can import them.
 export { attr, attrFloat, attrInt, attrInts, attrString, subgraphsOf } from './node';
 
-/** Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces). */
+/**
+ * Tensor and node names in use anywhere in a model (node and tensor names are separate namespaces).
+ * @internal
+ */
 export interface NameRegistry {
   tensors: Set<string>;
   nodes: Set<string>;
 }
 
+/** @internal */
 export interface GraphOptions {
   /** The enclosing scope, for names this graph reads but does not define. */
   parent?: Graph;
@@ -69,8 +73,13 @@ export class Graph {
   private constCache = new Map<string, ConstTensor | null>();
   /** Names defined several times: the definition onnxruntime uses (duplicates.ts). */
   private repeated = new Map<string, ConstantDef>();
-  /** Memoised questions about the graph (see query.ts), forgotten on every edit. */
+  /**
+   * Memoised questions about the graph (see query.ts), forgotten on every edit.
+   * @internal
+   */
   readonly query: Query = new Query(this);
+
+  /** @internal */
 
   constructor(readonly proto: GraphProto, options: GraphOptions = {}) {
     this.parent = options.parent;
@@ -326,7 +335,10 @@ export class Graph {
       || Set.prototype.has.call(this.inputNames, name);
   }
 
-  /** Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable. */
+  /**
+   * Values of a constant tensor (initializer or Constant node), or null if it is not constant or not readable.
+   * @internal
+   */
   constValue(name: string): ConstTensor | null {
     return memo(this.constCache, name, () => {
       const def = this.repeated.get(name);

@@ -3,7 +3,10 @@
  * symbolic shapes. Two dims with the same polynomial are equal at run time.
  */
 
-/** Monomial key ('' for the constant term) → integer coefficient. */
+/**
+ * Monomial key ('' for the constant term) → integer coefficient.
+ * @internal
+ */
 export type Poly = ReadonlyMap<string, number>;
 
 const mono = (symbols: string[]): string => [...symbols].sort().join('*');

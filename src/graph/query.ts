@@ -18,9 +18,11 @@ import { readsOf } from './toposort';
 /**
  * What a walk sees at one tensor and its producer: an answer (found), `null` (nothing here or behind it: stop),
  * or `undefined` (nothing here: look at the producer's inputs).
+ * @internal
  */
 export type Visit<T> = (tensor: string, producer: NodeProto | undefined) => T | null | undefined;
 
+/** @internal */
 export class Query {
   private readonly tables = new Map<string, Map<string, unknown>>();
   /** What each node reads (readsOf), once: a node holding a subgraph would otherwise be scanned at every visit. */

@@ -17,6 +17,7 @@ export interface Scope {
   /** Default-domain opset in force inside this scope. */
   opset: number;
   /** Shapes, ranks and element types of the scope's tensors (and those it reads from enclosing scopes). */
+  /** @internal */
   shapes: Shapes;
   fn?: FunctionProto;
   /** For subgraphs: the node holding it, and that node's scope. */
@@ -39,6 +40,7 @@ export function calledFunction(model: ModelProto, node: NodeProto): FunctionProt
   return model.functions.find((f) => f.name === node.opType && f.domain === node.domain);
 }
 
+/** @internal */
 export function modelScopes(model: ModelProto): Scope[] {
   const registry = collectNames(model);
   const opset = defaultOpsetOf(model.opsetImport);

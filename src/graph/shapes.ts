@@ -17,6 +17,7 @@ const INTEGERS = new Set<number>([
   DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
 ]);
 
+/** @internal */
 export class Shapes {
   private readonly syms = new Map<string, Sym>();
   private readonly types = new Map<string, number>();

@@ -2,6 +2,7 @@
 import { readExternal } from '../io/external';
 import { DataType, Int64, TensorProto, toNumber } from '../io/onnx';
 
+/** @internal */
 export interface ConstTensor {
   dims: number[];
   dataType: number;

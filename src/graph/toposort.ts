@@ -22,7 +22,10 @@ export class CycleError extends Error {
   }
 }
 
-/** Sorts `graph.node` in place (stable: keeps the original order where dependencies allow). */
+/**
+ * Sorts `graph.node` in place (stable: keeps the original order where dependencies allow).
+ * @internal
+ */
 export function topoSort(graph: GraphProto): void {
   const order = topoOrder(graph);
   if (order.length !== graph.node.length) {

@@ -11,6 +11,7 @@ import { chosenDefinition, ConstantDef, repeatedConstants } from './duplicates';
 import { nodeLabel, subgraphsOf } from './graph';
 import { CycleError, readsOf, topoSort } from './toposort';
 
+/** @internal */
 export interface GraphFindings {
   /** Per graph out of topological order: where, and the first read before its producer. */
   unsorted: string[];
@@ -18,6 +19,7 @@ export interface GraphFindings {
   duplicates: string[];
 }
 
+/** @internal */
 export function validateGraph(graph: GraphProto): GraphFindings {
   const findings: GraphFindings = { unsorted: [], duplicates: [] };
   check(graph, new Set(), 'the graph', findings);

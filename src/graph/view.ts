@@ -5,12 +5,18 @@
 import type { NodeProto, TensorProto } from '../io/onnx';
 import type { ConstTensor } from './tensor';
 
-/** A tensor's constant value, where the graph knows it. */
+/**
+ * A tensor's constant value, where the graph knows it.
+ * @internal
+ */
 export interface ConstantReader {
   constValue(name: string): ConstTensor | null;
 }
 
-/** Who produces each name, and which names are inputs, initializers and constants: what an ancestry walk asks. */
+/**
+ * Who produces each name, and which names are inputs, initializers and constants: what an ancestry walk asks.
+ * @internal
+ */
 export interface AncestryReader {
   readonly producer: ReadonlyMap<string, NodeProto>;
   readonly initializers: ReadonlyMap<string, TensorProto>;

@@ -10,6 +10,7 @@ import { Graph } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
 import { applyLayer, isApplyCast, isPatchNode } from '../identity';
 
+/** @internal */
 export interface Factor {
   /** The Mul that applies the factor. */
   apply: NodeProto;
@@ -30,6 +31,7 @@ export interface Factor {
 const MAX_FACTOR_NODES = 64;
 const carriers = new Set(['Add', 'Sub', 'Where', 'Cast', 'Div', 'Mul', 'Reshape', 'Identity', 'Squeeze', 'Unsqueeze', 'Max', 'Min', 'Tanh']);
 
+/** @internal */
 export function findFactors(graph: Graph): Factor[] {
   const muls = graph.nodes.filter((n) => n.opType === 'Mul' && (!n.domain || n.domain === 'ai.onnx'));
   return muls.map((mul) => asFactor(graph, mul)).filter((f): f is Factor => f !== null);

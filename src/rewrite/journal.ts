@@ -10,6 +10,7 @@ import { parseModel, serializeModel } from '../io/model-file';
 import { ModelProto, NodeProto, TensorProto, ValueInfoProto } from '../io/onnx';
 import { memo } from '../memo';
 
+/** @internal */
 export interface Rewire {
   /** First output of the node whose input was changed. */
   node: string;
@@ -20,6 +21,7 @@ export interface Rewire {
   length: number;
 }
 
+/** @internal */
 export interface ScopeEdits {
   /** The scope path (`main`, `main/<node>.<attribute>`, `function <domain>:<name>`). */
   scope: string;

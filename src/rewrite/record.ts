@@ -49,6 +49,7 @@ export interface PatchRecord {
   attnScale?: number;
   sites: SiteRecord[];
   /** Every edit the patch made, scope by scope. */
+  /** @internal */
   journal: ScopeEdits[];
 }
 

@@ -20,13 +20,22 @@ export type {
   QueryPlan, RefusedOp, Term,
 } from './types';
 
-/** The operators the tool patches, in the order their detection rules are tried. */
+/**
+ * The operators the tool patches, in the order their detection rules are tried.
+ * @internal
+ */
 export const PATCHED_OPS = [MULTI_HEAD_ATTENTION, GROUP_QUERY_ATTENTION, DECODER_MASKED_MULTI_HEAD_ATTENTION, MS_ATTENTION, ONNX_ATTENTION] as const;
 
-/** The operators the tool recognises and refuses with the reason. */
+/**
+ * The operators the tool recognises and refuses with the reason.
+ * @internal
+ */
 export const REFUSED_OPS: readonly RefusedOp[] = [PACKED_ATTENTION, PACKED_MULTI_HEAD_ATTENTION];
 
-/** How reports name a patched operator. */
+/**
+ * How reports name a patched operator.
+ * @internal
+ */
 export type FusedOp = (typeof PATCHED_OPS)[number]['id'];
 
 const ALL: readonly AttentionOp[] = [...PATCHED_OPS, ...REFUSED_OPS];

@@ -13,13 +13,22 @@ export interface HeadInfo { heads?: number; axis?: number; reason: string }
 
 export interface MaskVerdict { causal: boolean; reason: string }
 
-/** A dimension of an input. */
+/**
+ * A dimension of an input.
+ * @internal
+ */
 export interface AxisTerm<R extends string = string> { role: R; axis: number }
 
-/** One term of a sequence length: a dimension of an input, or the value of a scalar integer input. */
+/**
+ * One term of a sequence length: a dimension of an input, or the value of a scalar integer input.
+ * @internal
+ */
 export type Term<R extends string = string> = AxisTerm<R> | { role: R; value: true };
 
-/** Where the query is and how its rows and heads are laid out. */
+/**
+ * Where the query is and how its rows and heads are laid out.
+ * @internal
+ */
 export type QueryPlan<R extends string = string> =
   /** [B, S, N·H]; `bias`: an input whose first N·H entries the kernel adds to the query. */
   | { layout: 'bsd'; input: R; bias?: R }
@@ -36,6 +45,7 @@ export type QueryPlan<R extends string = string> =
    */
   | { layout: 'weights'; weights: R; bias?: R; qWidth?: number; expandable: boolean };
 
+/** @internal */
 export type NPlan<R extends string = string> =
   /** n = Tk for every row. */
   | { kind: 'keys'; tk: Term<R>[] }
@@ -57,7 +67,10 @@ export type NPlan<R extends string = string> =
    */
   | { kind: 'mask-index'; causal: boolean; unidirectional: boolean; mask?: R; maskRank?: number; tk: Term<R>[] };
 
-/** What a spec's matcher makes of a node: detection adds the node, the operator and the element type. */
+/**
+ * What a spec's matcher makes of a node: detection adds the node, the operator and the element type.
+ * @internal
+ */
 export interface OpMatch<R extends string = string> {
   heads: HeadInfo;
   mask: MaskVerdict;
@@ -74,7 +87,10 @@ export interface OpMatch<R extends string = string> {
   expand?: string;
 }
 
-/** What a matcher may ask about a node, answered by detection from the graph. */
+/**
+ * What a matcher may ask about a node, answered by detection from the graph.
+ * @internal
+ */
 export interface NodeView<I extends string, O extends string> {
   has(role: I): boolean;
   hasOutput(role: O): boolean;
@@ -89,10 +105,16 @@ export interface NodeView<I extends string, O extends string> {
   masks(roles: I[], why: string): MaskVerdict;
 }
 
-/** What an extra output of the kernel holds: the probabilities, the (masked) logits, or nothing usable and why. */
+/**
+ * What an extra output of the kernel holds: the probabilities, the (masked) logits, or nothing usable and why.
+ * @internal
+ */
 export type QkReading = 'probs' | 'logits' | { reason: string };
 
-/** An output through which the kernel gives its attention (probabilities or logits). */
+/**
+ * An output through which the kernel gives its attention (probabilities or logits).
+ * @internal
+ */
 export interface QkOutput<O extends string> {
   output: O;
   /** The attribute that says what the output holds, and the value that makes it hold the most usable thing. */
@@ -104,12 +126,14 @@ export interface QkOutput<O extends string> {
 /**
  * What synthesised lengths an input holds: the run's total (past + sequence), that minus one, the past alone, or
  * the key count of the input in `keysOf` (axis 1 of [B, Tk, ·], axis 2 of [B, N, Tk, H]; past + sequence without it).
+ * @internal
  */
 export type LengthFill<I extends string> = 'total' | 'total-1' | 'past' | { keysOf: I };
 
 /**
  * What input synthesis must respect. `lengths`, `keyEnds` and `minPast` are what verification uses today; the rest
  * is recorded from the operator's documentation for the synthesis to come.
+ * @internal
  */
 export interface Contracts<I extends string> {
   /** Lengths inputs verification synthesises, with their values (other lengths inputs are refused, never guessed). */
@@ -138,6 +162,7 @@ export interface Contracts<I extends string> {
   notes?: string[];
 }
 
+/** @internal */
 export interface OpBase<Id extends string, I extends string, O extends string> {
   /** How reports name the operator: `com.microsoft.MultiHeadAttention`; `Attention` for ONNX's own. */
   id: Id;
@@ -157,7 +182,10 @@ export interface OpBase<Id extends string, I extends string, O extends string> {
   contracts: Contracts<I>;
 }
 
-/** An operator the tool patches. */
+/**
+ * An operator the tool patches.
+ * @internal
+ */
 export interface PatchedOp<Id extends string = string, I extends string = string, O extends string = string> extends OpBase<Id, I, O> {
   /** The detection rule's name (rules.ts, the rule table of docs/layout.md). */
   rule: string;
@@ -171,11 +199,15 @@ export interface PatchedOp<Id extends string = string, I extends string = string
   match(v: NodeView<I, O>): OpMatch<I> | { reason: string };
 }
 
-/** An operator the tool recognises and refuses, with what to do instead. */
+/**
+ * An operator the tool recognises and refuses, with what to do instead.
+ * @internal
+ */
 export interface RefusedOp<Id extends string = string, I extends string = string, O extends string = string> extends OpBase<Id, I, O> {
   refused: string;
 }
 
+/** @internal */
 export type AttentionOp = PatchedOp | RefusedOp;
 
 /**
