@@ -48,6 +48,10 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Unsqueeze: { shape: R.unsqueeze, logits: [0], probs: true, position: true, view: true },
   Flatten: { shape: R.flatten, position: true, view: true },
   Dropout: { shape: R.unary, probs: true },
+  // Static quantisation's pairs on activations (QDQ models): int8 (the zero point's type) and back to float (the
+  // scale's); logits and probabilities pass on through them, as does their head axis.
+  QuantizeLinear: { shape: R.unary, type: (n, typeOf) => attrInt(n, 'output_dtype') || (n.input[2] ? typeOf(n.input[2]) : DataType.UINT8), logits: [0], probs: true, keepsAxes: true },
+  DequantizeLinear: { shape: R.unary, type: (n, typeOf) => attrInt(n, 'output_dtype') || typeOf(n.input[1]), logits: [0], probs: true, keepsAxes: true },
   Where: { shape: R.where, type: (n, typeOf) => typeOf(n.input[1]) ?? typeOf(n.input[2]), logits: [1, 2], probs: true },
   Mul: { shape: R.elementwise, logits: [0, 1], probs: true, keepsAxes: true, position: true },
   Div: { shape: R.elementwise, logits: [0], keepsAxes: true },
