@@ -76,7 +76,7 @@ export { verifyPatch, withUnitFactor } from './verify/verify';
 export type { VerifyOptions } from './verify/verify';
 export { planVerification } from './verify/verification-plan';
 export type { VerificationPlan, SubjectPlan, PlannedRun } from './verify/verification-plan';
-export type { VerifyReport, CheckResult, RunResult, Status, InputReport, RunReport, SessionReport, SkipKind } from './verify/report';
+export type { VerifyReport, CheckResult, RunResult, Status, InputReport, RunReport, RunIdentity, SessionReport, SkipKind } from './verify/report';
 export type { ProbeSiteResult } from './verify/probe';
 export type { InputRole } from './analysis/signature';
 export type { CheckId } from './verify/plan';

@@ -53,13 +53,18 @@ export interface InputReport {
   sized?: string[];
 }
 
-export interface RunReport {
+/** A run as the plan and the report name it: its id, what it is for, its lengths. */
+export interface RunIdentity {
   id: string;
+  /** Short runs feed wiring and the probe; sweep runs feed retrofit, liveness and sharpness; retrofit runs reach n = L. */
   kind: 'short' | 'sweep' | 'retrofit';
   batch: number;
   seq: number;
   past: number;
   padded: boolean;
+}
+
+export interface RunReport extends RunIdentity {
   /** Milliseconds per session that ran it. */
   ms: Record<string, number>;
   errors?: Record<string, string>;

@@ -8,6 +8,7 @@ import { InputError } from '../errors';
 import { LIFTED_CHECKS, LiftedPair, liftedPairs } from './lift';
 import type { FileVerifyOptions, VerifyOptions } from './options';
 import { CHECK_IDS, CheckId, RunSpec } from './plan';
+import type { RunIdentity } from './report';
 import { SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { prepare, Setup } from './setup';
 import { LivenessCheck } from './checks/liveness';
@@ -23,14 +24,7 @@ export function checkUnits(ctx: UnitContext): { units: CheckUnit[]; sharpness: S
   return { units: [new RetrofitCheck(ctx), new WiringCheck(ctx), new ProbeCheck(ctx), new LivenessCheck(ctx), sharpness], sharpness };
 }
 
-export interface PlannedRun {
-  id: string;
-  /** Short runs feed wiring and the probe; sweep runs feed retrofit, liveness and sharpness; retrofit runs reach n = L. */
-  kind: 'short' | 'sweep' | 'retrofit';
-  batch: number;
-  seq: number;
-  past: number;
-  padded: boolean;
+export interface PlannedRun extends RunIdentity {
   /** The most keys a row of this run sees. */
   keys: number;
   /** Per session it runs in (in the order sessions run), the checks that read its outputs. */
