@@ -10,14 +10,13 @@ import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { AttributeProto, DataType, decodeModel, encodeModel, GraphProto, ModelProto, ValueInfoProto } from '../src/io/onnx';
 import { readModel } from '../src/io/model-file';
-import { TORCH } from './support/ref';
+import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import { ortLoadError, removeScratch, tmpdir } from './support/io';
 import { assertLines, blocks, REPO, runShell, section } from './support/readme';
 
 after(removeScratch);
 
-const CORPUS = path.resolve(REPO, '../shared/corpus');
-const inCorpus = (f: string): string | false => (fs.existsSync(path.join(CORPUS, f)) ? false : `${f} not in ${CORPUS}`);
+const inCorpus = corpusSkip;
 
 /**
  * Runs the recipe's shell block in `cwd` and checks the output against the recipe's first text block, and stderr
