@@ -63,8 +63,7 @@ function optimumMerged(decoder: ModelProto): ModelProto {
 describe('README recipes', () => {
   it('PyTorch torch.onnx.export: all five checks pass, --strict too; the report is written', () => {
     const dir = tmpdir('ssmax-recipe-');
-    fs.mkdirSync(path.join(dir, 'fixtures/torch'), { recursive: true });
-    fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'fixtures/torch/gpt2_past.onnx'));
+    fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'gpt2_past.onnx'));
     runRecipe('PyTorch `torch.onnx.export`', dir);
     const report = JSON.parse(fs.readFileSync(path.join(dir, 'gpt2_past.report.json'), 'utf8'));
     assert.deepEqual([report.status, report.strict.passed, report.verification.checks.map((c: { status: string }) => c.status)],
