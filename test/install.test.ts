@@ -131,10 +131,16 @@ const COMMANDS: Record<string, string | { setup: (dir: string) => void; check: (
     },
   },
   'From a clone of this repository': 'test/recipes.test.ts and npm test itself: it runs in a clone, not in a project',
-  'PyTorch `torch.onnx.export`': 'test/recipes.test.ts, on the files of that pipeline (this checkout\'s CLI)',
-  'Hugging Face Optimum: merged decoders (`decoder_model_merged.onnx`)': 'test/recipes.test.ts, on the files of that pipeline',
-  "onnxruntime's transformers optimizer": 'test/recipes.test.ts, on a corpus model',
-  'onnxruntime-genai model folders': 'test/recipes.test.ts, on a corpus folder',
+  'PyTorch `torch.onnx.export`': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'gpt2_past.onnx')),
+    check: (r, dir) => {
+      assertLines(r.stdout, blocks(section('PyTorch `torch.onnx.export`'), 'text')[0]);
+      assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'gpt2_past.report.json'), 'utf8')).strict.passed, true);
+    },
+  },
+  'Hugging Face Optimum: merged decoders (`decoder_model_merged.onnx`)': 'test/recipes.test.ts, on a merged decoder it builds (this checkout\'s CLI)',
+  "onnxruntime's transformers optimizer": 'test/recipes.test.ts, on a corpus model (this checkout\'s CLI)',
+  'onnxruntime-genai model folders': 'test/recipes.test.ts, on a corpus folder (this checkout\'s CLI)',
 };
 
 const ping = run('npm', ['ping', '--fetch-timeout=15000', '--fetch-retries=1'], REPO);
