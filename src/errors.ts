@@ -81,6 +81,12 @@ export type ErrorCode = keyof typeof ERROR_CODES;
 /** The codes an InputError takes: every code but the verdicts of a verification and a bug. */
 export type InputErrorCode = Exclude<ErrorCode, 'verify-failed' | 'strict-failed' | 'calibrate-failed' | 'internal'>;
 
+/**
+ * Each error's message with its option tokens (invisible characters), kept off the error object so that a user who
+ * prints or inspects an error sees plain text only.
+ */
+const TEMPLATES = new WeakMap<SsmaxError, string>();
+
 /** Errors that reach the user as one line and an exit code, never as a stack trace. */
 export class SsmaxError extends Error {
   /** The message with options named by their command-line flags. */
@@ -88,13 +94,19 @@ export class SsmaxError extends Error {
   /** The exit code of the command line, from the code. */
   readonly exitCode: number;
 
-  /** `raw`: the message with its option tokens, to be prefixed by a caller that adds context. */
-  constructor(readonly raw: string, readonly code: ErrorCode) {
-    super(oneLine(render(raw, 'api')));
-    this.cliMessage = oneLine(render(raw, 'cli'));
+  /** `template`: the message with its option tokens (opt()). */
+  constructor(template: string, readonly code: ErrorCode) {
+    super(oneLine(render(template, 'api')));
+    TEMPLATES.set(this, template);
+    this.cliMessage = oneLine(render(template, 'cli'));
     this.exitCode = ERROR_CODES[code];
     this.name = new.target.name;
   }
+}
+
+/** The same error with context before its message, options still named for each audience. */
+export function prefixed(prefix: string, e: InputError): InputError {
+  return new InputError(`${prefix}${TEMPLATES.get(e) ?? e.message}`, e.code);
 }
 
 /** Bad model file, bad option value, nothing to patch: exit code 2 (4 for no-attention). */

@@ -27,11 +27,11 @@ import { Runner } from '../src/verify/run';
 import { prepare } from '../src/verify/setup';
 import { makeHost } from '../src/verify/tensors';
 import { cli, removeScratch, tmpdir } from './support/io';
+import { CORPUS, corpusSkip } from './support/ref';
 import { fuseQualityModel } from './support/quality-fused';
 
 const L = TASK.trainLen;
 const N = 8 * L;
-const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 const dir = tmpdir('ssmax-calibrate-');
 after(removeScratch);
 
@@ -130,7 +130,7 @@ describe('calibrate on a fused operator', () => {
     }
   });
 
-  it('a decoder whose fixed tokens outnumber N (Whisper\'s 1,500, causal) is read in one run of them alone, not in a run of negative cache', { skip: !fs.existsSync(CORPUS) }, () => {
+  it('a decoder whose fixed tokens outnumber N (Whisper\'s 1,500, causal) is read in one run of them alone, not in a run of negative cache', { skip: corpusSkip('ort_whisper_decoder_with_past_self_mha_fused.onnx') }, () => {
     // Before: past = N − 1500 < 0, an internal error (Invalid typed array length).
     const r = calibrate(path.join(CORPUS, 'ort_whisper_decoder_with_past_self_mha_fused.onnx'), 'whisper');
     assert.equal(r.code, 1, r.stderr);
@@ -141,7 +141,7 @@ describe('calibrate on a fused operator', () => {
     assert.match(c.notes.join(), /about uniform/);
   });
 
-  it('a corpus model (com.microsoft Attention, random weights) is read and refused: its attention is uniform', { skip: !fs.existsSync(CORPUS) }, () => {
+  it('a corpus model (com.microsoft Attention, random weights) is read and refused: its attention is uniform', { skip: corpusSkip('ort_gpt2_attention_add_opt.onnx') }, () => {
     const r = calibrate(path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx'), 'corpus');
     assert.equal(r.code, 1);
     assert.equal(r.doc.error?.code, 'calibrate-failed');

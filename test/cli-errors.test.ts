@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { inspect } from 'node:util';
 import { after, describe, it } from 'node:test';
 import Ajv2020 from 'ajv/dist/2020';
 import { ERROR_CODES, ErrorCode, SsmaxError } from '../src/errors';
@@ -218,6 +219,24 @@ describe('the library\'s errors carry the same codes', () => {
     assert.equal(large.code, 'too-large');
     const theta = thrown(() => patchModel(readModel(path.join(TORCH, 'gpt2_past.onnx')), { trainLen: 64, prior: 'alibi', theta: { beta: 1e39 } }));
     assert.match(theta.message, /θbeta: 1e\+39 overflows float32/);
+  });
+
+  it('an error, printed or inspected as user code would, holds no invisible character (was: raw with U+2060 marks)', () => {
+    const dir = tmpdir();
+    const out = path.join(dir, 'model.ssmax.onnx');
+    fs.writeFileSync(out, 'exists');
+    let error: unknown;
+    try {
+      writeModel(out, classifierOnly());
+    } catch (e) {
+      error = e;
+    }
+    assert.ok(error instanceof SsmaxError);
+    assert.equal(error.message, `${out}: already exists (option force overwrites it)`);
+    assert.equal(error.cliMessage, `${out}: already exists (--force overwrites it)`);
+    const shown = [inspect(error), JSON.stringify(error), String(error), ...Object.keys(error)].join('\n');
+    assert.doesNotMatch(shown, /[\u2060\u2061]/);
+    assert.doesNotMatch(shown, /\braw\b/);
   });
 
   it('an input cut short while it is copied is an io error, not an internal one (was: exit 3)', async () => {

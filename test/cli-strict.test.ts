@@ -46,6 +46,8 @@ describe('strict arguments', () => {
     ['--lengths with an empty item', ['verify', 'gpt2_past.onnx', 'bert_encoder.onnx', '--lengths', '16,,64'], 'verify', /--lengths: empty item/],
     ['an empty -o', ['gpt2_past.onnx', '--s', '0.3', '-o', ''], 'patch', /--output: empty value/],
     ['an unknown option', ['gpt2_past.onnx', '--frobnicate'], 'patch', /unknown option '--frobnicate'/],
+    ['a misspelt option, with the suggestion on the same line (was: a literal \\n before it)', ['gpt2_past.onnx', '--trainlen', '64'], 'patch',
+      /^ssmax-patch: unknown option '--trainlen' \(Did you mean --train-len\?\) \(see/],
     ['a missing model', ['patch', '--s', '0.3'], 'patch', /missing required argument 'model'/],
     ['--report without --verify', ['gpt2_past.onnx', '--s', '0.3', '--junit', 'j.xml', '--strict'], 'patch', /--strict and --junit need --verify/],
     ['--s with --s-file', ['gpt2_past.onnx', '--s', '0.3', '--s-file', 's.json'], 'patch', /--s and --s-file are exclusive/],

@@ -11,7 +11,7 @@ import { smallTransformer } from '../bench/transformer';
 import { DataType } from '../src/io/onnx';
 import { encodeModel } from '../src/io/model-file';
 import { model, node, value } from './support/build';
-import { TORCH } from './support/ref';
+import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import { cli, ortLoadError, removeScratch, tmpdir, writeExternal } from './support/io';
 
 after(removeScratch);
@@ -130,8 +130,8 @@ describe('--force-site patterns', () => {
     assertWarned(none.stderr, none.report, ['force-site-none']);
   });
 
-  const greedy = path.resolve(__dirname, '../../../shared/corpus/ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
-  it('GreedySearch (corpus): its 10 causal Attention nodes need no forcing now (expanded); all warns that nothing was refused', { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+  const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
+  it('GreedySearch (corpus): its 10 causal Attention nodes need no forcing now (expanded); all warns that nothing was refused', { skip: corpusSkip(path.basename(greedy)) }, () => {
     const sites = patchJson([greedy, '--s', '0.4']).report.sites;
     assert.equal(sites.length, 10);
     const all = patchJson([greedy, '--s', '0.4', '--force-site', 'all']);

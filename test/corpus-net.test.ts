@@ -15,7 +15,7 @@ import { spawnSync } from 'node:child_process';
 import { before, describe, it } from 'node:test';
 import { corpusFiles, corpusOutcomes, FileOutcome, inCorpus, onnxCheckerAvailable, Outcomes, readExpected } from './support/corpus-net';
 import { docPages } from './support/readme';
-import { CORPUS } from './support/ref';
+import { corpusSkip } from './support/ref';
 
 const files = corpusFiles();
 const checker = onnxCheckerAvailable();
@@ -26,7 +26,7 @@ const withoutChecker = (o: FileOutcome): FileOutcome => ({
   sets: Object.fromEntries(Object.entries(o.sets).map(([k, v]) => [k, v.output ? { ...v, output: { runs: v.output.runs, revert: v.output.revert } } : v])),
 });
 
-describe('the corpus regression net', { skip: !files.some(inCorpus) ? `${CORPUS} not present` : false }, () => {
+describe('the corpus regression net', { skip: files.some(inCorpus) ? false : corpusSkip('.') }, () => {
   let actual: Outcomes = {};
   const expected = readExpected();
 

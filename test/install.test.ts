@@ -1,11 +1,13 @@
 /**
- * The package as a user meets it (issues 13, 25): packed, installed from the tarball into a fresh project with none
- * of our settings (no project .npmrc, no npm_* or ONNXRUNTIME_* variables, only the machine's own npm config
- * and cache), where only the npm registry need be reachable. The packed package runs no script at install (no
- * prepare: dist/ is in it). There: npx ssmax-patch patches; --verify works at once, on onnxruntime-web's
- * WebAssembly backend (a dependency), and says so; after the README's one command for onnxruntime-node (an
- * optional peer dependency) it runs on that; the library and its types resolve through `exports`; and the
- * README's CI jobs run as written. Skipped, saying so, only when the npm registry cannot be reached.
+ * The package as a user meets it (issues 13, 25, 35): packed, installed from the tarball into a fresh project with
+ * none of our settings (no project .npmrc, no npm_* or ONNXRUNTIME_* variables, only the machine's own npm config
+ * and cache), where only the npm registry need be reachable. The packed package has no install script (no
+ * prepare: dist/ is in it), and npm prints what docs/install.md says it prints. There: the README's three commands
+ * run as written, --verify at once on onnxruntime-web's WebAssembly backend (a dependency), and after the docs' one
+ * command for onnxruntime-node (an optional peer dependency) on that; every other command block and every library
+ * example of the README and docs/ runs as written (or names the test that runs it); the library and its types
+ * resolve through `exports`; and the CI jobs run as written. Skipped, saying so, only when the npm registry cannot
+ * be reached.
  */
 import assert from 'node:assert/strict';
 import { spawnSync, SpawnSyncReturns } from 'node:child_process';
@@ -13,9 +15,11 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { parse } from 'yaml';
-import { TORCH } from './support/ref';
+import { encodeModel } from '../src/io/model-file';
+import { classifierOnly } from './support/build';
+import { FIXTURES, TORCH } from './support/ref';
 import { removeScratch, tmpdir } from './support/io';
-import { blocks, REPO, runShell, section } from './support/readme';
+import { assertLines, blocks, codeBlocks, REPO, runShell, section, ShellResult } from './support/readme';
 
 after(removeScratch);
 
@@ -26,6 +30,118 @@ const userEnv: NodeJS.ProcessEnv = Object.fromEntries(Object.entries(process.env
 function run(cmd: string, args: string[], cwd: string, env = userEnv): SpawnSyncReturns<string> {
   return spawnSync(cmd, args, { cwd, env, encoding: 'utf8', timeout: 240_000 });
 }
+
+/** The npm notices docs/install.md shows: after installing the package, after adding onnxruntime-node. */
+const npmNotices = (): string[] => blocks(section('What npm runs and prints at install'), 'text');
+
+/** A run of an example in its folder. */
+type Rerun = () => SpawnSyncReturns<string>;
+
+/**
+ * What each library example needs (the fixture it reads as model.onnx, its arguments) and prints, by the heading
+ * above it; `then` checks more (the files it wrote, a second run, its errors).
+ */
+const EXAMPLES: Record<string, { model: string; args?: (dir: string) => string[]; stdout: RegExp; then?: (dir: string, again: Rerun) => void }> = {
+  'Library API': {
+    model: 'torch/gpt2_past.onnx',
+    stdout: /^wrote model\.ssmax\.onnx\n$/,
+    // Again, the output existing now (was: an unhandled rejection, output-exists).
+    then: (_dir, again) => assert.equal(again().status, 0),
+  },
+  'Example (TypeScript or JavaScript, CommonJS)': {
+    model: 'torch/gpt2_past.onnx',
+    stdout: /^2 Softmax sites, 0 fused operators\nlayer 0: n=causal-padding on query\nlayer 1: n=causal-padding on query\n$/,
+    then: (dir) => assert.ok(fs.existsSync(path.join(dir, 'model.ssmax.onnx'))),
+  },
+  'Example (ES module)': { model: 'torch/gpt2_past.onnx', stdout: /^\/lm\/transformer\/h\.1\/attn\/Softmax: s=\[0\.25,0\.3,0\.35,0\.4\]\nreverted exactly\n$/ },
+  'Example: errors a pipeline branches on (TypeScript or JavaScript, CommonJS)': {
+    model: 'torch/gpt2_past.onnx',
+    args: (dir) => {
+      fs.writeFileSync(path.join(dir, 'cls.onnx'), encodeModel(classifierOnly()));
+      fs.writeFileSync(path.join(dir, 'bad.onnx'), 'not a model');
+      return ['model.onnx', 'cls.onnx'];
+    },
+    stdout: /^model\.onnx: 2 sites patched\ncls\.onnx: skipped \(no-attention; the command line exits 4\)\n$/,
+    then: (dir) => {
+      assert.ok(fs.existsSync(path.join(dir, 'model.ssmax.onnx')) && !fs.existsSync(path.join(dir, 'cls.ssmax.onnx')));
+      const stopped = run(process.execPath, ['example.js', 'bad.onnx', 'model.onnx'], dir);
+      assert.equal(stopped.status, 2, 'a bad model stops the loop with the exit code of its error');
+      assert.equal(stopped.stdout, '', 'the loop stopped at the bad model');
+      assert.match(stopped.stderr, /^error: bad\.onnx: not (a readable|an) ONNX model.*\n$/);
+    },
+  },
+  'Example: calibrate s, then verify (TypeScript or JavaScript, CommonJS)': {
+    model: 'quality/rope-s0.onnx',
+    stdout: /^all: s = 0\.(49|50)\d, found in 4 runs\nstrict: PASSED\n$/,
+    then: (dir) => assert.ok(fs.existsSync(path.join(dir, 'model.slope.onnx'))),
+  },
+  'Detection (`src/detect/`)': { model: 'torch/gpt2_past.onnx', stdout: /^2 sites, 0 refused\n$/ },
+};
+
+/**
+ * Each command block of the README and docs/, by the heading above it: how to run it in a folder of the project
+ * (the models it reads, what it must print and write), or the test that runs it already.
+ */
+const COMMANDS: Record<string, string | { setup: (dir: string) => void; check: (r: ShellResult, dir: string) => void }> = {
+  'ssmax-patch': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'model.onnx')),
+    // GPT-2's position table caps it at 256 tokens, below L = 4096: three checks skip, saying why, and it passes.
+    check: (r, dir) => {
+      assert.match(r.stdout, /\nverify: PASSED \(2 passed, 3 skipped\) in /);
+      assert.ok(fs.existsSync(path.join(dir, 'model.ssmax.onnx')));
+    },
+  },
+  Install: "above: the README's npm install, with the tarball",
+  'Three commands': "above: the README's three commands",
+  'Use it in your project': "above: the README's npm install, the same command",
+  'Faster verification: onnxruntime-node': 'above, after the README\'s three commands',
+  'Exit codes': {
+    setup: (dir) => {
+      fs.mkdirSync(path.join(dir, 'models'));
+      fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'models/gpt2_past.onnx'));
+      fs.writeFileSync(path.join(dir, 'models/cls.onnx'), encodeModel(classifierOnly()));
+    },
+    check: (r, dir) => {
+      assert.deepEqual(fs.readdirSync(path.join(dir, 'patched')), ['gpt2_past.onnx'], 'the model without attention (exit 4) skipped');
+      assert.match(r.stderr, /^ssmax-patch: no attention Softmax found/m);
+    },
+  },
+  'Verification: `ssmax-patch verify`': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'llama_gqa.onnx'), path.join(dir, 'model.onnx')),
+    check: (r, dir) => {
+      assert.equal(r.stdout.match(/^strict: PASSED$/gm)?.length, 2, r.stdout);
+      assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'verify.json'), 'utf8')).strict.passed, true);
+    },
+  },
+  'Positional priors (`--prior ggd|alibi`)': {
+    setup: (dir) => {
+      fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'model.onnx'));
+      fs.writeFileSync(path.join(dir, 'theta.json'), JSON.stringify({ theta_alpha: [-1, -0.5, 0, 0.5], theta_beta: 1 }));
+    },
+    check: (r, dir) => {
+      assert.deepEqual(r.stdout.match(/^patched 2 attention site\(s\), preset \w+/gm), ['ssmax', 'none', 'ssmax'].map((p) => `patched 2 attention site(s), preset ${p}`));
+      for (const f of ['ggd', 'alibi', 'theta']) assert.ok(fs.existsSync(path.join(dir, `model.${f}.onnx`)));
+    },
+  },
+  'Calibration: `ssmax-patch calibrate`': {
+    setup: (dir) => fs.copyFileSync(path.join(FIXTURES, 'quality/rope-s0.onnx'), path.join(dir, 'model.onnx')),
+    check: (r, dir) => {
+      assert.match(r.stdout, /\nwrote model\.slope\.onnx\n/);
+      for (const f of ['model.slope.onnx', 'model.slope.calibration.json', 'model.slope.calibration.svg']) assert.ok(fs.existsSync(path.join(dir, f)), f);
+    },
+  },
+  'From a clone of this repository': 'test/recipes.test.ts and npm test itself: it runs in a clone, not in a project',
+  'PyTorch `torch.onnx.export`': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'gpt2_past.onnx')),
+    check: (r, dir) => {
+      assertLines(r.stdout, blocks(section('PyTorch `torch.onnx.export`'), 'text')[0]);
+      assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'gpt2_past.report.json'), 'utf8')).strict.passed, true);
+    },
+  },
+  'Hugging Face Optimum: merged decoders (`decoder_model_merged.onnx`)': 'test/recipes.test.ts, on a merged decoder it builds (this checkout\'s CLI)',
+  "onnxruntime's transformers optimizer": 'test/recipes.test.ts, on a corpus model (this checkout\'s CLI)',
+  'onnxruntime-genai model folders': 'test/recipes.test.ts, on a corpus folder (this checkout\'s CLI)',
+};
 
 const ping = run('npm', ['ping', '--fetch-timeout=15000', '--fetch-retries=1'], REPO);
 const unreachable = ping.status === 0 ? false : `the npm registry is unreachable (npm ping: ${(ping.stderr || ping.stdout).trim().split('\n').pop()})`;
@@ -68,10 +184,13 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
   it("installs with the README's npm install (the tarball for the unpublished name), and npx ssmax-patch patches there", () => {
     const [readme] = blocks(section('Install'), 'sh');
     assert.equal(readme, 'npm install --save-dev ssmax-patch\n');
+    assert.equal(blocks(section('Use it in your project'), 'sh')[0], readme, 'docs/install.md gives the same command');
     const install = run('npm', [...readme.trim().split(' ').slice(1, -1), tarball, '--prefer-offline', '--no-audit', '--no-fund'], project);
     assert.equal(install.status, 0, install.stdout + install.stderr);
-    // npm 11 lists every dependency whose install scripts no allowScripts entry covers: never this package.
+    // npm 11 lists every dependency whose install scripts no allowScripts entry covers: never this package, and
+    // what docs/install.md shows.
     assert.doesNotMatch(install.stdout + install.stderr, /ssmax-patch@\S+ \(/);
+    assertLines(install.stderr, npmNotices()[0]);
     assert.ok(!fs.existsSync(path.join(project, 'node_modules/onnxruntime-node')), 'an optional peer dependency is not installed');
     const r = run('npx', ['ssmax-patch', 'models/gpt2_past.onnx', '--train-len', '64'], project);
     assert.equal(r.status, 0, r.stderr);
@@ -79,21 +198,84 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     assert.ok(fs.existsSync(path.join(project, 'models/gpt2_past.ssmax.onnx')));
   });
 
-  it('--verify works at once, on onnxruntime-web; after the README\'s command for onnxruntime-node, on that', () => {
-    const args = (out: string): string[] => ['ssmax-patch', 'models/gpt2_past.onnx', '--train-len', '64', '--verify', '-o', `models/${out}.onnx`];
-    const web = run('npx', args('web'), project);
-    assert.equal(web.status, 0, web.stdout + web.stderr);
+  it("the README's three commands run as written, verifying at once on onnxruntime-web; after the README's command for onnxruntime-node, on that", () => {
+    fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(project, 'model.onnx'));
+    const text = section('Three commands');
+    const [sh] = blocks(text, 'sh');
+    const [expected] = blocks(text, 'text');
+    // The first command on onnxruntime-web (the package's own runtime), the other two once onnxruntime-node is there.
+    const [first, ...rest] = sh.trim().split('\n');
+    assert.match(first, / --force$/, 'the node run below writes beside it instead');
+    const web = runShell(first, project, userEnv, true);
+    assert.equal(web.code, 0, web.stdout + web.stderr);
+    assertLines(web.stdout, expected);
     assert.match(web.stdout, /\nverify: PASSED \(5 passed\) in \d+\.\d s on onnxruntime-web 1\.30\.0 \(WebAssembly; onnxruntime-node is not installed\)\n/);
-    assert.ok(fs.existsSync(path.join(project, 'models/web.onnx')));
-    const [, command] = blocks(section('Use it in your project'), 'sh');
+    const [command] = blocks(section('Faster verification: onnxruntime-node'), 'sh');
     assert.match(command, /^ONNXRUNTIME_NODE_INSTALL=skip npm install --save-dev onnxruntime-node@\^1\.30\.0\n$/);
     const follow = runShell(command, project, userEnv, true);
     assert.equal(follow.code, 0, follow.stderr);
-    const node = run('npx', args('node'), project);
-    assert.equal(node.status, 0, node.stdout + node.stderr);
+    assertLines(follow.stderr, npmNotices()[1]);
+    // The docs' allowScripts field denies both scripts: npm then has nothing left to list.
+    const manifest = path.join(project, 'package.json');
+    const [field] = blocks(section('What npm runs and prints at install'), 'json');
+    fs.writeFileSync(manifest, JSON.stringify({ ...JSON.parse(fs.readFileSync(manifest, 'utf8')), ...JSON.parse(field) }, null, 2));
+    const ls = run('npm', ['install-scripts', 'ls'], project);
+    assert.equal(ls.status, 0, ls.stderr);
+    assert.doesNotMatch(ls.stdout + ls.stderr, /protobufjs|onnxruntime-node/);
+    const node = runShell(first.replace('--force', '-o model.node.onnx'), project, userEnv, true);
+    assert.equal(node.code, 0, node.stdout + node.stderr);
     assert.match(node.stdout, /\nverify: PASSED \(5 passed\) in \d+\.\d s on onnxruntime-node 1\.30\.0\n/);
-    assert.ok(fs.readFileSync(path.join(project, 'models/web.onnx')).equals(fs.readFileSync(path.join(project, 'models/node.onnx'))),
+    assert.ok(fs.readFileSync(path.join(project, 'model.ssmax.onnx')).equals(fs.readFileSync(path.join(project, 'model.node.onnx'))),
       'the same patch, whichever runtime verified it');
+    const others = runShell(rest.join('\n'), project, userEnv, true);
+    assert.equal(others.code, 0, others.stdout + others.stderr);
+    assert.match(others.stdout, /\nstrict: PASSED\n/);
+    assert.ok(fs.readFileSync(path.join(project, 'model.reverted.onnx')).equals(fs.readFileSync(path.join(project, 'model.onnx'))));
+  });
+
+  it('every other command block of the README and docs/ runs as written there, or is run by the test its entry names', () => {
+    const commands = codeBlocks(['sh', 'bash']);
+    assert.deepEqual(commands.map((c) => c.heading).filter((h) => !COMMANDS[h]), [], 'a command block without an entry in COMMANDS');
+    for (const [i, c] of commands.entries()) {
+      const entry = COMMANDS[c.heading];
+      if (typeof entry === 'string') continue;
+      const dir = path.join(project, 'commands', String(i));
+      fs.mkdirSync(dir, { recursive: true });
+      entry.setup(dir);
+      const r = runShell(c.code, dir, userEnv, true);
+      assert.equal(r.code, 0, `${c.page} '${c.heading}': ${r.stdout}${r.stderr}`);
+      entry.check(r, dir);
+    }
+  });
+
+  it('every library example of the README and docs/ compiles under strict TypeScript and runs as written, handling its errors', () => {
+    const examples = codeBlocks(['ts', 'js']);
+    assert.deepEqual(examples.map((e) => e.heading).filter((h) => !EXAMPLES[h]), [], 'an example without an entry in EXAMPLES');
+    const dirs = examples.map((e, i) => {
+      const dir = path.join(project, 'examples', String(i));
+      fs.mkdirSync(dir, { recursive: true });
+      fs.copyFileSync(path.join(FIXTURES, EXAMPLES[e.heading].model), path.join(dir, 'model.onnx'));
+      fs.writeFileSync(path.join(dir, e.lang === 'js' ? 'example.mjs' : 'example.ts'), e.code);
+      return dir;
+    });
+    // One compiler run for every TypeScript example (@types/node from this repository: a user's project has its own).
+    const sources = examples.flatMap((e, i) => (e.lang === 'ts' ? [path.join('examples', String(i), 'example.ts')] : []));
+    const tsc = run(process.execPath, [path.join(REPO, 'node_modules/typescript/bin/tsc'), '--strict', '--skipLibCheck', '--module', 'node16',
+      '--moduleResolution', 'node16', '--target', 'es2022', '--types', 'node', '--typeRoots', path.join(REPO, 'node_modules/@types'), ...sources], project);
+    assert.equal(tsc.status, 0, tsc.stdout + tsc.stderr);
+    for (const [i, e] of examples.entries()) {
+      const expect = EXAMPLES[e.heading];
+      const r = run(process.execPath, [e.lang === 'js' ? 'example.mjs' : 'example.js', ...(expect.args?.(dirs[i]) ?? [])], dirs[i]);
+      assert.equal(r.status, 0, `${e.page} '${e.heading}': ${r.stderr}`);
+      assert.match(r.stdout, expect.stdout, `${e.page} '${e.heading}'`);
+      const again = (): SpawnSyncReturns<string> => run(process.execPath, [e.lang === 'js' ? 'example.mjs' : 'example.js', ...(expect.args?.(dirs[i]) ?? [])], dirs[i]);
+      expect.then?.(dirs[i], again);
+      // Without its model, every example says so in one line and exits as the command line would (2), no stack trace.
+      fs.rmSync(path.join(dirs[i], 'model.onnx'), { force: true });
+      const missing = again();
+      assert.equal(missing.status, 2, `${e.page} '${e.heading}' without model.onnx: ${missing.stdout}${missing.stderr}`);
+      assert.match(missing.stderr, /^error: model\.onnx: [^\n]*\n$/, `${e.page} '${e.heading}'`);
+    }
   });
 
   it('the library, its schema and its types resolve through the package exports', () => {

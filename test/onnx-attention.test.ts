@@ -5,8 +5,7 @@
  * factor on Q must give what the plain-op factor on the logits gives. Skipped when the corpus is absent.
  */
 import assert from 'node:assert/strict';
-import { CORPUS } from './support/ref';
-import * as fs from 'node:fs';
+import { CORPUS, corpusSkip } from './support/ref';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import * as ort from 'onnxruntime-node';
@@ -36,7 +35,6 @@ const PAIRS: Record<string, Lengths[]> = {
   onnxnode_attention_4d_gqa_causal_nonpad_decode: [{ S: 1, L: 8, P: 0, nonpad: [8, 8] }, { S: 1, L: 13, P: 0, nonpad: [13, 13] }],
 };
 
-const exists = fs.existsSync(path.join(CORPUS, 'onnxnode_attention_4d.onnx'));
 
 /** Makes the sequence axes of the graph inputs and outputs symbolic, so the model runs at any length. */
 function dynamic(m: ModelProto): ModelProto {
@@ -115,7 +113,7 @@ function maxDiff(a: Float64Array, b: Float64Array): number {
   return m;
 }
 
-describe('ONNX Attention patched = its expanded function body patched', { skip: exists ? false : `${CORPUS} not present` }, () => {
+describe('ONNX Attention patched = its expanded function body patched', { skip: corpusSkip('onnxnode_attention_4d.onnx') }, () => {
   for (const [name, lengths] of Object.entries(PAIRS)) {
     it(name, async () => {
       const fused = dynamic(readModel(path.join(CORPUS, `${name}.onnx`)));

@@ -15,14 +15,13 @@ import { makePlan } from '../src/verify/plan';
 import { verifyPatch } from '../src/verify/verify';
 import { convStack, samplesFor } from '../src/analysis/waveform';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
-import { FIXTURES, TORCH } from './support/ref';
+import { CORPUS, corpusSkip, FIXTURES, TORCH } from './support/ref';
 import { doubleN } from './support/tamper';
 
 after(removeScratch);
 
-const CORPUS = path.resolve(__dirname, '../../../shared/corpus');
 const corpus = (name: string): string => path.join(CORPUS, name);
-const absent = (name: string): false | string => (fs.existsSync(corpus(name)) ? false : 'corpus not present');
+const absent = (name: string): false | string => corpusSkip(name);
 
 /** The corpus model patched (with --train-len 64 unless other options are given) into a scratch folder. */
 function patchedCopy(name: string, options = ['--train-len', '64']): string {

@@ -10,14 +10,13 @@ import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { AttributeProto, DataType, GraphProto, ModelProto, ValueInfoProto } from '../src/io/onnx';
 import { decodeModel, encodeModel, readModel } from '../src/io/model-file';
-import { TORCH } from './support/ref';
+import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import { ortLoadError, removeScratch, tmpdir } from './support/io';
 import { assertLines, blocks, REPO, runShell, section } from './support/readme';
 
 after(removeScratch);
 
-const CORPUS = path.resolve(REPO, '../shared/corpus');
-const inCorpus = (f: string): string | false => (fs.existsSync(path.join(CORPUS, f)) ? false : `${f} not in ${CORPUS}`);
+const inCorpus = corpusSkip;
 
 /**
  * Runs the recipe's shell block in `cwd` and checks the output against the recipe's first text block, and stderr
@@ -64,8 +63,7 @@ function optimumMerged(decoder: ModelProto): ModelProto {
 describe('README recipes', () => {
   it('PyTorch torch.onnx.export: all five checks pass, --strict too; the report is written', () => {
     const dir = tmpdir('ssmax-recipe-');
-    fs.mkdirSync(path.join(dir, 'fixtures/torch'), { recursive: true });
-    fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'fixtures/torch/gpt2_past.onnx'));
+    fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'gpt2_past.onnx'));
     runRecipe('PyTorch `torch.onnx.export`', dir);
     const report = JSON.parse(fs.readFileSync(path.join(dir, 'gpt2_past.report.json'), 'utf8'));
     assert.deepEqual([report.status, report.strict.passed, report.verification.checks.map((c: { status: string }) => c.status)],

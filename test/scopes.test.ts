@@ -4,7 +4,6 @@
  * call site through a new function input.
  */
 import assert from 'node:assert/strict';
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
@@ -13,7 +12,7 @@ import { patchModel } from '../src/rewrite/patch';
 import { withUnitFactor } from '../src/verify/verify';
 import { attention, bnsd, f32, floats, maxDiff, runOnce, ssmaxFactor } from './support/attention';
 import { attentionNodes, f32 as f32Init, graphAttr, i64 as i64Init, model, node, value } from './support/build';
-import { CORPUS } from './support/ref';
+import { CORPUS, corpusSkip } from './support/ref';
 
 const B = 2, N = 2, S = 5, H = 4, D = N * H;
 const TOL = 2e-5;
@@ -100,7 +99,7 @@ describe('attention in subgraphs', () => {
 
   const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
   it('GreedySearch decoder graphs (corpus): the causal com.microsoft Attention nodes of both decoders are expanded and patched',
-    { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, async () => {
+    { skip: corpusSkip(path.basename(greedy)) }, async () => {
       const m = readModel(greedy);
       const { model: patched, report } = patchModel(m, { s: 0.4 });
       assert.equal(report.sites.length, 10);

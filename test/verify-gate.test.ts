@@ -16,7 +16,7 @@ import { aliveRuns } from '../src/verify/checks/common';
 import { compareOutputs } from '../src/verify/compare';
 import { verifyPatch } from '../src/verify/verify';
 import { originalLoadError } from '../src/verify/sessions';
-import { CORPUS, TORCH } from './support/ref';
+import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import { doubleN, siteOf } from './support/tamper';
 import { detectAttention } from '../src/detect/find-attention';
 import { modelScopes } from '../src/graph/scopes';
@@ -154,7 +154,7 @@ describe('progress', () => {
 });
 
 const greedy = path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx');
-describe('graphs an operator holds (GreedySearch decoders)', { skip: fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+describe('graphs an operator holds (GreedySearch decoders)', { skip: corpusSkip(path.basename(greedy)) }, () => {
   const forced = (m: ModelProto): string[] => detectAttention(m, modelScopes(m)).skipped.filter((k) => k.forcible).map((k) => k.node);
 
   it('are lifted into models of their own and probed; a wrong factor in one is caught and named', async () => {
@@ -178,7 +178,7 @@ const beam = path.join(CORPUS, 'ort_tiny_gpt2_beamsearch.onnx');
  * Retrofit parity needs the rows of every site at n = L, which a decoder BeamSearch or GreedySearch runs cannot give
  * as outputs: the decoder is lifted into a model of its own and those rows are read there.
  */
-describe('retrofit parity in graphs an operator holds (BeamSearch and GreedySearch decoders)', { skip: fs.existsSync(beam) && fs.existsSync(greedy) ? false : 'corpus not present' }, () => {
+describe('retrofit parity in graphs an operator holds (BeamSearch and GreedySearch decoders)', { skip: corpusSkip(path.basename(beam), path.basename(greedy)) }, () => {
   const decoder = 'main/BeamSearch_gpt2.decoder';
   const retrofitOf = (r: { checks: { id: string }[] }): CheckResult => r.checks.find((c) => c.id === 'retrofit') as CheckResult;
 
@@ -267,7 +267,7 @@ describe('an original whose outputs depend on onnxruntime\'s optimisation level'
   });
 
   const gpt2 = path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx');
-  it('the corpus GPT-2 fusion test: a correct patch passes --strict, compared at basic, with the note', { skip: fs.existsSync(gpt2) ? false : 'corpus not present' }, async () => {
+  it('the corpus GPT-2 fusion test: a correct patch passes --strict, compared at basic, with the note', { skip: corpusSkip(path.basename(gpt2)) }, async () => {
     const original = readModel(gpt2);
     const report = await verifyPatch(original, patchModel(original, { trainLen: 64 }).model, { strict: true, checks: ['wiring', 'probe', 'retrofit', 'liveness'] });
     assert.deepEqual(report.checks.map((c) => `${c.id} ${c.status}`), ['wiring PASSED', 'probe PASSED', 'retrofit PASSED', 'liveness PASSED', 'sharpness SKIPPED']);

@@ -26,7 +26,7 @@ import { cloneModel, patchModel, PatchOptions } from '../src/rewrite/patch';
 import { readRecord, writeRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
 import { verifyPatch, VerifyOptions, VerifyReport } from '../src/verify/verify';
-import { CORPUS, TORCH } from './support/ref';
+import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import * as models from './support/verify-models';
 import { doubleN, moveFactorToLogits, nPlusOne, reverseHeadsOfS } from './support/tamper';
 
@@ -136,7 +136,7 @@ describe('no false failures: strict verification of correct patches', () => {
   // Corpus models whose inputs let a sweep run (the others have fixed shapes: strict says what is unverified).
   const sample = ['ort_attention_mask1d_fp32.onnx', 'ort_attention_no_mask_fp16.onnx', 'ort_bert_toy_optimized.onnx'];
   for (const file of sample) {
-    it(`corpus ${file}`, { skip: fs.existsSync(path.join(CORPUS, file)) ? false : 'corpus not present' }, async () => {
+    it(`corpus ${file}`, { skip: corpusSkip(file) }, async () => {
       assert.ok(await strictPasses(file, readModel(path.join(CORPUS, file)), { trainLen: L }));
     });
   }

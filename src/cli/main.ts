@@ -116,7 +116,8 @@ function fail(err: unknown, run: Run, help: string): number {
 function errorOf(err: unknown): { code: ErrorCode; message: string } | null {
   if (err instanceof CommanderError) {
     if (err.exitCode === 0) return null; // --help, --version, help
-    return { code: 'usage', message: err.message.replace(/^error: /, '') };
+    // commander puts its suggestion on a second line ('\n(Did you mean --train-len?)'): one line here.
+    return { code: 'usage', message: err.message.replace(/^error: /, '').replace(/\s*\n\s*/g, ' ') };
   }
   if (err instanceof SsmaxError) return { code: err.code, message: err.cliMessage };
   const message = String((err as Error)?.message ?? err).replace(/^internal error: /, '');

@@ -7,7 +7,7 @@ import { AttentionSite, CallSite, Detection, SkippedSoftmax } from '../detect/fi
 import { FusedSite } from '../detect/fused';
 import { inputOf, opSpec, queryInput } from '../graph/attention-ops';
 import { HIDDEN_GAP, maskUses } from '../detect/mask-uses';
-import { InputError, opt } from '../errors';
+import { InputError, opt, prefixed } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
@@ -277,7 +277,7 @@ function rowsForSites<T>(sites: AnySite[], skipped: SkippedSoftmax[], rowsOf: (h
     try {
       rows.set(scope, rowsOf(list));
     } catch (e) {
-      if (e instanceof InputError && scope !== 'main') throw new InputError(`${scope}: ${e.raw}`, e.code);
+      if (e instanceof InputError && scope !== 'main') throw prefixed(`${scope}: `, e);
       throw e;
     }
   }

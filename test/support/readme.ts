@@ -64,3 +64,25 @@ export function runShell(script: string, cwd: string, env: NodeJS.ProcessEnv = p
   const r = spawnSync('bash', ['--noprofile', '--norc', '-eo', 'pipefail', '-c', prelude + script], { cwd, env, encoding: 'utf8' });
   return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
+
+export interface CodeBlock { page: string; heading: string; lang: string; code: string }
+
+/** Every fenced block of these languages in the README and docs/, with its page and the heading above it (dedented). */
+export function codeBlocks(langs: string[]): CodeBlock[] {
+  const out: CodeBlock[] = [];
+  for (const [page, text] of docPages()) {
+    let heading = '';
+    let open: { lang: string; indent: number; lines: string[] } | null = null;
+    for (const line of text.split('\n')) {
+      const fence = /^( *)```(\w*)\s*$/.exec(line);
+      if (open) {
+        if (fence) {
+          if (langs.includes(open.lang)) out.push({ page, heading, lang: open.lang, code: open.lines.join('\n') + '\n' });
+          open = null;
+        } else open.lines.push(line.slice(open.indent));
+      } else if (fence) open = { lang: fence[2], indent: fence[1].length, lines: [] };
+      else if (/^#+ /.test(line)) heading = line.replace(/^#+ /, '');
+    }
+  }
+  return out;
+}

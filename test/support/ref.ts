@@ -5,8 +5,22 @@ import { Feeds, HostTensor } from '../../src/verify/inputs';
 
 export const FIXTURES = path.resolve(__dirname, '../../../fixtures');
 export const TORCH = path.join(FIXTURES, 'torch');
-/** The shared corpus of real models beside the project (absent on some machines: tests over it skip). */
-export const CORPUS = path.resolve(__dirname, '../../../../shared/corpus');
+/**
+ * The corpus of real models (SOURCES.md describes each file): the folder $SSMAX_CORPUS names, else ../shared/corpus
+ * beside the repository. Every corpus test reads it from here. Where it is absent those tests skip, and
+ * test/corpus-present.test.ts says so in one line (or, under CI=true, fails).
+ */
+export const CORPUS = process.env.SSMAX_CORPUS ? path.resolve(process.env.SSMAX_CORPUS) : path.resolve(__dirname, '../../../../shared/corpus');
+
+/** How to point the tests at a corpus, for skip reasons and failures. */
+export const CORPUS_HINT = 'set SSMAX_CORPUS to the corpus folder to run them';
+
+/** The skip reason of a test that needs these corpus files (a folder counts as a file), or false when all are there. */
+export function corpusSkip(...files: string[]): string | false {
+  const missing = files.filter((f) => !fs.existsSync(path.join(CORPUS, f)));
+  if (!missing.length) return false;
+  return fs.existsSync(CORPUS) ? `${missing.join(', ')} not in the corpus ${CORPUS}` : `no corpus at ${CORPUS} (${CORPUS_HINT})`;
+}
 
 /** Every .onnx file below a folder, recursively; none when the folder is absent. */
 export function onnxFiles(dir: string): string[] {
