@@ -12,7 +12,7 @@ describe('the default longest length', () => {
     const plan = makePlan(input({ heads: 12 }));
     assert.deepEqual(plan.sweep, [128, 256, 512, 1024, 2048]);
     assert.equal(plan.cap, 3344);
-    assert.match(plan.notes.join('\n'), /lengths 4096, 8192 not run: capped at 3344 \(the default plan keeps one attention matrix \[12, T, T\] within 128 Mi values; raise the longest length to run longer\)/);
+    assert.match(plan.notes.join('\n'), /lengths 4096, 8192 not run: capped at 3344 \(the default plan keeps one attention matrix \[12, T, T\] within 128 Mi values; --max-len N runs longer\)/);
   });
 
   it('keeps 4096 where few heads fit, and where the head count is unknown', () => {
