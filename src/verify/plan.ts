@@ -4,6 +4,7 @@
  * liveness and sharpness, capped by the model's position table, by --max-len (by default also by the size of one
  * attention matrix), and by what the inputs allow.
  */
+import { opt } from '../errors';
 import { LengthLimit } from './limits';
 import { RunShape } from './signature';
 
@@ -68,14 +69,14 @@ export const ATTENTION_BUDGET = 2 ** 27;
  * beyond L ends in a skipped check that says which flag raises the longest length (--max-len).
  */
 function defaultCap(p: PlanInput): { cap: number; reason: string } {
-  const usual = { cap: DEFAULT_MAX_LEN, reason: `the default longest length ${DEFAULT_MAX_LEN}; --max-len N runs longer` };
+  const usual = { cap: DEFAULT_MAX_LEN, reason: `the default longest length ${DEFAULT_MAX_LEN}; ${opt('maxLen', 'N')} runs longer` };
   const rows = (p.pinned.batch ?? 1) * (p.heads ?? 0);
   // Lengths asked for by name are run up to the usual default.
   if (!rows || p.lengths) return usual;
   const fits = Math.floor(Math.sqrt(ATTENTION_BUDGET / rows));
   if (fits >= DEFAULT_MAX_LEN) return usual;
   const shape = `[${rows > p.heads! ? `${p.pinned.batch}, ` : ''}${p.heads}, T, T]`;
-  return { cap: fits, reason: `the default plan keeps one attention matrix ${shape} within ${ATTENTION_BUDGET / 2 ** 20} Mi values; --max-len N runs longer` };
+  return { cap: fits, reason: `the default plan keeps one attention matrix ${shape} within ${ATTENTION_BUDGET / 2 ** 20} Mi values; ${opt('maxLen', 'N')} runs longer` };
 }
 
 export function defaultSweep(L: number): number[] {
@@ -88,7 +89,7 @@ export function makePlan(p: PlanInput): Plan {
   const byDefault = p.maxLen === undefined ? defaultCap(p) : null;
   const maxLen = p.maxLen ?? byDefault!.cap;
   const cap = Math.min(maxLen, p.limit?.length ?? Infinity);
-  const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason : byDefault ? byDefault.reason : `the longest length ${maxLen} asked for with --max-len`;
+  const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason : byDefault ? byDefault.reason : `the longest length ${maxLen} asked for with ${opt('maxLen')}`;
   const batch = p.pinned.batch ?? p.batch;
   const seqOf = (want: number): number => p.pinned.seq ?? p.fixedSeq ?? want;
   const minPast = p.pastFree ? p.minPast ?? 0 : 0;

@@ -7,6 +7,7 @@ import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { isUniform, layerMeans } from '../sharpness';
+import { opt } from '../../errors';
 import { longerAdvice } from '../reach';
 import { aliveRuns, check, e2, skippedCheck } from './common';
 import { CheckUnit, compareRun, Outcome, UnitContext } from './unit';
@@ -111,5 +112,5 @@ function noLongRun(setup: UnitContext['setup']): string {
   if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
   if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;
   if (!plan.sweep.length && plan.notes[0]) return plan.notes[0];
-  return 'give --lengths beyond L to check';
+  return `give ${opt('lengths')} beyond L to check`;
 }

@@ -8,6 +8,7 @@ import { CheckResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { isUniform, layerMeans, MIN_KEPT, NO_FADE, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
+import { opt } from '../../errors';
 import { longerAdvice } from '../reach';
 import { check, skippedCheck } from './common';
 import { liftedVerdicts, withLifted } from './lifted';
@@ -79,7 +80,7 @@ export class SharpnessCheck implements CheckUnit {
       return skippedCheck('sharpness', this.criterion, `no attention row of this model can see more than ${setup.bound.longest} keys (${setup.bound.why}), never beyond L = ${setup.liveFrom}; ${longerAdvice(setup.bound, 'to check it')}`, 'not applicable');
     }
     if (last.length <= setup.liveFrom) {
-      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'give --lengths beyond L'})`);
+      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? `give ${opt('lengths')} beyond L`})`);
     }
     const p = (x: number): string => x.toPrecision(3);
     const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;
