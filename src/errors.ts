@@ -7,6 +7,7 @@ const OPTIONS: Record<string, [string, string]> = {
   force: ['force', '--force-site'], preset: ['preset', '--preset'], b: ['b', '--b'], floorScale: ['floorScale', '--floor-scale'],
   attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'],
   dims: ['dims', '--dim'], inputFiles: ['inputFiles', '--input'], inputs: ['inputs', '--input'], maxLen: ['maxLen', '--max-len'], lengths: ['lengths', '--lengths'],
+  maxMemory: ['maxMemory', '--max-memory'],
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],
   externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'], prior: ['prior', '--prior'],
   priorFile: ['priorFile', '--prior-file'],

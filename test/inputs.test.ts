@@ -9,7 +9,7 @@ import { after, describe, it } from 'node:test';
 import { Graph } from '../src/graph/graph';
 import { InputError } from '../src/errors';
 import { readModel } from '../src/io/model-file';
-import { DataType, ModelProto } from '../src/io/onnx';
+import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
 import { synthesize } from '../src/verify/inputs';
 import { positionLimit } from '../src/analysis/limits';
@@ -17,6 +17,7 @@ import { describeInputs, resolveDim, ruledDims, RunShape } from '../src/analysis
 import { readTensorFile } from '../src/verify/tensor-files';
 import { hostValues } from '../src/verify/tensors';
 import { verifyForCli, verifyPatch, VerifyReport } from '../src/verify/verify';
+import { f32, model as buildModel, node, value } from './support/build';
 import { FIXTURES, TORCH } from './support/ref';
 import { castAttentionModel, crossAttentionModel, pixelAttentionModel } from './support/signatures';
 import { cliError, removeScratch, tmpdir } from './support/io';
@@ -119,6 +120,39 @@ describe('input roles and dims', () => {
     assert.equal(positionLimit(new Graph(bert.graph!), specsOf(bert))?.length, 512);
     const llama = fixture('llama_gqa');
     assert.equal(positionLimit(new Graph(llama.graph!), specsOf(llama)), null);
+  });
+});
+
+describe('tables of positions inside operators (issue 33)', () => {
+  const ms = (n: NodeProto): NodeProto => ({ ...n, domain: 'com.microsoft' });
+  const table = (name: string, rows: number): TensorProto => f32(name, [rows, 4], new Array(rows * 4).fill(0.5));
+  const limitOf = (nodes: NodeProto[], initializers: TensorProto[]): ReturnType<typeof positionLimit> => {
+    const m = buildModel({
+      nodes, initializers,
+      inputs: [value('input_ids', DataType.INT64, ['batch', 'seq']), value('position_ids', DataType.INT64, ['batch', 'seq']), value('x', DataType.FLOAT, ['batch', 'seq', 8])],
+      outputs: [value('y', DataType.FLOAT, ['batch', 'seq', 8])],
+    });
+    const g = new Graph(m.graph!);
+    return positionLimit(g, describeInputs(g));
+  };
+
+  it('a rotary cos cache caps the length at its rows when fed positions; ids of another origin cap nothing', () => {
+    const rotary = (ids: string): NodeProto => ms(node('RotaryEmbedding', ['x', ids, 'cos', 'sin'], ['y'], {}, 'rope'));
+    assert.deepEqual(limitOf([rotary('position_ids')], [table('cos', 48), table('sin', 48)]),
+      { length: 48, reason: "RotaryEmbedding 'rope': its rotary cos cache 'cos' has 48 rows" });
+    assert.equal(limitOf([node('Identity', ['input_ids'], ['tok']), rotary('tok')], [table('cos', 48), table('sin', 48)]), null, 'token ids are no positions');
+    assert.equal(limitOf([rotary('position_ids')], []), null, 'a cache fed at run time has no fixed size');
+  });
+
+  it("GroupQueryAttention's cos cache caps it only with do_rotary; EmbedLayerNormalization's position embedding caps it without position ids", () => {
+    const gqa = (rotary: number): NodeProto => ms(node('GroupQueryAttention', ['x', 'x', 'x', '', '', 'seqlens', 'total', 'cos', 'sin'], ['y'], { num_heads: 2, kv_num_heads: 2, do_rotary: rotary }, 'gqa'));
+    assert.equal(limitOf([gqa(1)], [table('cos', 96), table('sin', 96)])?.length, 96);
+    assert.equal(limitOf([gqa(0)], [table('cos', 96), table('sin', 96)]), null);
+    const eln = (ids: string[]): NodeProto => ms(node('EmbedLayerNormalization', ['input_ids', '', 'word', 'pos', '', 'gamma', 'beta', ...ids], ['y'], {}, 'eln'));
+    const weights = [table('word', 1000), table('pos', 512), f32('gamma', [4], [1, 1, 1, 1]), f32('beta', [4], [0, 0, 0, 0])];
+    assert.deepEqual(limitOf([eln([])], weights), { length: 512, reason: "EmbedLayerNormalization 'eln': its position embedding 'pos' has 512 rows" });
+    assert.equal(limitOf([eln(['', 'position_ids'])], weights)?.length, 512);
+    assert.equal(limitOf([eln(['', 'input_ids'])], weights), null, 'token ids fed as position ids (onnxruntime\'s own test model): no cap');
   });
 });
 

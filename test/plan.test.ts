@@ -2,6 +2,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { makePlan, PlanInput } from '../src/verify/plan';
+import { render } from '../src/errors';
 
 const input = (over: Partial<PlanInput>): PlanInput => ({
   trainLen: 512, batch: 2, limit: null, seqFree: true, pastFree: false, pinned: {}, canPad: false, ...over,
@@ -12,7 +13,7 @@ describe('the default longest length', () => {
     const plan = makePlan(input({ heads: 12 }));
     assert.deepEqual(plan.sweep, [128, 256, 512, 1024, 2048]);
     assert.equal(plan.cap, 3344);
-    assert.match(plan.notes.join('\n'), /lengths 4096, 8192 not run: capped at 3344 \(the default plan keeps one attention matrix \[12, T, T\] within 128 Mi values; raise the longest length to run longer\)/);
+    assert.match(render(plan.notes.join('\n'), 'cli'), /lengths 4096, 8192 not run: capped at 3344 \(the default plan keeps one attention matrix \[12, T, T\] within 128 Mi values; --max-len N runs longer\)/);
   });
 
   it('keeps 4096 where few heads fit, and where the head count is unknown', () => {

@@ -53,6 +53,8 @@ describe('semantic probe', () => {
     // 12 tokens and a batch at 7, so each site sees two key counts.
     assert.ok(c.sites!.every((s) => s.entries === 2 * 4 * (12 * 2 + 7) * 8), JSON.stringify(c.sites!.map((s) => s.entries)));
     assert.ok(c.sites!.every((s) => s.maxRelError < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
+    assert.ok(c.sites!.every((s) => s.maxScaledError < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxScaledError)));
+    assert.match(c.summary, /; max error \d\.\de[-+]\d+ of a row's largest value$/);
   });
 
   it('passes on per-head s tiled over 3-D [B·H, Tq, Tk] logits (encoder_3d)', async () => {
@@ -119,6 +121,8 @@ describe('semantic probe', () => {
     for (const layer of [0, 1]) scaleS(patched, layer, 0);
     const c = await probe(original, patched);
     assertFails(c, /ratio 0 expected/);
+    // No factor at all (after = 0): the error on the row's scale is the whole of c·before there, 1 at its largest entry.
+    assert.ok(c.sites!.every((s) => Math.abs(s.maxScaledError - 1) < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxScaledError)));
   });
 
   it('catches another layer\'s s', async () => {

@@ -171,6 +171,68 @@ describe('signals during a verification', () => {
     assert.deepEqual(fs.readdirSync(r.tmp), [], 'temporary folders left');
   });
 
+  /**
+   * The race of issue 33: the signal comes after the child has written its output. A stand-in child runs the real
+   * signal handling (dist's signals.js) and the real write, says so on stderr (the moment the test sends SIGINT),
+   * then does what `tail` says: lets its handler run and finishes (`finish`), holds its thread until the test
+   * creates a file (`hold`: past the parent's grace time only if the parent kills it), or has already settled its
+   * exit code and removed its handlers (`exiting`: the signal then ends it by default).
+   */
+  async function interruptAfterWrite(tail: 'finish' | 'hold' | 'exiting'): Promise<{ code: number | null; stderr: string; out: string }> {
+    const model = path.join(dir, 'small.onnx');
+    if (!fs.existsSync(model)) writeModel(model, parseModel(encodeModel(smallTransformer({ layers: 1, d: 16, heads: 2, ff: 16, vocab: 20, tmax: 8 })), 'small.onnx'));
+    const out = path.join(fs.mkdtempSync(path.join(dir, `after-${tail}-`)), 'out.onnx');
+    const go = `${out}.go`;
+    const dist = (m: string): string => JSON.stringify(path.resolve(__dirname, '../src', m));
+    const standIn = path.join(dir, `stand-in-after-${tail}.js`);
+    fs.writeFileSync(standIn, [
+      `const fs = require('node:fs'); const stop = require(${dist('cli/signals.js')}).cleanUpOnSignals();`,
+      `const m = require(${dist('io/model-file.js')}); m.writeModel(${JSON.stringify(out)}, m.readModel(${JSON.stringify(model)}));`,
+      tail === 'exiting' ? 'stop(0);' : '',
+      "process.stderr.write('stand-in: wrote\\n');",
+      {
+        // The timer keeps it alive until the signal, as the command's remaining work would.
+        finish: "const t = setTimeout(() => process.exit(5), 60000); process.on('SIGINT', () => setImmediate(() => { clearTimeout(t); stop(0); process.exit(0); }));",
+        hold: `while (!fs.existsSync(${JSON.stringify(go)})); stop(0); process.exit(0);`,
+        exiting: 'const end = Date.now() + 60000; while (Date.now() < end);',
+      }[tail],
+    ].join('\n'));
+    const driver = path.join(dir, 'driver.js');
+    fs.writeFileSync(driver, `require(${dist('cli/relaunch.js')})
+      .relaunchForVerify(process.argv[2], ['--verify', '--dry-run', 'model.onnx']).then((c) => process.exit(c ?? 99));`);
+    const child = spawn(process.execPath, [driver, standIn], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (b: Buffer) => {
+      const had = stderr;
+      stderr += b.toString();
+      if (!had.includes('stand-in: wrote\n') && stderr.includes('stand-in: wrote\n')) child.kill('SIGINT');
+      if (/finishing with its own outcome/.test(stderr)) fs.writeFileSync(go, '');
+    });
+    const code = await new Promise<number | null>((resolve) => child.on('close', (c) => resolve(c)));
+    return { code, stderr, out };
+  }
+
+  it('SIGINT after the output is written: the handler lets the command finish, its own exit code (0), not 130', async () => {
+    const r = await interruptAfterWrite('finish');
+    assert.equal(r.code, 0, r.stderr);
+    assert.ok(fs.existsSync(r.out));
+    assert.match(r.stderr, new RegExp(`^ssmax-patch: SIGINT after ${r.out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} was written: finishing with its own outcome$`, 'm'));
+    assert.doesNotMatch(r.stderr, /interrupted by/);
+  });
+
+  it('SIGINT after the output is written, the child busy past the grace time: not killed, its own exit code', async () => {
+    const r = await interruptAfterWrite('hold');
+    assert.equal(r.code, 0, r.stderr);
+    assert.ok(fs.existsSync(r.out));
+    assert.doesNotMatch(r.stderr, /stopping \.\.\.|interrupted by/);
+  });
+
+  it('SIGINT as a child that wrote its output exits (its handlers gone): the exit code it settled, not 130', async () => {
+    const r = await interruptAfterWrite('exiting');
+    assert.equal(r.code, 0, r.stderr);
+    assert.ok(fs.existsSync(r.out));
+  });
+
   it('a real verification: SIGINT stops it within a second, exit 130, no temporary folder left, nothing written', async () => {
     const input = path.join(dir, 'decoder.onnx');
     // One 4096-token run of 8 layers takes seconds here (the whole verification 17 s): the signal, sent 2.5 s after

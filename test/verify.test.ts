@@ -9,6 +9,7 @@ import { DataType, ModelProto, toNumber } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
 import { verifyPatch, VerifyReport, withUnitFactor } from '../src/verify/verify';
 import { compareOutputs } from '../src/verify/compare';
+import type { Outputs } from '../src/verify/run';
 import { parityCheck } from '../src/verify/checks/common';
 import { RunResult } from '../src/verify/report';
 import { sharpnessSvg } from '../src/verify/plot';
@@ -121,6 +122,36 @@ describe('Polygraphy-style statistics', () => {
     assert.equal(ok.passed, true);
     const [nan] = compareOutputs(out([1, NaN, 0, 0]), out([1, 2, 0, 0]));
     assert.equal(nan.newNonFinite, 1);
+  });
+
+  it('a passing output is described by its error on the output\'s scale (max |a − e| / max |e|), not by a relative error that values near 0 inflate', () => {
+    const out = (data: number[]): { y: { dims: number[]; data: Float64Array } } => ({ y: { dims: [3], data: Float64Array.from(data) } });
+    const run = (actual: number[], expected: number[]): RunResult => {
+      const outputs = compareOutputs(out(actual), out(expected), { atol: 1e-2, rtol: 1e-2 });
+      return { run: 'batch=1 seq=4', length: { batch: 1, seq: 4, past: 0 }, padded: false, outputs, passed: outputs.every((o) => o.passed) };
+    };
+    const tol = { atol: 1e-2, rtol: 1e-2 };
+    // fp16-like: 2e-4 off an expected 0 (relative error Infinity) and 2e-3 off 8: 2.5e-4 of the scale 8.
+    const near0 = run([2e-4, 8.002, -3], [0, 8, -3]);
+    assert.equal(near0.outputs[0].maxRel, Infinity);
+    const passed = parityCheck('wiring', 'c', [near0], tol, 'equal');
+    assert.equal(passed.status, 'PASSED');
+    assert.match(passed.summary, /y: max abs 2\.0e-3 \(2\.5e-4 of its largest \|value\| 8\.0e\+0\), mean abs 7\.3e-4$/);
+    assert.doesNotMatch(passed.summary, /max rel|Infinity/);
+    // A failing output keeps the relative error: it says which rtol would pass.
+    const failed = parityCheck('wiring', 'c', [run([1, 8, -3], [0, 8, -3])], tol, 'equal');
+    assert.equal(failed.status, 'FAILED');
+    assert.match(failed.summary, /max abs 1\.0e\+0 \(1\.3e-1 of its largest \|value\| 8\.0e\+0\), mean abs 3\.3e-1, max rel Infinity; 1 of 3 elements outside/);
+    // The worst of two outputs is the worse on its own scale: 2e-3 off 0.5 (4e-3 of it), not 1e-4 off an expected 0
+    // in an output of scale 800 (relative error Infinity, 1.3e-7 of its scale).
+    const two = (a: Record<string, number[]>, e: Record<string, number[]>): RunResult => {
+      const wrap = (m: Record<string, number[]>): Outputs => Object.fromEntries(Object.entries(m)
+        .map(([k, v]) => [k, { dims: [v.length], data: Float64Array.from(v) }]));
+      const outputs = compareOutputs(wrap(a), wrap(e), tol);
+      return { run: 'r', length: { batch: 1, seq: 4, past: 0 }, padded: false, outputs, passed: true };
+    };
+    const worst = parityCheck('wiring', 'c', [two({ big: [800, 1e-4], small: [0.502] }, { big: [800, 0], small: [0.5] })], tol, 'equal');
+    assert.match(worst.summary, /worst r small: max abs 2\.0e-3 \(4\.0e-3 of its largest/);
   });
 
   it('a run where the original is NaN everywhere is not a parity pass: two NaNs agree without anything compared', () => {

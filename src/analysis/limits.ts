@@ -1,11 +1,12 @@
 /**
  * The longest context a model can run, when its graph says so: a learned position table (a Gather from a
- * constant [P, d] table whose indices are positions, not token ids) has P rows. Relative-position bucket
+ * constant [P, d] table whose indices are positions, not token ids) has P rows, and so has a table of positions
+ * inside an operator (a position embedding, a rotary cache). Relative-position bucket
  * tables (indices clamped with Min/Log/Where) are not limits and are left alone.
  */
 import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
-import { toNumber } from '../io/onnx';
+import { NodeProto, toNumber } from '../io/onnx';
 import { InputSpec } from './signature';
 
 export interface LengthLimit {
@@ -17,6 +18,8 @@ export function positionLimit(graph: Graph, specs: InputSpec[]): LengthLimit | n
   const roles = new Map(specs.map((s) => [s.name, s.role]));
   let best: LengthLimit | null = null;
   for (const node of graph.nodes) {
+    const inOp = operatorTable(graph, node, roles);
+    if (inOp && (!best || inOp.length < best.length)) best = inOp;
     if (node.opType !== 'Gather') continue;
     const table = graph.initializers.get(node.input[0]);
     if (!table || table.dims.length !== 2 || graph.inputs.has(node.input[0])) continue;
@@ -25,6 +28,24 @@ export function positionLimit(graph: Graph, specs: InputSpec[]): LengthLimit | n
     if (!best || rows < best.length) best = { length: rows, reason: `position table '${node.input[0]}' has ${rows} rows` };
   }
   return best;
+}
+
+/**
+ * A table of positions inside an operator (ops.ts's positionTable: EmbedLayerNormalization's position embedding,
+ * a rotary cos cache): the op reads row p for position p, so the model runs no length beyond its rows (onnxruntime
+ * fails such a run: "input index out of range"). Only a constant table counts: one fed at run time has no fixed size.
+ * Position ids given to the op cap the length only when they are positions (ids fed from tokens cap nothing).
+ */
+function operatorTable(graph: Graph, node: NodeProto, roles: Map<string, string>): LengthLimit | null {
+  const t = opInfo(node).positionTable;
+  if (!t || (t.when && !t.when(node))) return null;
+  const ids = t.positionIds === undefined ? '' : node.input[t.positionIds] ?? '';
+  if (ids && !isPositionIndex(graph, ids, roles)) return null;
+  const name = node.input[t.input];
+  const table = name ? graph.initializers.get(name) : undefined;
+  if (!table || table.dims.length < 2 || graph.inputs.has(name)) return null;
+  const rows = toNumber(table.dims[0]);
+  return rows >= 2 ? { length: rows, reason: `${node.opType} '${node.name || node.output[0]}': its ${t.what} '${name}' has ${rows} rows` } : null;
 }
 
 /**

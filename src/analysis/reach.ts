@@ -208,19 +208,21 @@ function lengthMessage(r: LengthReport, preset: Preset, L: number | undefined): 
   if (r.effect === 'none') {
     const oneKey = r.sites.every((x) => x.n && x.n[1] < 2);
     const unchanged = oneKey ? 'and a row that sees one key is the same whatever its factor' : `and the factor ${formula} is 1 at every n the model can run`;
+    const other = preset.kind === 'qwen-logn' && longest > 2 ? `give --train-len below ${longest}, or ` : '';
     return `the patch can never change any output: ${where}, ${unchanged}; `
-      + `re-export the model with dynamic axes${preset.kind === 'qwen-logn' && longest > 2 ? `, or give --train-len below ${longest}` : ''}, `
-      + 'or give --allow-no-op to write it anyway (s stays a trainable initializer)';
+      + `${r.kind === 'fixed' ? 're-export the model with dynamic axes, or ' : ''}${other}give --allow-no-op to write it anyway (s stays a trainable initializer)`;
   }
   if (r.effect === 'unknown') {
-    return `${where}: the factor there is not known from the graph (verification reads it); the patched model runs nowhere else, so it shows no gain of SSMax at longer lengths; re-export the model with dynamic axes for that`;
+    return `${where}: the factor there is not known from the graph (verification reads it); the patched model runs nowhere else, so it shows no gain of SSMax at longer lengths${r.kind === 'fixed' ? '; re-export the model with dynamic axes for that' : ''}`;
   }
   const reached = L !== undefined && L <= longest;
   const train = L === undefined ? 'the patched model differs from the original wherever the factor is not 1, and never runs at other lengths'
     : reached ? `the patched model equals the original only at rows with n = L = ${L} and never runs beyond L`
       : `the patched model differs from the original at every length it can run (never n = L = ${L}) and never runs beyond L`;
-  const fit = !reached && longest >= 2 ? `, or give --train-len ${longest} to reproduce the original at n = ${longest}` : '';
-  return `${where}, where the factor ${formula} is ${factorText(r)}: ${train}; re-export the model with dynamic axes to see SSMax at longer lengths${fit}`;
+  const fit = !reached && longest >= 2 ? `give --train-len ${longest} to reproduce the original at n = ${longest}` : '';
+  const longer = r.kind === 'fixed' ? `re-export the model with dynamic axes to see SSMax at longer lengths${fit ? `, or ${fit}` : ''}`
+    : `the cap is the model's own, which no option lifts${fit ? `; ${fit}` : ''}`;
+  return `${where}, where the factor ${formula} is ${factorText(r)}: ${train}; ${longer}`;
 }
 
 /** The most keys any attention row of a model can see, when the model bounds it: every length fixed, or a position table. */
@@ -229,6 +231,14 @@ export interface LengthBound {
   longest?: number;
   kind: 'fixed' | 'capped';
   why: string;
+}
+
+/**
+ * What would let a bounded model run longer, to do `goal`: re-exporting it with dynamic axes where its inputs fix
+ * the lengths; nothing where a table of positions caps them (no option of this tool and no re-export adds rows).
+ */
+export function longerAdvice(bound: Pick<LengthBound, 'kind'>, goal: string): string {
+  return bound.kind === 'fixed' ? `re-export it with dynamic axes ${goal}` : 'the model\'s own cap, which no option lifts';
 }
 
 /** The model's bound from its lengths, read at one run's shape (a fixed model's counts do not depend on it). */

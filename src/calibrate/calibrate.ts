@@ -12,7 +12,7 @@
  * length of the curve, before and after.
  */
 import { detectAttention, Detection } from '../detect/find-attention';
-import { InputError, opt } from '../errors';
+import { InputError, opt, render } from '../errors';
 import { modelScopes } from '../graph/scopes';
 import { ModelProto } from '../io/onnx';
 import { runtimeReport } from '../onnxruntime';
@@ -49,6 +49,8 @@ export interface CalibrateOptions {
   /** How n is computed (default auto), and which layers are patched (default all), as for patchModel. */
   n?: NOption;
   layers?: LayerSelection;
+  /** Bytes no run may be estimated to pass (default half the memory free): N is cut to the longest length that fits, as verification's runs are. */
+  maxMemory?: number;
   /** Runs at N with a candidate s, at most (default 10; the original's run at N comes on top). */
   maxRuns?: number;
   /** The largest s tried (default 16/ln L): beyond it the target is out of reach. */
@@ -100,7 +102,7 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   const template = patch(sValue(granularity, heads, () => first));
   const plan = planOf(options, L, granularity);
   // N given: runs up to it; by default within verification's default longest length (one attention matrix's budget).
-  const setup = prepare(original, template.model, { trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims });
+  const setup = prepare(original, template.model, { trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims, maxMemory: options.maxMemory });
   fitTargetLength(plan, setup, options.targetLen !== undefined);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
   const cm = calibrationModel(template.model, setup.sites, plan.match === 'entropy' ? 'entropy' : 'max');
@@ -153,7 +155,8 @@ function fitTargetLength(plan: Plan, setup: Setup, given: boolean): void {
   if (plan.N <= setup.plan.cap) return;
   const longest = Math.max(...setup.plan.sweep.filter((x) => x <= setup.plan.cap));
   if (given || !(longest > plan.L)) throw new InputError(`N = ${plan.N} cannot run: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`, 'cannot-verify');
-  plan.notes.push(`N = ${longest}, not 8·L = ${plan.N}, the longest length verification runs: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`);
+  // Calibration's notes are printed as they are: the flags in the reason are the command line's.
+  plan.notes.push(render(`N = ${longest}, not 8·L = ${plan.N}, the longest length verification runs: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`, 'cli'));
   plan.N = longest;
 }
 

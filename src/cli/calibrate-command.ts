@@ -22,7 +22,7 @@ import { defaultOutput, EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOption
 import { CalibrateDocument, documentJson, settle } from './report';
 import { Run } from './run';
 import { layersValue } from './values';
-import { verifyProgress } from './verify-command';
+import { memoryValue, verifyProgress } from './verify-command';
 
 export interface CalibrateCliOptions {
   trainLen?: string;
@@ -34,6 +34,7 @@ export interface CalibrateCliOptions {
   n: string;
   layers?: string;
   maxRuns?: string;
+  maxMemory?: string;
   output?: string;
   force?: boolean;
   report?: string;
@@ -56,6 +57,7 @@ export function calibrateProgram(cmd: Command): Command {
     .option('--n <mode>', `how n is computed: ${N_OPTIONS.join(' | ')}`, 'auto')
     .option('--layers <list>', 'patch only these attention layers: "3,7,11" or "every:4"')
     .option('--max-runs <k>', 'runs at N with a candidate s, at most (default 10)')
+    .option('--max-memory <size>', 'no run estimated to need more memory, e.g. 3G (default half the memory free): N is cut to fit')
     .option('-o, --output <file>', 'output model (default <name>.slope.onnx beside the input)')
     .option('--force', 'overwrite existing output files')
     .option('--report <file>', 'the JSON report (default <output>.calibration.json)')
@@ -109,7 +111,7 @@ function optionsFrom(o: CalibrateCliOptions): Omit<CalibrateOptions, 'inputs'> {
   return {
     trainLen, targetLen: optionalInteger(o.maxLen, '--max-len', trainLen + 1), match: o.match as MatchStatistic | undefined,
     granularity: o.per === undefined ? 'global' : GRANULARITY[o.per], dims, n: parseNOption(o.n), layers: layersValue(o.layers),
-    maxRuns: optionalInteger(o.maxRuns, '--max-runs', 1),
+    maxRuns: optionalInteger(o.maxRuns, '--max-runs', 1), maxMemory: memoryValue(o.maxMemory),
   };
 }
 

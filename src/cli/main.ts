@@ -35,15 +35,16 @@ type Action = (args: string[], options: never, run: Run) => Promise<number>;
 export async function main(argv: string[]): Promise<number> {
   const run = new Run(commandOf(argv), wantsJson(argv));
   const stopSignals = cleanUpOnSignals();
+  let code = 3;
   try {
-    const code = await dispatch(argv, run);
+    code = await dispatch(argv, run);
     if (code !== 0 && run.doc.error && run.failureOnStderr) process.stderr.write(`ssmax-patch: ${run.doc.error.message}\n`);
-    return code;
   } catch (err) {
-    return fail(err, run, argv[0] === 'help' ? 'ssmax-patch --help' : `ssmax-patch ${run.command} --help`);
+    code = fail(err, run, argv[0] === 'help' ? 'ssmax-patch --help' : `ssmax-patch ${run.command} --help`);
   } finally {
-    stopSignals();
+    stopSignals(code);
   }
+  return code;
 }
 
 async function dispatch(argv: string[], run: Run): Promise<number> {

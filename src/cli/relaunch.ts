@@ -8,7 +8,8 @@
  * it set (unless the user set it, or SSMAX_PATCH_NO_RELAUNCH is set), passing signals on and returning its exit code.
  * The child also makes Ctrl-C prompt: onnxruntime-node runs a session on the JavaScript thread, so an in-process
  * signal handler waits for the run to end (seconds on a long run); this process says it is stopping at once, and
- * kills the child if it has not stopped within half a second.
+ * kills the child if it has not stopped within half a second, unless it has written its output by then: a child
+ * that has is left to finish, and its own exit code is the command's (signals.ts tells the parent; issue 33).
  */
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -18,6 +19,7 @@ import * as path from 'node:path';
 import { Command } from 'commander';
 import { checkTarget } from '../io/model-file';
 import { defaultOutput, PatchCliOptions, patchProgram } from './patch-command';
+import { OUTCOME_FILE } from './signals';
 
 /**
  * How long a child that was sent a signal may take to stop by itself (its handler runs between onnxruntime calls,
@@ -68,17 +70,27 @@ export async function relaunchForVerify(bin: string, args: string[], env: NodeJS
   if (process.platform !== 'linux' || !verifies(args) || refusedOutput(args) || env.MALLOC_MMAP_THRESHOLD_ !== undefined || env.SSMAX_PATCH_NO_RELAUNCH) return null;
   // The child's temporary folders go in one of this process's, which it removes however the child ends.
   const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-patch-'));
+  const outcome = path.join(scratch, 'outcome');
   const child = spawn(process.execPath, [...process.execArgv, bin, ...args], {
-    stdio: 'inherit', env: { ...env, TMPDIR: scratch, MALLOC_MMAP_THRESHOLD_: THRESHOLD, GLIBC_TUNABLES: tunables(env.GLIBC_TUNABLES) },
+    stdio: 'inherit',
+    env: { ...env, TMPDIR: scratch, [OUTCOME_FILE]: outcome, MALLOC_MMAP_THRESHOLD_: THRESHOLD, GLIBC_TUNABLES: tunables(env.GLIBC_TUNABLES) },
   });
   let stopping: NodeJS.Signals | null = null;
   const forward = (signal: NodeJS.Signals): void => {
     child.kill(signal);
     if (stopping) return;
     stopping = signal;
+    const told = childOutcome(outcome);
+    if (told.wrote !== null) {
+      process.stderr.write(`${process.stderr.isTTY ? '\n' : ''}ssmax-patch: ${signal} after ${told.wrote} was written: finishing with its own outcome\n`);
+      return;
+    }
     process.stderr.write(`${process.stderr.isTTY ? '\n' : ''}ssmax-patch: stopping ...\n`);
-    // An onnxruntime run holds the child's only thread until it ends: past the grace time the child is killed.
-    setTimeout(() => child.kill('SIGKILL'), STOP_GRACE_MS).unref();
+    // An onnxruntime run holds the child's only thread until it ends: past the grace time the child is killed,
+    // unless it has written its output meanwhile (then only printing is left, and the outcome is the child's).
+    setTimeout(() => {
+      if (childOutcome(outcome).wrote === null) child.kill('SIGKILL');
+    }, STOP_GRACE_MS).unref();
   };
   const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
   for (const s of signals) process.on(s, forward);
@@ -86,13 +98,41 @@ export async function relaunchForVerify(bin: string, args: string[], env: NodeJS
     child.on('error', () => resolve(null));
     child.on('close', (code, signal) => {
       for (const s of signals) process.off(s, forward);
+      const told = childOutcome(outcome);
       fs.rmSync(scratch, { recursive: true, force: true });
-      if (stopping && signal === 'SIGKILL') {
-        process.stderr.write(`ssmax-patch: interrupted by ${stopping}: onnxruntime stopped mid-run, its temporary files removed\n`);
-        resolve(128 + constants.signals[stopping]);
-        return;
-      }
-      resolve(code ?? 128 + (signal ? constants.signals[signal] : 0));
+      resolve(code ?? endedBySignal(signal!, stopping, told));
     });
   });
+}
+
+interface Outcome { wrote: string | null; exit: number | null }
+
+/** What the child has told of its outcome so far (signals.ts writes it): the output it placed, its exit code. */
+function childOutcome(file: string): Outcome {
+  let text = '';
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch {
+    // not written yet: nothing told
+  }
+  const wrote = /^wrote (.*)$/m.exec(text);
+  const exit = /^exit (\d+)$/m.exec(text);
+  return { wrote: wrote ? wrote[1] : null, exit: exit ? Number(exit[1]) : null };
+}
+
+/**
+ * The exit code of a child a signal ended: 128 + the signal only when it had not finished and had written
+ * nothing. A child that had decided its exit code (the signal came as it was exiting) ends with that code.
+ */
+function endedBySignal(signal: NodeJS.Signals, stopping: NodeJS.Signals | null, told: Outcome): number {
+  if (told.exit !== null) return told.exit;
+  if (told.wrote !== null) {
+    process.stderr.write(`ssmax-patch: ${signal} ended the run after it wrote ${told.wrote}: that file is complete, but its report files may be missing\n`);
+    return 128 + constants.signals[signal];
+  }
+  if (stopping && signal === 'SIGKILL') {
+    process.stderr.write(`ssmax-patch: interrupted by ${stopping}: onnxruntime stopped mid-run, its temporary files removed\n`);
+    return 128 + constants.signals[stopping];
+  }
+  return 128 + constants.signals[signal];
 }

@@ -13,6 +13,7 @@ import { trainLenWarnings } from '../policy/warnings';
 import { readRecord } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
 import { noCurveSvg, sharpnessSvg } from '../verify/plot';
+import { parseSize } from '../verify/memory';
 import { FileVerifyOptions, VerifyReport, verifyForCli } from '../verify/verify';
 import { planVerification } from '../verify/verification-plan';
 import type { ModelProto } from '../io/onnx';
@@ -27,6 +28,7 @@ import { Analysis, analyseModel } from '../analysis/analyse';
 export interface VerifyCliOptions {
   lengths?: string;
   maxLen?: string;
+  maxMemory?: string;
   batch?: string;
   checks?: string;
   atol?: string;
@@ -44,6 +46,7 @@ export function addVerifyOptions(cmd: Command): Command {
   return cmd
     .option('--lengths <list>', 'context lengths of the sweep, comma-separated (default L/4,L/2,L,2L,4L,8L,16L)')
     .option('--max-len <n>', 'no run longer than n tokens (default 4096, less where one attention matrix would pass 2^27 values; never past the model\'s position table)')
+    .option('--max-memory <size>', 'no run estimated to need more memory, e.g. 3G or 512M (default half the memory free when verification starts)')
     .option('--batch <n>', 'batch size of the short runs (default 2: a plain and a padded item)')
     .option('--checks <list>', `checks to run, comma-separated: ${CHECK_IDS.join(',')} (default all)`)
     .option('--atol <x>', 'absolute tolerance of the parity checks (default 1e-4; 1e-2 for fp16/bf16 outputs)')
@@ -66,10 +69,18 @@ export function verifyOptionsFrom(o: VerifyCliOptions, trainLen?: number): FileV
   const dims = dimsValue(o.dim ?? []);
   const inputFiles = Object.fromEntries(pairs(o.input ?? [], '--input', 'name=file'));
   return {
-    trainLen, lengths, maxLen: optionalInteger(o.maxLen, '--max-len', 2), batch: optionalInteger(o.batch, '--batch', 1),
+    trainLen, lengths, maxLen: optionalInteger(o.maxLen, '--max-len', 2), maxMemory: memoryValue(o.maxMemory), batch: optionalInteger(o.batch, '--batch', 1),
     checks: checks as CheckId[] | undefined, atol: optionalReal(o.atol, '--atol', 0), rtol: optionalReal(o.rtol, '--rtol', 0), dims, inputFiles,
     strict: Boolean(o.strict),
   };
+}
+
+/** `--max-memory SIZE` in bytes. */
+export function memoryValue(text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const bytes = parseSize(text);
+  if (bytes === null) throw new InputError(`--max-memory: '${text}' is not a size (bytes, or a number with K, M, G or T: 3G, 512M)`, 'usage');
+  return bytes;
 }
 
 /** Show progress only once a verification has taken this long: short ones finish before a line is worth reading. */

@@ -9,12 +9,15 @@
  *   position  a position index stays a position through it (the longest context a model can run);
  *   view      the same values, maybe in another shape or type (following token ids to their embedding);
  *   shapeOnly reads the shape of its input, never the values (dependency queries stop there);
- *   product   a product of two operands that can compute query·keyᵀ or probabilities·values.
+ *   product   a product of two operands that can compute query·keyᵀ or probabilities·values;
+ *   positionTable  an input whose rows are indexed by position inside the op (a position embedding, a rotary
+ *             cos/sin cache): no position beyond its row count exists, so none of the model's lengths does either.
  * An op in the table without a type rule keeps input 0's element type. Ops not in the table are opaque: unknown
  * shape, unknown type (an embedding op reads int ids and writes floats: guessing input 0's type would make a
  * well-typed patch look mis-typed), no role.
  */
 import { DataType, NodeProto } from '../io/onnx';
+import { GROUP_QUERY_ATTENTION } from './attention-ops/group-query-attention';
 import type { ConstantReader } from './view';
 import { attr, attrInt } from './node';
 import * as R from './shape-rules';
@@ -32,6 +35,18 @@ export interface OpInfo {
   view?: boolean;
   shapeOnly?: boolean;
   product?: boolean;
+  positionTable?: PositionTable;
+}
+
+/**
+ * An op's input of [positions, …] rows; the input that gives the op its position ids, if it takes one (absent, the
+ * op counts positions itself); and when the op reads the table (the rotary cache of GroupQueryAttention only with do_rotary).
+ */
+export interface PositionTable {
+  input: number;
+  what: string;
+  positionIds?: number;
+  when?: (node: NodeProto) => boolean;
 }
 
 const unary: OpInfo = { shape: R.unary };
@@ -81,7 +96,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   // Shape and type only.
   Softmax: unary, LogSoftmax: unary, Relu: unary, Gelu: unary, FastGelu: unary, Sigmoid: unary, Erf: unary, Sqrt: unary,
   Exp: unary, Log: unary, Abs: unary, Reciprocal: unary, LayerNormalization: unary, SimplifiedLayerNormalization: unary,
-  RotaryEmbedding: unary, Softplus: unary,
+  RotaryEmbedding: { shape: R.unary, positionTable: { input: 2, what: 'rotary cos cache', positionIds: 1 } }, Softplus: unary,
   Trilu: unary, Round: unary, Floor: unary, Ceil: unary, Sin: unary, Cos: unary, HardSigmoid: unary, Mish: unary,
   ScatterND: unary, ScatterElements: unary,
   IsNaN: { shape: R.unary, type: 'bool' }, IsInf: { shape: R.unary, type: 'bool' }, Not: { shape: R.unary, type: 'bool' },
@@ -100,11 +115,12 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   NonZero: { shape: R.nonZero, type: 'int64' },
   ArgMax: { type: 'int64' }, ArgMin: { type: 'int64' },
   // Type only: input 0's (the query of the attention operators, the activations of the others).
-  Attention: {}, MultiHeadAttention: {}, GroupQueryAttention: {}, DecoderMaskedMultiHeadAttention: {}, PackedAttention: {},
+  Attention: {}, MultiHeadAttention: {}, DecoderMaskedMultiHeadAttention: {}, PackedAttention: {},
+  GroupQueryAttention: { positionTable: { input: GROUP_QUERY_ATTENTION.inputs.cos_cache, what: 'rotary cos cache', positionIds: GROUP_QUERY_ATTENTION.inputs.position_ids, when: (n) => attrInt(n, 'do_rotary') === 1 } },
   PackedMultiHeadAttention: {}, BiasGelu: {}, QuickGelu: {}, BiasAdd: {}, Conv: {}, MaxPool: {}, AveragePool: {},
   GlobalAveragePool: {}, RemovePadding: {}, RestorePadding: {}, Compress: {},
   // Ids in, embeddings out: the type of the word embedding table (input 2).
-  EmbedLayerNormalization: { type: (n, typeOf) => typeOf(n.input[2]) },
+  EmbedLayerNormalization: { type: (n, typeOf) => typeOf(n.input[2]), positionTable: { input: 3, what: 'position embedding', positionIds: 8 } },
 };
 
 const OPAQUE: OpInfo = { type: () => undefined };

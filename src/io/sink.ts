@@ -57,6 +57,26 @@ const CHUNK = 1024 * 1024;
 /** Temporary files of every write in progress, not yet renamed into place. */
 const live = new Set<string>();
 
+/** Called with each output the moment it is renamed into place (signal handlers: an output in place is a result). */
+const placedListeners = new Set<(target: string) => void>();
+
+/** Calls `listener` with every output renamed into place from now on; returns a function that stops it. */
+export function onPlaced(listener: (target: string) => void): () => void {
+  placedListeners.add(listener);
+  return () => placedListeners.delete(listener);
+}
+
+/** A listener's failure cannot undo a write already in place, so it is not this write's failure. */
+function tellPlaced(target: string): void {
+  for (const l of placedListeners) {
+    try {
+      l(target);
+    } catch {
+      // ignored: see above
+    }
+  }
+}
+
 /** Removes the temporary files of every write in progress (for signal handlers); returns how many existed. */
 export function removeTemporaryFiles(): number {
   let removed = 0;
@@ -102,6 +122,8 @@ function* transaction(jobs: Job[], progress: Progress | null): Generator<void, C
       live.delete(temps[i]);
       renamed.push(job.target);
     });
+    // Still in the synchronous stretch: a signal cannot come between the rename and its listeners.
+    tellPlaced(jobs[jobs.length - 1].target);
     return { results, strays };
   } catch (e) {
     for (const f of [...temps, ...renamed]) fs.rmSync(f, { force: true });

@@ -88,6 +88,6 @@ const count = (sites: SiteCausality[]): string => `${sites.length} attention sit
  */
 export function lengthWarnings(report: { effect: 'none' | 'changed' | 'unknown'; message: string } | undefined): Warning[] {
   if (!report) return [];
-  if (report.effect === 'none') return [{ code: 'no-op', message: `written anyway (--allow-no-op): ${report.message.replace(/; re-export the model[^;]*$/, '')}` }];
+  if (report.effect === 'none') return [{ code: 'no-op', message: `written anyway (--allow-no-op): ${report.message.replace(/; (re-export the model|give )[^;]*$/, '')}` }];
   return [{ code: 'fixed-lengths', message: report.message }];
 }

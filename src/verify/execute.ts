@@ -11,6 +11,7 @@ import * as vm from 'node:vm';
 import { InputError, opt } from '../errors';
 import { runtimeLabel, runtimeReport } from '../onnxruntime';
 import { Feeds, synthesize } from './inputs';
+import { estimatePeak } from './memory';
 import { RunSpec } from './plan';
 import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
@@ -95,7 +96,10 @@ export function feedsFor(setup: Setup, run: RunSpec): Feeds {
 
 async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {
   const feeds = feedsFor(setup, run);
-  const report = reports.get(run.id) ?? { id: run.id, kind: run.kind, batch: run.batch, seq: run.seq, past: run.past, padded: run.padded, ms: {} };
+  const peak = estimatePeak(setup.memory, run);
+  const report = reports.get(run.id) ?? {
+    id: run.id, kind: run.kind, batch: run.batch, seq: run.seq, past: run.past, padded: run.padded, ms: {}, ...(peak ? { estimatedPeakBytes: peak.total } : {}),
+  };
   reports.set(run.id, report);
   const start = performance.now();
   try {

@@ -10,6 +10,11 @@ export interface VerifyOptions {
   lengths?: number[];
   /** No run longer than this (default 4096, or the model's position table if shorter). */
   maxLen?: number;
+  /**
+   * Bytes no run may be estimated to pass (default half the memory free when verification starts): longer runs are
+   * not started, and the lengths they would have run are capped with what the longest needs (src/verify/memory.ts).
+   */
+  maxMemory?: number;
   /** Batch of the short runs (default 2: one plain item and one padded item). */
   batch?: number;
   /** Tolerances for parity (default 1e-4 each for float32 outputs, 1e-2 for float16/bfloat16 outputs). */

@@ -6,6 +6,7 @@
  */
 import { LengthLimit } from '../analysis/limits';
 import { RunShape } from '../analysis/signature';
+import { opt } from '../errors';
 
 export type CheckId = 'wiring' | 'probe' | 'retrofit' | 'liveness' | 'sharpness';
 export const CHECK_IDS: CheckId[] = ['wiring', 'probe', 'retrofit', 'liveness', 'sharpness'];
@@ -65,17 +66,17 @@ export const ATTENTION_BUDGET = 2 ** 27;
 /**
  * The default longest length: DEFAULT_MAX_LEN, lowered to keep one attention matrix within the budget. It does
  * not stretch to reach beyond L: a run that exhausts memory is killed without a report, while a plan with no run
- * beyond L ends in a skipped check that says to raise the longest length.
+ * beyond L ends in a skipped check that says which flag raises the longest length (--max-len).
  */
 function defaultCap(p: PlanInput): { cap: number; reason: string } {
-  const usual = { cap: DEFAULT_MAX_LEN, reason: `the default longest length ${DEFAULT_MAX_LEN}; raise it to run longer` };
+  const usual = { cap: DEFAULT_MAX_LEN, reason: `the default longest length ${DEFAULT_MAX_LEN}; ${opt('maxLen', 'N')} runs longer` };
   const rows = (p.pinned.batch ?? 1) * (p.heads ?? 0);
   // Lengths asked for by name are run up to the usual default.
   if (!rows || p.lengths) return usual;
   const fits = Math.floor(Math.sqrt(ATTENTION_BUDGET / rows));
   if (fits >= DEFAULT_MAX_LEN) return usual;
   const shape = `[${rows > p.heads! ? `${p.pinned.batch}, ` : ''}${p.heads}, T, T]`;
-  return { cap: fits, reason: `the default plan keeps one attention matrix ${shape} within ${ATTENTION_BUDGET / 2 ** 20} Mi values; raise the longest length to run longer` };
+  return { cap: fits, reason: `the default plan keeps one attention matrix ${shape} within ${ATTENTION_BUDGET / 2 ** 20} Mi values; ${opt('maxLen', 'N')} runs longer` };
 }
 
 export function defaultSweep(L: number): number[] {
@@ -88,7 +89,7 @@ export function makePlan(p: PlanInput): Plan {
   const byDefault = p.maxLen === undefined ? defaultCap(p) : null;
   const maxLen = p.maxLen ?? byDefault!.cap;
   const cap = Math.min(maxLen, p.limit?.length ?? Infinity);
-  const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason : byDefault ? byDefault.reason : `the longest length ${maxLen} asked for`;
+  const capReason = p.limit && p.limit.length <= maxLen ? p.limit.reason : byDefault ? byDefault.reason : `the longest length ${maxLen} asked for with ${opt('maxLen')}`;
   const batch = p.pinned.batch ?? p.batch;
   const seqOf = (want: number): number => p.pinned.seq ?? p.fixedSeq ?? want;
   const minPast = p.pastFree ? p.minPast ?? 0 : 0;

@@ -27,6 +27,11 @@ export interface ProbeSiteResult {
   entries: number;
   /** Largest relative error of after against c·before, over entries not near 0. */
   maxRelError: number;
+  /**
+   * Largest |after − c·before| over |c| times the row's largest |before|: the error on the row's scale, which the
+   * rounding of a float16 entry near 0 cannot inflate as it inflates a relative error.
+   */
+  maxScaledError: number;
   passed: boolean;
   /** One line saying what is wrong, with an example row. */
   message?: string;
@@ -91,6 +96,7 @@ export class SiteProbe {
   private entries = 0;
   private rowsWithoutN = 0;
   private maxRel = 0;
+  private maxScaled = 0;
   private worst: RowFailure | null = null;
   private varying: RowFailure | null = null;
   private problem: string | null = null;
@@ -194,6 +200,7 @@ export class SiteProbe {
           if (!ok && this.subject.additive) this.describeAddition(v, g, i, j, y - b[offset + j], x - b[offset + j]);
           const rel = Math.abs(y - expected) / Math.abs(expected);
           if (Math.abs(x) >= 1e-3 * topAbs && expected !== 0 && Number.isFinite(y)) this.maxRel = Math.max(this.maxRel, rel);
+          if (topAbs > 0 && c !== 0 && Number.isFinite(y)) this.maxScaled = Math.max(this.maxScaled, Math.abs(y - expected) / (Math.abs(c) * topAbs));
         } else if (!ok) h.fits = false;
       }
     }
@@ -238,6 +245,7 @@ export class SiteProbe {
     const { layer, scope, label, n } = this.subject;
     const s = this.subject.s.length === 1 ? this.subject.s[0] : this.subject.s;
     const base = { layer, ...(scope && scope !== 'main' ? { scope } : {}), site: label, n, s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel,
+      maxScaledError: this.maxScaled,
       ...(this.subject.additive ? { prior: true } : {}), ...(this.rowsWithoutN ? { rowsWithoutN: this.rowsWithoutN } : {}) };
     if (this.problem) return { ...base, passed: false, message: `${label}: ${this.problem}` };
     if (this.entries === 0) return { ...base, passed: false, message: `${label}: no finite values to check` };

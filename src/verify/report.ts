@@ -67,6 +67,8 @@ export interface RunIdentity {
 export interface RunReport extends RunIdentity {
   /** Milliseconds per session that ran it. */
   ms: Record<string, number>;
+  /** The run's peak memory as estimated before it ran (src/verify/memory.ts), when the attention's heads are known. */
+  estimatedPeakBytes?: number;
   errors?: Record<string, string>;
 }
 

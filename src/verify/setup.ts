@@ -14,11 +14,12 @@ import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto 
 import { Preset } from '../policy/factor';
 import { RECORD_KEY } from '../identity';
 import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
-import { CHECK_IDS, CheckId, makePlan, Plan } from './plan';
+import { CHECK_IDS, CheckId, DEFAULT_MAX_LEN, defaultSweep, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
-import { positionLimit } from '../analysis/limits';
+import { LengthLimit, positionLimit } from '../analysis/limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
 import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from '../analysis/signature';
+import { attentionMatrices, defaultBudget, memoryLimit, MemoryModel, weightBytes } from './memory';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
 import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
@@ -71,6 +72,8 @@ export interface Setup {
   keysOf: (run: RunShape) => number;
   /** Every output holds integers (generated token ids): outputs that do not change prove nothing. */
   integerOutputs: boolean;
+  /** What a run's peak memory is estimated from. */
+  memory: MemoryModel;
 }
 
 export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
@@ -102,8 +105,12 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const { sites, refused, heads, detection } = siteSetup(analysis, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites);
+  const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection), specs, outputs: original.graph!.output, fixed };
+  const table = positionLimit(graph, specs);
+  const budget = memoryCap(memory, options, { L, seqFree, pinned, fixedSeq }, table);
   const plan = makePlan({
-    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, limit: positionLimit(graph, specs), seqFree, pastFree, pinned,
+    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned,
+    limit: budget && (!table || budget.length < table.length) ? budget : table,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
   });
   const lengths = modelLengths(analysis.scopes, detection, specs);
@@ -117,6 +124,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,
     keysOf: (run) => runKeys(lengths, specs, fixed, run),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
+    memory,
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
@@ -126,6 +134,20 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const first = plan.runs[0];
   if (first) synthesize(graph, specs, first, { fixed, given, padded: first.padded });
   return setup;
+}
+
+/**
+ * The memory budget as a cap on the sweep's lengths (memory.ts): the longest length the plan would run, if its run
+ * would pass the budget, is cut to the longest that fits. Its run is the sweep's (batch 1, the whole sequence, or
+ * the fixed tokens after a cache).
+ */
+function memoryCap(m: MemoryModel, options: FileVerifyOptions, o: { L: number; seqFree: boolean; pinned: Partial<RunShape>; fixedSeq?: number },
+  table: LengthLimit | null): LengthLimit | null {
+  const want = Math.min(Math.max(o.L, ...(options.lengths ?? defaultSweep(o.L))), options.maxLen ?? DEFAULT_MAX_LEN, table?.length ?? Infinity);
+  const budget = options.maxMemory !== undefined ? { bytes: options.maxMemory, why: `given with ${opt('maxMemory')}` } : defaultBudget();
+  const batch = o.pinned.batch ?? 1, seq = o.pinned.seq ?? o.fixedSeq ?? 1;
+  const shape = (t: number): RunShape => (o.seqFree ? { batch, seq: t, past: 0 } : { batch, seq: Math.min(seq, t), past: Math.max(0, t - seq) });
+  return memoryLimit(m, want, shape, budget);
 }
 
 function runKeys(lengths: ModelLengths, specs: InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {

@@ -22,17 +22,28 @@ export function check(id: CheckId, status: Status, summary: string, criterion: s
   return { id, name: CHECK_NAMES[id], status, summary, criterion, runs };
 }
 
+/**
+ * The error on the output's scale, max |a − e| / max |e|: a relative error per element is huge (or Infinity) where
+ * the original's value is near 0 (fp16 logits, a padded row), so a passing output is described by this instead.
+ */
+export function scaledError(o: Pick<OutputStats, 'maxAbs' | 'scale'>): number {
+  if (o.maxAbs === 0) return 0;
+  return o.scale > 0 ? o.maxAbs / o.scale : Infinity;
+}
+
 function describeStats(o: OutputStats, tol: Tolerance): string {
   if (o.error) return `${o.name}: ${o.error}`;
-  const base = `${o.name}: max abs ${e2(o.maxAbs)}, max rel ${e2(o.maxRel)}, mean abs ${e2(o.meanAbs)}`;
+  const scale = o.maxAbs === 0 ? '' : o.scale > 0 ? ` (${e2(scaledError(o))} of its largest |value| ${e2(o.scale)})` : ' (the original\'s values are all 0)';
+  const base = `${o.name}: max abs ${e2(o.maxAbs)}${scale}, mean abs ${e2(o.meanAbs)}`;
   if (o.passed) return base;
   const n = elementCount(o.dims);
-  return `${base}; ${o.mismatches} of ${n} elements outside atol ${e2(tol.atol)} / rtol ${e2(tol.rtol)} (would pass with atol ${e2(o.neededAtol)} or rtol ${e2(o.neededRtol)})`;
+  return `${base}, max rel ${e2(o.maxRel)}; ${o.mismatches} of ${n} elements outside atol ${e2(tol.atol)} / rtol ${e2(tol.rtol)} (would pass with atol ${e2(o.neededAtol)} or rtol ${e2(o.neededRtol)})`;
 }
 
 /** The output with the largest error over runs, with its run: `batch=1 seq=64 logits: max abs …`. */
 export function describeStatsOf(runs: RunResult[], tol: Tolerance): string {
-  const score = (o: OutputStats): number => o.mismatches * 1e9 + o.maxRel;
+  // The worst output on its own scale: one whose values are near 0 is not the worst for a large relative error.
+  const score = (o: OutputStats): number => (o.error ? Infinity : o.mismatches * 1e9 + Math.min(scaledError(o), 1e8));
   let worst: { run: RunResult; o: OutputStats } | null = null;
   for (const run of runs) for (const o of run.outputs) if (!worst || score(o) > score(worst.o)) worst = { run, o };
   return worst ? `${worst.run.run} ${describeStats(worst.o, tol)}` : 'no outputs';

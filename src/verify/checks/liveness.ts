@@ -7,6 +7,8 @@ import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { isUniform, layerMeans } from '../sharpness';
+import { opt } from '../../errors';
+import { longerAdvice } from '../../analysis/reach';
 import { aliveRuns, check, e2, skippedCheck } from './common';
 import { CheckUnit, compareRun, Outcome, UnitContext } from './unit';
 
@@ -86,7 +88,7 @@ export class LivenessCheck implements CheckUnit {
       : `all outputs finite in ${this.finiteRuns} run(s)`;
     const bound = setup.bound;
     if (longRuns.length === 0 && bound?.longest !== undefined && bound.longest <= setup.liveFrom) {
-      return skippedCheck('liveness', this.criterion, `no attention row of this model can see more than ${bound.longest} keys (${bound.why}), never beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
+      return skippedCheck('liveness', this.criterion, `no attention row of this model can see more than ${bound.longest} keys (${bound.why}), never beyond ${this.beyond}; ${longerAdvice(bound, 'to check SSMax beyond L')} (${finite})`, 'not applicable');
     }
     if (longRuns.length === 0 && bound?.kind === 'fixed' && !setup.seqFree && !setup.pastFree) {
       return skippedCheck('liveness', this.criterion, `the model's inputs fix every length (${bound.why}) and its one run is not beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
@@ -110,5 +112,5 @@ function noLongRun(setup: UnitContext['setup']): string {
   if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
   if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;
   if (!plan.sweep.length && plan.notes[0]) return plan.notes[0];
-  return 'give longer lengths to check';
+  return `give ${opt('lengths')} beyond L to check`;
 }

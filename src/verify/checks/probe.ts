@@ -183,7 +183,7 @@ export class ProbeCheck implements CheckUnit {
       const nanRows = results.reduce((a, r) => a + (r.rowsWithoutN ?? 0), 0);
       const nan = nanRows ? `; ${nanRows} row(s) not probed: the original's logits there hold NaN or +Inf (its attention row is NaN, on these inputs)` : '';
       const what = `${priors < results.length ? `after = ${formulaText(this.ctx.setup.preset)}·before at all ${results.length - priors} site(s)` : ''}${priors && priors < results.length ? ', ' : ''}${priors ? `after = before + c·B at ${priors} prior(s)` : ''}`;
-      result = check('probe', 'PASSED', `${what}, ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max rel error ${e2(Math.max(...results.map((s) => s.maxRelError)))}${nan}${left}`, this.criterion);
+      result = check('probe', 'PASSED', `${what}, ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max error ${e2(Math.max(...results.map((s) => s.maxScaledError)))} of a row's largest value${nan}${left}`, this.criterion);
     }
     result.sites = results;
     const unchecked = [...unprobed, ...[...this.beyondUnseen].filter(([i]) => !this.unprobed.has(i)).map(([, why]) => why)];

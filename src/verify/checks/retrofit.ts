@@ -64,7 +64,7 @@ export class RetrofitCheck implements CheckUnit {
     });
     const bound = setup.bound;
     if (typeof runs === 'string' && bound?.longest !== undefined && bound.longest < setup.identity.from) {
-      return { why: `no attention row of this model can see ${setup.identity.text} keys: at most ${bound.longest} (${bound.why}); re-export it with dynamic axes, or patch with --train-len ${bound.longest}`, kind: 'not applicable' };
+      return { why: `no attention row of this model can see ${setup.identity.text} keys: at most ${bound.longest} (${bound.why}); ${bound.kind === 'fixed' ? 're-export it with dynamic axes, or patch' : 'the model\'s own cap, which no option lifts; patch'} with --train-len ${bound.longest}`, kind: 'not applicable' };
     }
     if (typeof runs === 'string' && bound?.kind === 'fixed' && !setup.seqFree && !setup.pastFree) {
       return { why: `the model's inputs fix every length (${bound.why}) and no row of its one run is at ${setup.identity.text}; re-export it with dynamic axes`, kind: 'not applicable' };

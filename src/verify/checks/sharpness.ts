@@ -8,6 +8,8 @@ import { CheckResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { isUniform, layerMeans, MIN_KEPT, NO_FADE, sharpnessCurve, SharpnessCurve, sharpnessPoint, SharpnessPoint } from '../sharpness';
+import { opt } from '../../errors';
+import { longerAdvice } from '../../analysis/reach';
 import { check, skippedCheck } from './common';
 import { liftedVerdicts, withLifted } from './lifted';
 import { CheckUnit, Outcome, UnitContext } from './unit';
@@ -60,7 +62,7 @@ export class SharpnessCheck implements CheckUnit {
     const bound = setup.bound;
     if (this.points.length < 2 && bound && (bound.kind === 'fixed' || (bound.longest ?? 0) <= setup.liveFrom)) {
       const what = bound.kind === 'fixed' ? `the model runs at one length only (${bound.why})` : `no length beyond ${bound.longest} (${bound.why})`;
-      return skippedCheck('sharpness', this.criterion, `${what}: no curve over lengths beyond L can exist; re-export it with dynamic axes to check it`, 'not applicable');
+      return skippedCheck('sharpness', this.criterion, `${what}: no curve over lengths beyond L can exist; ${longerAdvice(bound, 'to check it')}`, 'not applicable');
     }
     if (![...(patched?.outputs.keys() ?? [])].some((i) => original?.outputs.has(i))) {
       return skippedCheck('sharpness', this.criterion, unseen.length ? `no site shows its attention probabilities (${unseen[0]})` : 'no run reached the sweep');
@@ -75,10 +77,10 @@ export class SharpnessCheck implements CheckUnit {
     this.curve = curve;
     const first = curve.points[0], last = curve.points[curve.points.length - 1];
     if (last.length <= setup.liveFrom && setup.bound?.longest !== undefined && setup.bound.longest <= setup.liveFrom) {
-      return skippedCheck('sharpness', this.criterion, `no attention row of this model can see more than ${setup.bound.longest} keys (${setup.bound.why}), never beyond L = ${setup.liveFrom}; re-export it with dynamic axes to check it`, 'not applicable');
+      return skippedCheck('sharpness', this.criterion, `no attention row of this model can see more than ${setup.bound.longest} keys (${setup.bound.why}), never beyond L = ${setup.liveFrom}; ${longerAdvice(setup.bound, 'to check it')}`, 'not applicable');
     }
     if (last.length <= setup.liveFrom) {
-      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? 'see the lengths option'})`);
+      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? `give ${opt('lengths')} beyond L`})`);
     }
     const p = (x: number): string => x.toPrecision(3);
     const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;

@@ -1,0 +1,130 @@
+/**
+ * A run's peak memory, estimated before it runs (issue 33: a 65536-token sweep passed 14 GB and was killed with
+ * nothing said). Pure: from the model's weights, its attention's shape and the run's inputs and outputs.
+ *   weights    the initializers' bytes (one session is resident at a time);
+ *   attention  matrices · batch · queries · keys · 4 bytes, at the site that holds the most [queries, keys]
+ *              matrices at once (layers run one after another): a Softmax in plain ops 2 · heads + 1 (its input and
+ *              output, and a mask of one [batch, 1, queries, keys] matrix); a fused operator heads + 1 (its
+ *              kernel's one probability buffer, and a margin for a qk output); in float32 (onnxruntime's CPU kernels
+ *              compute fp16 attention in float32). Measured, one 8192-token run of each: genai_pipeline-model-
+ *              tiny_transformer (a plain Softmax, 2 heads) 1.45 GB peak RSS against 1.55 GB estimated;
+ *              genai_tiny-qwen35_decoder (GroupQueryAttention, 4 heads) 1.29 GB against 1.6 GB;
+ *   io         the run's inputs and outputs (caches, logits), at the sizes the run's shape gives them;
+ *   BASE       the process itself (Node and onnxruntime, measured 0.15–0.2 GB).
+ * A verification whose longest run would pass the budget (default half the memory free when it starts,
+ * --max-memory to change it) is capped below it: the runs beyond are not started, and the cap says what the
+ * longest one would need and the flag that allows it.
+ */
+import * as os from 'node:os';
+import type { Detection } from '../detect/find-attention';
+import { Graph } from '../graph/graph';
+import { opt } from '../errors';
+import { rawByteLength } from '../io/constants';
+import { toNumber, ValueInfoProto } from '../io/onnx';
+import { LengthLimit } from '../analysis/limits';
+import { InputSpec, resolveDim, RunShape } from '../analysis/signature';
+import { elementCount } from './tensors';
+
+const BASE = 200 * 2 ** 20;
+const GB = 2 ** 30;
+
+export interface MemoryModel {
+  weights: number;
+  /** The most [queries, keys] matrices one site holds at once (undefined: some site's heads are unknown, and no estimate is made). */
+  matrices?: number;
+  specs: InputSpec[];
+  outputs: ValueInfoProto[];
+  fixed: ReadonlyMap<string, number>;
+}
+
+export interface PeakEstimate {
+  total: number;
+  weights: number;
+  attention: number;
+  io: number;
+}
+
+/** What `matrices` counts, from detection's sites; undefined when a site's heads are unknown. */
+export function attentionMatrices(d: Pick<Detection, 'sites' | 'fused' | 'calls'>): number | undefined {
+  const all = [...d.sites, ...d.fused, ...d.calls.map((c) => c.inner)];
+  if (!all.length || all.some((s) => !s.heads.heads)) return undefined;
+  return Math.max(...all.map((s) => ('op' in s ? s.heads.heads! + 1 : 2 * s.heads.heads! + 1)));
+}
+
+/** The bytes of a graph's initializers (external data included: their dims say their size). */
+export function weightBytes(graph: Graph): number {
+  let total = 0;
+  for (const t of graph.initializers.values()) total += rawByteLength(t.dataType ?? 0, elementCount(t.dims.map(toNumber))) ?? 0;
+  return total;
+}
+
+/** The estimated peak of one run; `queries` is the rows each attention site computes (the run's new tokens). */
+export function estimatePeak(m: MemoryModel, run: RunShape): PeakEstimate | null {
+  if (!m.matrices) return null;
+  const keys = run.seq + run.past;
+  const attention = m.matrices * run.batch * run.seq * keys * 4;
+  const io = ioBytes(m, run);
+  return { total: BASE + m.weights + attention + io, weights: m.weights, attention, io };
+}
+
+/** Inputs at the sizes synthesis gives them; outputs by their declared dims, a dim no input names taken as the run's length. */
+function ioBytes(m: MemoryModel, run: RunShape): number {
+  const byParam = new Map<string, number>();
+  let total = 0;
+  for (const s of m.specs) {
+    if (s.unshaped) continue;
+    const dims = s.dims.map((d, axis) => {
+      const size = resolveDim(s, axis, run, m.fixed).size;
+      if ('param' in d) byParam.set(d.param, size);
+      return size;
+    });
+    total += rawByteLength(s.elemType, elementCount(dims)) ?? 0;
+  }
+  for (const o of m.outputs) {
+    const t = o.type?.tensorType;
+    if (!t?.shape) continue;
+    const dims = t.shape.dim.map((d) => (d.dimValue !== undefined && toNumber(d.dimValue) > 0 ? toNumber(d.dimValue)
+      : byParam.get(d.dimParam ?? '') ?? run.seq + run.past));
+    total += rawByteLength(t.elemType ?? 1, elementCount(dims)) ?? 0;
+  }
+  return total;
+}
+
+/** The default budget: half the memory free now (and within a container's limit), so no run swaps the machine. */
+export function defaultBudget(): { bytes: number; why: string } {
+  const constrained = typeof process.constrainedMemory === 'function' ? process.constrainedMemory() ?? 0 : 0;
+  const free = constrained > 0 ? Math.min(os.freemem(), constrained) : os.freemem();
+  return { bytes: Math.floor(free / 2), why: `half of the ${gb(free)} free` };
+}
+
+export const gb = (bytes: number): string => `${(bytes / GB).toFixed(bytes < 10 * GB ? 1 : 0)} GB`;
+
+/**
+ * The longest total length whose run fits the budget, as a cap with its reason, when the longest length the
+ * plan wants (`want`) does not fit; null when it fits or no estimate can be made. `shape(t)` is the run of t tokens.
+ */
+export function memoryLimit(m: MemoryModel, want: number, shape: (total: number) => RunShape, budget: { bytes: number; why: string }): LengthLimit | null {
+  const need = estimatePeak(m, shape(want));
+  if (!need || need.total <= budget.bytes) return null;
+  let lo = 1, hi = want;
+  while (hi - lo > 1) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (estimatePeak(m, shape(mid))!.total <= budget.bytes) lo = mid;
+    else hi = mid;
+  }
+  const parts = `weights ${gb(need.weights)}, attention ${gb(need.attention)}, inputs and outputs ${gb(need.io)}`;
+  return {
+    length: lo,
+    reason: `a run of ${want} tokens would need about ${gb(need.total)} (${parts}), over the memory budget ${gb(budget.bytes)} `
+      + `(${budget.why}); ${opt('maxMemory', `${Math.ceil(need.total / GB)}G`)} runs it`,
+  };
+}
+
+/** `--max-memory` values: bytes, or a number with K, M, G or T (powers of 1024). */
+export function parseSize(text: string): number | null {
+  const m = /^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$/i.exec(text.trim());
+  if (!m) return null;
+  const power = ' KMGT'.indexOf(m[2].toUpperCase() || ' ');
+  const bytes = Number(m[1]) * 1024 ** power;
+  return bytes >= 1 ? Math.floor(bytes) : null;
+}
