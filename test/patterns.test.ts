@@ -271,7 +271,7 @@ describe('the factor in the tensor\'s own precision', () => {
       inputs: [value('x', DataType.FLOAT, [64])], outputs: [value('y', DataType.FLOAT, [64])],
       initializers: [f32Init('c', [], [1.37])],
     });
-    const b = new Builder(new Journal().editor('main', new Graph(m.graph!), 'L0'), 'ssmax/L0/', 8);
+    const b = new Builder(new Journal().editor('main', new Graph(m.graph!), 'L0'), 'ssmax/L0/', 8, () => 17);
     const applied = applyFactor(b, 'x16', 'c', DataType.BFLOAT16, 17);
     m.graph!.node.push(node('Cast', [applied.output], ['y'], { to: DataType.FLOAT }));
     const got = await runOnce(m, { x: f32([64], x) }, 'y');
