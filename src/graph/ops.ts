@@ -81,7 +81,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   If: { type: (n) => attr(n, 'then_branch')?.g?.output[0]?.type?.tensorType?.elemType || undefined },
   Size: { shape: R.size, type: 'int64', shapeOnly: true },
   MatMul: { shape: R.matmul, product: true },
-  FusedMatMul: { shape: R.matmul, product: true },
+  FusedMatMul: { shape: R.fusedMatmul, product: true },
   Einsum: { shape: R.einsum, product: true },
   // Shape and type only.
   Softmax: unary, LogSoftmax: unary, Relu: unary, Gelu: unary, FastGelu: unary, Sigmoid: unary, Erf: unary, Sqrt: unary,
