@@ -31,7 +31,8 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   }
   const shape = w.keys ? out[w.keys] : undefined;
   const v = logitsView({
-    run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, hidden: w.hidden ? out[w.hidden] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+    run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, hidden: w.hidden ? out[w.hidden] : undefined,
+    mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
     ...(shape ? { keys: shape.data[shape.data.length - 1] } : {}),
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
