@@ -7,6 +7,8 @@ import assert from 'node:assert/strict';
 import { cliError } from './support/io';
 import { describe, it } from 'node:test';
 import { DataType, ModelProto, NodeProto } from '../src/io/onnx';
+import { encodeModel } from '../src/io/model-file';
+import { Runner } from '../src/verify/run';
 import type { Theta } from '../src/policy/prior';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { Feeds } from '../src/verify/inputs';
@@ -270,6 +272,43 @@ describe('com.microsoft GroupQueryAttention', () => {
     const c = gqaCase(5, 0, [0, 0], 80, true);
     await check(gqa({ packed: true }), c.feeds, 'out', { B, N, Nkv, S: 5, T: 5, H, scale: 1 / Math.sqrt(H), q: c.q, k: c.k, v: c.v,
       visible: (_b, _n, i, j) => j <= i }, (_b, _n, i) => ssmaxFactor(0.5, i + 1, 0), { s: 0.5 });
+  });
+
+  it('packed QKV with s per head: each query column gets its head\'s factor, the key and value columns none', async () => {
+    const s = perHead(N);
+    const c = gqaCase(5, 0, [0, 0], 81, true);
+    await check(gqa({ packed: true }), c.feeds, 'out', { B, N, Nkv, S: 5, T: 5, H, scale: 1 / Math.sqrt(H), q: c.q, k: c.k, v: c.v,
+      visible: (_b, _n, i, j) => j <= i }, (_b, n, i) => ssmaxFactor(s, i + 1, n), { s });
+  });
+
+  it('packed QKV feeding a projection: the patch loads at every optimisation level (the packed width stays known)', async () => {
+    // Slicing the query out and concatenating it back made the width unknown; onnxruntime's GroupQueryAttention
+    // shape inference then gave its output a width the projection refused, at 'basic' and above
+    // (ogenai_tiny-llm-sharedbuffer).
+    const m = gqa({ packed: true });
+    const D = N * H;
+    m.graph!.node.push(node('MatMul', ['out', 'w_o'], ['y']));
+    m.graph!.initializer.push(f32Init('w_o', [D, D], Array.from(floats(D * D, 7))));
+    m.graph!.output = [value('y', DataType.FLOAT, ['B', 'S', D]), value('present_k', DataType.FLOAT, []), value('present_v', DataType.FLOAT, [])];
+    m.graph!.valueInfo.push(value('out', DataType.FLOAT, ['B', 'S', D]));
+    const { model: patched } = patchModel(m, { s: 0.5 });
+    for (const level of ['all', 'disabled'] as const) {
+      const runner = await Runner.create(encodeModel(patched), `patched at ${level}`, level);
+      await runner.release();
+    }
+  });
+
+  it('at default opset 11 every inserted node has its opset-11 form (Unsqueeze with an axes attribute)', async () => {
+    const m = gqa({});
+    m.opsetImport[0].version = 11;
+    const { model: patched } = patchModel(m, { s: perHead(N) });
+    const unsqueezes = patched.graph!.node.filter((n) => n.opType === 'Unsqueeze');
+    assert.ok(unsqueezes.length > 0 && unsqueezes.every((n) => n.input.length === 1 && n.attribute.some((a) => a.name === 'axes')));
+    const c = gqaCase(6, 0, [0, 0], 62);
+    const got = await runOnce(patched, c.feeds, 'out');
+    const want = toBsd(attention({ B, N, Nkv, S: 6, T: 6, H, scale: 1 / Math.sqrt(H), q: c.q, k: c.k, v: c.v,
+      visible: (_b, _n, i, j) => j <= i, factor: (_b, n, i) => ssmaxFactor(perHead(N), i + 1, n) }), B, N, 6, H);
+    assert.ok(maxDiff(got, want) < TOL, `patched output at opset 11 differs from SSMax: ${maxDiff(got, want)}`);
   });
 
   it('local_window_size W: row i sees keys i − W + 1 … i, n = min(i + 1, W)', async () => {

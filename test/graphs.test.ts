@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { InputError } from '../src/errors';
 import { DataType, ModelProto } from '../src/io/onnx';
 import { encodeModel } from '../src/io/model-file';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
@@ -142,6 +143,21 @@ describe('tiny attention graphs against a loop reference', () => {
     assert.ok(got.every(Number.isFinite), 'NaN or Inf in patched output');
     const half = got.length / 2;
     assert.ok(maxDiff(got.slice(half), plain.slice(half)) < 1e-6, 'fully masked item must stay uniform as in the original');
+  });
+});
+
+describe('top-k attention', () => {
+  it('q·kᵀ → Softmax → TopK → Gather of the values: refused as attention naming the TopK (exit 2), not "no attention"', () => {
+    // deeploy_Kernels_FP32_Attention's form: Q [1, 8] · K [8, 6] → Softmax(axis 1) → TopK(3) → Gather(V) and MatMul.
+    const m = model({
+      nodes: [node('MatMul', ['q', 'k'], ['scores']), node('Softmax', ['scores'], ['p'], { axis: 1 }),
+        node('TopK', ['p', 'kk'], ['top_p', 'top_i'], { axis: 1 }, 'tk'), node('Gather', ['v', 'top_i'], ['kept_v'], { axis: 0 }),
+        node('MatMul', ['top_p', 'kept_v'], ['out'])],
+      inputs: [value('q', DataType.FLOAT, [1, 8]), value('k', DataType.FLOAT, [8, 6]), value('v', DataType.FLOAT, [6, 4])],
+      outputs: [value('out', DataType.FLOAT, [])], initializers: [i64('kk', [3])], opset: 11,
+    });
+    assert.throws(() => patchModel(m, { s: 0.3 }), (e: unknown) => e instanceof InputError && e.code === 'attention-refused'
+      && /^attention found, none of it patched \(1 node\(s\) refused or skipped: top-k attention: the probabilities go through TopK 'tk'/.test(e.message));
   });
 });
 

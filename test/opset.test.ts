@@ -12,7 +12,9 @@ import { encodeModel, serializeModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { revertModel } from '../src/rewrite/revert';
 import { f32, floats, maxDiff, runOnce } from './support/attention';
-import { f32 as f32Init, i64 as i64Init, model, node, value } from './support/build';
+import { attentionNodes, f32 as f32Init, i64 as i64Init, model, node, value } from './support/build';
+import { modelScopes } from '../src/graph/scopes';
+import { verifyPatch } from '../src/verify/verify';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 
 after(removeScratch);
@@ -76,5 +78,23 @@ describe('plain-op attention below opset 11', () => {
     const { model: patched, report } = patchModel(m, { s: 0.5 });
     assert.equal(report.sites[0].n, 'causal');
     assert.equal(toNumber(patched.opsetImport[0].version), 11);
+  });
+});
+
+describe('a model importing the default domain twice', () => {
+  it('21 then 17: read as onnxruntime reads it (the last, 17); verify\'s own sharpness nodes load in its form', async () => {
+    const H = 4;
+    const m = model({
+      nodes: attentionNodes('q', 'k', 'v', 'out', 'a'),
+      inputs: ['q', 'k', 'v'].map((x) => value(x, DataType.FLOAT, ['B', N, 'S', H])), outputs: [value('out', DataType.FLOAT, ['B', N, 'S', H])],
+      initializers: [f32Init('sqrt_d', [], [2])], opset: 21,
+    });
+    m.opsetImport.push({ domain: '', version: 17 });
+    assert.equal(modelScopes(m)[0].opset, 17);
+    const { model: patched } = patchModel(m, { trainLen: 8 });
+    const report = await verifyPatch(m, patched, { checks: ['wiring', 'sharpness'] });
+    const sharpness = report.checks.find((c) => c.id === 'sharpness')!;
+    assert.ok(sharpness.status === 'PASSED' || sharpness.status === 'FAILED', `sharpness ${sharpness.status}: ${sharpness.summary}`);
+    assert.equal(report.checks.find((c) => c.id === 'wiring')!.status, 'PASSED');
   });
 });

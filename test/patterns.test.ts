@@ -98,6 +98,26 @@ const patterns: Pattern[] = [
     },
   },
   {
+    title: 'torch\'s matmul lowering: Softmax → Cast → Identity → Expand → Reshape [B·N, S, S] → MatMul with values [B·N, S, H]',
+    S: 7, n: 'causal', options: { s: 0.5 }, factor: causalFactor(0.5),
+    build(S) {
+      const t = qkv(S, 40);
+      const c = causalAdd(S, 'causal');
+      const m = model({
+        nodes: [node('Transpose', ['k'], ['kt'], { perm: [0, 1, 3, 2] }), node('MatMul', ['q', 'kt'], ['mm']), node('Mul', ['mm', 'scale'], ['scores']),
+          ...c.nodes, node('Add', ['scores', 'causal'], ['masked']), node('Softmax', ['masked'], ['p'], { axis: -1 }),
+          node('Cast', ['p'], ['p_cast'], { to: DataType.FLOAT }), node('Identity', ['p_cast'], ['p_id']),
+          node('Shape', ['p_id'], ['p_shape']), node('Expand', ['p_id', 'p_shape'], ['p_wide']),
+          node('Reshape', ['p_wide', 'rows3'], ['p3']), node('Reshape', ['v', 'rows3_v'], ['v3']), node('MatMul', ['p3', 'v3'], ['o3']),
+          node('Reshape', ['o3', 'bnsh'], ['out'])],
+        inputs: bnshDecl, outputs: [value('out', DataType.FLOAT, [])],
+        initializers: [...c.inits, f32Init('scale', [], [0.5]), i64Init('rows3', [-1, S, S]), i64Init('rows3_v', [-1, S, H]), i64Init('bnsh', [B, N, S, H])],
+      });
+      return { m, layout: 'bnsd', feeds: bnshInputs(S, t),
+        spec: { B, N, Nkv: N, S, T: S, H, scale: 0.5, q: bnsd(t.q, N, S, H), k: bnsd(t.k, N, S, H), v: bnsd(t.v, N, S, H), visible: causalVisible } };
+    },
+  },
+  {
     title: 'T5: no 1/√d, Add(relative position bias + causal mask) → Softmax; the position bias is not scaled',
     S: 6, n: 'causal', options: { s: perHead }, factor: causalFactor(perHead),
     build(S) {
@@ -271,7 +291,7 @@ describe('the factor in the tensor\'s own precision', () => {
       inputs: [value('x', DataType.FLOAT, [64])], outputs: [value('y', DataType.FLOAT, [64])],
       initializers: [f32Init('c', [], [1.37])],
     });
-    const b = new Builder(new Journal().editor('main', new Graph(m.graph!), 'L0'), 'ssmax/L0/', 8);
+    const b = new Builder(new Journal().editor('main', new Graph(m.graph!), 'L0'), 'ssmax/L0/', 8, () => 17);
     const applied = applyFactor(b, 'x16', 'c', DataType.BFLOAT16, 17);
     m.graph!.node.push(node('Cast', [applied.output], ['y'], { to: DataType.FLOAT }));
     const got = await runOnce(m, { x: f32([64], x) }, 'y');

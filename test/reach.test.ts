@@ -13,7 +13,10 @@ import { readModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { makePlan } from '../src/verify/plan';
 import { verifyPatch } from '../src/verify/verify';
-import { convStack, samplesFor } from '../src/analysis/waveform';
+import { convStack, framesOf, samplesFor } from '../src/analysis/waveform';
+import { describeInputs } from '../src/analysis/signature';
+import { DataType } from '../src/io/onnx';
+import { f32 as f32Init, model, node, value } from './support/build';
 import { assertOneLineError, cli, removeScratch, tmpdir } from './support/io';
 import { CORPUS, corpusSkip, FIXTURES, TORCH } from './support/ref';
 import { doubleN } from './support/tamper';
@@ -219,5 +222,31 @@ describe('audio: a waveform sized in frames of the attention', () => {
     assert.deepEqual(report.sweep, [16, 32, 64, 128, 256, 512, 1024]);
     assert.deepEqual(report.inputs[0].sized, ["dim 1 'samples': a waveform: 4 strided convolution(s) make one frame of 60 samples and one more every 40; runs are sized in frames"]);
     assert.match(report.checks.find((c) => c.id === 'liveness')!.summary, /^outputs differ from the original's at 128, 256, 512, 1024/);
+  });
+});
+
+describe('an image whose width sets the tokens (a text recogniser)', () => {
+  /** x [B, 3, 8, W] → Conv(kernel [kh, 3], strides [1, 2], width pads 1 + 1) → [B, 4, 8 − kh + 1, ⌊(W − 1) / 2⌋ + 1]. */
+  const conv = (kh: number): Graph => new Graph(model({
+    nodes: [node('Conv', ['x', 'w'], ['y'], { kernel_shape: [kh, 3], strides: [1, 2], pads: [0, 1, 0, 1] })],
+    inputs: [value('x', DataType.FLOAT, ['B', 3, 8, 'W'])], outputs: [value('y', DataType.FLOAT, [])],
+    initializers: [f32Init('w', [4, 3, kh, 3], Array.from({ length: 4 * 3 * kh * 3 }, () => 0.1))],
+  }).graph!);
+
+  it('W is sized from the tokens where the stack takes the height down to one row; not where rows remain', () => {
+    const width = (kh: number) => describeInputs(conv(kh))[0].dims[3];
+    const rule = width(8);
+    assert.ok(!('value' in rule) && rule.rule?.frames, JSON.stringify(rule));
+    assert.match(rule.rule!.why, /^an image width: 1 convolution\(s\) and pool\(s\) make one token of 1 columns and one more every 2/);
+    assert.equal(framesOf(rule.rule!.frames!, samplesFor(rule.rule!.frames!, 30)), 30);
+    const rows = width(4);
+    assert.ok(!('value' in rows) && !rows.rule?.frames, 'a stack that leaves 5 rows must not size W in tokens');
+  });
+
+  const ocr = 'ocr_ch_PP-OCRv4_rec_infer.onnx';
+  it('PaddleOCR v4: verify --strict sweeps the width and passes every check (retrofit, liveness, sharpness run)', { skip: absent(ocr) }, () => {
+    const out = patchedCopy(ocr);
+    const checks = strictChecks(corpus(ocr), out);
+    assert.deepEqual(checks.map((c) => [c.id, c.status]), ['wiring', 'probe', 'retrofit', 'liveness', 'sharpness'].map((id) => [id, 'PASSED']));
   });
 });

@@ -27,6 +27,18 @@ describe('the shape pass', () => {
     assert.equal(flat(13).rank('y'), undefined);
   });
 
+  it('FusedMatMul: transA / transB swap the operands\' last two axes, so q·kᵀ ends in the keys (not k\'s head dim)', () => {
+    // q [B, 2, T, 4], k [B, 2, Tk, 4]: FusedMatMul(q, k, transB=1) is [B, 2, T, Tk] (xe_llama_export_static read 4).
+    const ms = (inputs: string[], attrs: Record<string, number>): NodeProto => ({ ...node('FusedMatMul', inputs, ['y'], attrs), domain: 'com.microsoft' });
+    const shapes = (n: NodeProto, a: (string | number)[], b: (string | number)[]): string[] | undefined => new Shapes(new Graph({
+      name: 'g', node: [n], input: [value('a', DataType.FLOAT, a), value('b', DataType.FLOAT, b)], output: [{ name: 'y' }], initializer: [], valueInfo: [],
+    })).shape('y')?.map((d) => (d ? show(d) : '?'));
+    assert.deepEqual(shapes(ms(['a', 'b'], { transB: 1, alpha: 0.5 }), ['B', 2, 'T', 4], ['B', 2, 'Tk', 4]), ['B', '2', 'T', 'Tk']);
+    assert.deepEqual(shapes(ms(['a', 'b'], { transA: 1, transB: 1 }), ['B', 2, 4, 'T'], ['B', 2, 'Tk', 4]), ['B', '2', 'T', 'Tk']);
+    assert.deepEqual(shapes(ms(['a', 'b'], {}), ['B', 2, 'T', 'Tk'], ['B', 2, 'Tk', 4]), ['B', '2', 'T', '4']);
+    assert.equal(shapes(ms(['a', 'b'], { transBatchB: 1 }), ['B', 2, 'T', 4], ['B', 2, 'Tk', 4]), undefined);
+  });
+
   it('fails when a rule throws anything but an overflow', () => {
     const table = OPS as Record<string, OpInfo>;
     const saved = table.Relu;

@@ -8,7 +8,7 @@ import { constantOf } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType, Dimension, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
-import { ConvStep, convStack, describeStack, samplesFor } from './waveform';
+import { ConvStep, convStack, describeStack, framesOf, samplesFor } from './waveform';
 
 export type InputRole =
   | 'ids' | 'mask' | 'positions' | 'token-types' | 'past' | 'cache-flag' | 'encoder-states' | 'pixels' | 'values' | 'lengths';
@@ -113,6 +113,21 @@ function ruleWaveforms(graph: Graph, specs: InputSpec[]): void {
     const stack = convStack(graph, spec.name);
     if (stack.length && samplesFor(stack, 2) > samplesFor(stack, 1) + 1) last.rule = { source: 'seq', why: describeStack(stack), frames: stack };
   }
+  for (const spec of specs) ruleImageWidth(graph, spec);
+}
+
+/**
+ * A float image [B, C, H, W] of fixed height that strided convolutions and pools turn into one row of tokens (the
+ * height down to 1): its dynamic width W is sized from the run's tokens. Where rows remain, the tokens are H'·W'
+ * and no one width rule sizes them.
+ */
+function ruleImageWidth(graph: Graph, spec: InputSpec): void {
+  const [, , height, width] = spec.dims;
+  if (spec.unshaped || (spec.role !== 'values' && spec.role !== 'pixels') || spec.dims.length !== 4 || !height || !('value' in height) || !width || 'value' in width) return;
+  const stack = convStack(graph, spec.name, 'width');
+  const rows = convStack(graph, spec.name, 'height');
+  if (!stack.length || rows.length !== stack.length || framesOf(rows, height.value) !== 1) return;
+  if (samplesFor(stack, 2) > samplesFor(stack, 1)) width.rule = { source: 'seq', why: describeStack(stack, 'width'), frames: stack };
 }
 
 function sizeByPosition(spec: InputSpec, axis: number): DimRule {

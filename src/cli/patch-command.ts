@@ -13,6 +13,7 @@ import { N_OPTIONS, NOption, parseNOption } from '../policy/n-mode';
 import { lengthWarnings, nModeWarnings, trainLenWarnings, Warning } from '../policy/warnings';
 import { patchModel, PatchOptions, PatchReport, PatchResult } from '../rewrite/patch';
 import { revertModel } from '../rewrite/revert';
+import { checkLoads } from '../verify/load-check';
 import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
 import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
@@ -86,7 +87,9 @@ export async function patchCommand(args: string[], o: PatchCliOptions, run: Run)
   doc.warnings.push(...warningsFor(original, report, analysis.detection, o, plan));
   printWarnings(doc.warnings);
   const verification = o.verify ? await verifyBeforeWriting(original, model, report, analysis, o, plan, doc) : undefined;
-  const written = doc.exitCode === 0 && !o.dryRun ? await writeModelAsync(plan.output, model, plan.write) : null;
+  const writing = doc.exitCode === 0 && !o.dryRun;
+  if (writing) await loadsBeforeWriting(original, model, doc);
+  const written = writing ? await writeModelAsync(plan.output, model, plan.write) : null;
   doc.output = written?.output ?? null;
   if (written) recordWrite(doc, written);
   const files = verification ? writeArtifacts(doc, {
@@ -193,6 +196,18 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
 }
 
 /** Verification (and --strict) before anything is written; the verdict goes into the document. */
+/** Refuses to write a patch onnxruntime does not load (load-check.ts); says so where it refuses the original too. */
+async function loadsBeforeWriting(original: ModelProto, model: ModelProto, doc: PatchDocument): Promise<void> {
+  const check = await checkLoads(original, model);
+  if (check.status !== 'original-refused') return;
+  const warning: Warning = {
+    code: 'original-does-not-load',
+    message: `onnxruntime refuses the original model too (${check.reason}): whether the patched model loads was not checked`,
+  };
+  doc.warnings.push(warning);
+  printWarnings([warning]);
+}
+
 async function verifyBeforeWriting(
   original: ModelProto, model: ModelProto, report: PatchReport, analysis: Analysis, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
 ): Promise<VerifyReport> {

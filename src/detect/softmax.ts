@@ -4,7 +4,7 @@
  * differ in the product they accept and the Softmax form they apply to. Their checks, in order: the key axis (when
  * the rest matches, a failure there is a refusal --force-site accepts), the logits, the values.
  */
-import { attrInt, Graph } from '../graph/graph';
+import { attrInt, Graph, nodeLabel } from '../graph/graph';
 import { NodeProto } from '../io/onnx';
 import { isApplyNode, isPatchNode } from '../identity';
 import { HeadInfo, inferHeads } from './heads';
@@ -41,6 +41,8 @@ function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | un
   if (products && !products.includes(product.opType)) return stop(product, `logits come from ${product.opType}, not ${products.join(' or ')}`, passed);
   const ends: NodeProto[] = [];
   const valueMatMul = findValueMatMul(graph, softmax.output[0], ends);
+  const topKEnd = ends.find((n) => n.opType === 'TopK');
+  if (!valueMatMul && topKEnd && !axisProblem) return topK(topKEnd, passed + 1);
   if (!valueMatMul) return stop(ends[0] ?? softmax, 'probabilities do not reach a MatMul with values', passed + 1);
   if (axisProblem && !ctx.forced) return { at: softmax, reason: axisProblem, steps: 2, attention: true, forcible: true };
   const point = insertionPoint(graph, product, source.path);
@@ -90,4 +92,15 @@ function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits
     if (!(scaling || ['Cast', 'Identity', 'Tanh'].includes(node.opType)) || isPatchNode(node)) break;
   }
   return { logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset };
+}
+
+/**
+ * Top-k attention (q·kᵀ → Softmax → TopK → Gather/MatMul of the kept values): which keys the value product sees is
+ * chosen at run time by value, and no rule here proves the n it sees; refused as attention, naming the TopK,
+ * rather than skipped as "no attention". (TopK before the Softmax is not matched: a MoE router's TopK → Softmax
+ * over a projection is no attention.)
+ */
+function topK(node: NodeProto, steps: number): Stop {
+  return { at: node, steps, attention: true,
+    reason: `top-k attention: the probabilities go through TopK '${nodeLabel(node)}' before the values, which keys they weight is chosen at run time; not patched` };
 }

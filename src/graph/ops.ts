@@ -12,6 +12,8 @@
  *   product   a product of two operands that can compute query·keyᵀ or probabilities·values;
  *   positionTable  an input whose rows are indexed by position inside the op (a position embedding, a rotary
  *             cos/sin cache): no position beyond its row count exists, so none of the model's lengths does either.
+ *   inputsAt  the default-domain opset from which these int-list attributes became inputs 1, 2, … (the form of
+ *             the nodes the tool inserts: formAt).
  * An op in the table without a type rule keeps input 0's element type. Ops not in the table are opaque: unknown
  * shape, unknown type (an embedding op reads int ids and writes floats: guessing input 0's type would make a
  * well-typed patch look mis-typed), no role.
@@ -36,6 +38,7 @@ export interface OpInfo {
   shapeOnly?: boolean;
   product?: boolean;
   positionTable?: PositionTable;
+  inputsAt?: { opset: number; attrs: string[] };
 }
 
 /**
@@ -52,6 +55,12 @@ export interface PositionTable {
 const unary: OpInfo = { shape: R.unary };
 const elementwise: OpInfo = { shape: R.elementwise };
 const compare: OpInfo = { shape: R.elementwise, type: 'bool' };
+function axesAt(opset: number): OpInfo['inputsAt'] {
+  return { opset, attrs: ['axes'] };
+}
+function reduce(opset: number): OpInfo {
+  return { shape: R.reduce, inputsAt: axesAt(opset) };
+}
 
 export const OPS: Readonly<Record<string, OpInfo>> = {
   // Carriers of logits, probabilities, heads and positions.
@@ -59,8 +68,8 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   CastLike: { shape: R.unary, type: (n, typeOf) => typeOf(n.input[1]) },
   Identity: { shape: R.unary, logits: [0], probs: true, keepsAxes: true, position: true, view: true },
   Reshape: { shape: R.reshape, logits: [0], probs: true, position: true, view: true },
-  Squeeze: { shape: R.squeeze, logits: [0], probs: true, position: true, view: true },
-  Unsqueeze: { shape: R.unsqueeze, logits: [0], probs: true, position: true, view: true },
+  Squeeze: { shape: R.squeeze, logits: [0], probs: true, position: true, view: true, inputsAt: axesAt(13) },
+  Unsqueeze: { shape: R.unsqueeze, logits: [0], probs: true, position: true, view: true, inputsAt: axesAt(13) },
   Flatten: { shape: R.flatten, position: true, view: true },
   Dropout: { shape: R.unary, probs: true },
   // Static quantisation's pairs on activations (QDQ models): int8 (the zero point's type) and back to float (the
@@ -78,9 +87,9 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Clip: { shape: R.unary, logits: [0] },
   Neg: { shape: R.unary, keepsAxes: true },
   Concat: { shape: R.concat, keepsAxes: true, position: true },
-  Slice: { shape: R.slice, keepsAxes: true, position: true },
+  Slice: { shape: R.slice, keepsAxes: true, position: true, inputsAt: { opset: 10, attrs: ['starts', 'ends', 'axes'] } },
   Gather: { shape: R.gather, position: true },
-  Expand: { shape: R.expand, position: true },
+  Expand: { shape: R.expand, probs: true, position: true },
   Tile: { shape: R.tile, position: true },
   CumSum: { shape: R.unary, position: true },
   Range: { shape: R.range, position: true },
@@ -91,7 +100,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   If: { type: (n) => attr(n, 'then_branch')?.g?.output[0]?.type?.tensorType?.elemType || undefined },
   Size: { shape: R.size, type: 'int64', shapeOnly: true },
   MatMul: { shape: R.matmul, product: true },
-  FusedMatMul: { shape: R.matmul, product: true },
+  FusedMatMul: { shape: R.fusedMatmul, product: true },
   Einsum: { shape: R.einsum, product: true },
   // Shape and type only.
   Softmax: unary, LogSoftmax: unary, Relu: unary, Gelu: unary, FastGelu: unary, Sigmoid: unary, Erf: unary, Sqrt: unary,
@@ -107,11 +116,11 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Pad: { shape: R.sameRank },
   GatherElements: { shape: R.likeInput1 },
   Gemm: { shape: R.gemm },
-  Split: { shape: R.split, typed: 'all' },
+  Split: { shape: R.split, typed: 'all', inputsAt: { opset: 13, attrs: ['split'] } },
   // Output 3 is the sum of the input and the skip, in the input's type (outputs 1 and 2, mean and 1/σ, are float).
   SkipLayerNormalization: { shape: R.skipNorm, typed: [0, 3] }, SkipSimplifiedLayerNormalization: { shape: R.skipNorm, typed: [0, 3] },
-  ReduceMean: { shape: R.reduce }, ReduceSum: { shape: R.reduce }, ReduceMax: { shape: R.reduce }, ReduceMin: { shape: R.reduce },
-  ReduceProd: { shape: R.reduce }, ReduceL2: { shape: R.reduce },
+  // ReduceSum's axes became an input at opset 13, the other reductions' at 18.
+  ReduceMean: reduce(18), ReduceSum: reduce(13), ReduceMax: reduce(18), ReduceMin: reduce(18), ReduceProd: reduce(18), ReduceL2: reduce(18),
   NonZero: { shape: R.nonZero, type: 'int64' },
   ArgMax: { type: 'int64' }, ArgMin: { type: 'int64' },
   // Type only: input 0's (the query of the attention operators, the activations of the others).
@@ -129,4 +138,31 @@ const OPAQUE: OpInfo = { type: () => undefined };
 export function opInfo(node: NodeProto): OpInfo {
   if (node.domain && node.domain !== 'ai.onnx' && node.domain !== 'com.microsoft') return OPAQUE;
   return Object.prototype.hasOwnProperty.call(OPS, node.opType) ? OPS[node.opType] : OPAQUE;
+}
+
+/** Attribute values of a node being built: an int list may become an input (formAt). */
+type Attrs<V> = Record<string, V | number[]>;
+
+/**
+ * A default-domain node the tool inserts, in the form `opset` has: its int-list attributes given as attributes
+ * (the oldest form), moved to inputs from the opset that made them inputs, each through `constant` (an int64
+ * tensor's name). Several attributes become consecutive inputs (Slice: starts, ends, axes); an absent one is an
+ * empty input name unless it is the last. A node built with those inputs already is an error below that opset.
+ */
+export function formAt<V>(opType: string, opset: number, inputs: string[], attrs: Attrs<V>,
+  constant: (attr: string, values: number[]) => string): { inputs: string[]; attrs: Attrs<V> } {
+  const moved = Object.prototype.hasOwnProperty.call(OPS, opType) ? OPS[opType].inputsAt : undefined;
+  if (!moved) return { inputs, attrs };
+  if (opset < moved.opset) {
+    if (inputs.length > 1) throw new Error(`internal: ${opType} built with ${inputs.length} inputs at opset ${opset} (it takes ${moved.attrs.join(', ')} as attributes before ${moved.opset})`);
+    return { inputs, attrs };
+  }
+  const rest: Attrs<V> = { ...attrs };
+  const extra = moved.attrs.map((a) => {
+    const v = rest[a];
+    delete rest[a];
+    return v === undefined ? '' : constant(a, v as number[]);
+  });
+  while (extra.length && extra[extra.length - 1] === '') extra.pop();
+  return { inputs: [...inputs, ...extra], attrs: rest };
 }

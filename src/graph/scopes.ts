@@ -26,8 +26,17 @@ export interface Scope {
   commit(): void;
 }
 
+/**
+ * The default-domain import in force: onnxruntime reads the imports in order into one map, '' and 'ai.onnx' being
+ * one domain, so of a model importing it twice (21 then 17) the last wins (17: an opset-17 node form loads there,
+ * an opset-21 one does not).
+ */
+export function defaultImport<T extends { domain: string }>(imports: T[]): T | undefined {
+  return imports.filter((o) => o.domain === '' || o.domain === 'ai.onnx').pop();
+}
+
 export function defaultOpsetOf(imports: { domain: string; version: unknown }[], fallback = 1): number {
-  const entry = imports.find((o) => o.domain === '' || o.domain === 'ai.onnx');
+  const entry = defaultImport(imports);
   return entry ? toNumber(entry.version as number) : fallback;
 }
 

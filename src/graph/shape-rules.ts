@@ -163,6 +163,21 @@ export const matmul: ShapeRule = (_node, ins) => {
   return [{ shape: out }];
 };
 
+/**
+ * com.microsoft FusedMatMul: MatMul of its operands with the last two axes of each swapped where transA / transB say
+ * (FusedMatMul(q, k, transB=1) is q·kᵀ: its last axis is k's keys, not k's head dim). transBatchA / transBatchB move
+ * batch axes too: unknown.
+ */
+export const fusedMatmul: ShapeRule = (node, ins, graph) => {
+  if (attrInt(node, 'transBatchA') || attrInt(node, 'transBatchB')) return [{}];
+  const swapped = (i: number, attr: string): Sym => {
+    const s = ins[i]?.shape;
+    if (!attrInt(node, attr) || !s) return ins[i];
+    return { ...ins[i], shape: s.length >= 2 ? [...s.slice(0, -2), s[s.length - 1], s[s.length - 2]] : undefined };
+  };
+  return matmul(node, [swapped(0, 'transA'), swapped(1, 'transB')], graph);
+};
+
 export const gemm: ShapeRule = (node, ins) => {
   const [a, b] = [ins[0]?.shape, ins[1]?.shape];
   return [{ shape: [a?.[attrInt(node, 'transA') ? 1 : 0], b?.[attrInt(node, 'transB') ? 0 : 1]] }];

@@ -17,7 +17,8 @@ export interface Warning {
     | 'external-data-link'
     | 'force-site-none'
     | 'fixed-lengths'
-    | 'no-op';
+    | 'no-op'
+    | 'original-does-not-load';
   /** One line, for stderr and CI logs. */
   message: string;
   /** The attention sites concerned (node names), when the warning is about sites. */

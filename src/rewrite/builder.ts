@@ -1,8 +1,10 @@
 /**
  * Adds nodes and constants to one scope under one name prefix, so every inserted name is unique, through the
- * scope's journalled editor, so every addition can be undone.
+ * scope's journalled editor, so every addition can be undone. Each default-domain node is written in the form of
+ * the scope's opset (graph/ops.ts formAt): callers give int-list attributes such as axes as attributes.
  */
 import { Graph } from '../graph/graph';
+import { formAt } from '../graph/ops';
 import { makeTensor } from '../graph/tensor';
 import { AttributeProto, AttributeType, DataType, GraphProto, NodeProto, TensorProto } from '../io/onnx';
 import { Editor, emptyEdits } from './journal';
@@ -14,9 +16,12 @@ export class Builder {
   /** The node added last (the apply Mul, for callers that name it in the record). */
   last?: NodeProto;
 
-  /** `constantNodes`: constants become Constant nodes (function bodies have no initializers). */
+  /**
+   * `opset`: the scope's default-domain opset when a node is added (a patch may raise it first, opset.ts).
+   * `constantNodes`: constants become Constant nodes (function bodies have no initializers).
+   */
   constructor(readonly editor: Editor, readonly prefix: string, private readonly irVersion: number,
-    private readonly constantNodes = false) {}
+    private readonly opset: () => number, private readonly constantNodes = false) {}
 
   get graph(): Graph {
     return this.editor.graph;
@@ -37,16 +42,17 @@ export class Builder {
   branch(name: string, build: (b: Builder) => string, elemType?: number): GraphProto {
     const proto: GraphProto = { node: [], name: this.graph.uniqueName(`${this.prefix}${name}`), initializer: [], input: [], output: [], valueInfo: [] };
     const editor = new Editor(this.graph.child(proto), emptyEdits(proto.name, 'branch'));
-    const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.constantNodes));
+    const output = build(new Builder(editor, this.prefix, Math.max(this.irVersion, 4), this.opset, this.constantNodes));
     editor.graph.addOutput(elemType ? { name: output, type: { tensorType: { elemType } } } : { name: output });
     return proto;
   }
 
   /** Adds a node named `<prefix><name>` that writes the given output names (a replaced node's); `domain` for contrib ops. */
   node(opType: string, inputs: string[], outputs: string[], attrs: Record<string, AttrValue> = {}, domain = '', name = opType): void {
+    const form = domain === '' ? formAt(opType, this.opset(), inputs, attrs, (attr, values) => this.int64(attr, values)) : { inputs, attrs };
     this.insert({
-      opType, domain, input: inputs, output: outputs, name: this.graph.uniqueNodeName(`${this.prefix}${name}`),
-      attribute: Object.entries(attrs).map(([key, v]) => makeAttribute(key, v)),
+      opType, domain, input: form.inputs, output: outputs, name: this.graph.uniqueNodeName(`${this.prefix}${name}`),
+      attribute: Object.entries(form.attrs).map(([key, v]) => makeAttribute(key, v)),
     });
   }
 

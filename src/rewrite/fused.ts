@@ -115,9 +115,9 @@ export function insertFused(b: Builder, site: FusedSite, preset: Preset, s: Laye
  * it must be c·B. `f.rows` is absent for the none preset (c = 1).
  */
 export function addFusedPrior(b: Builder, site: FusedSite, plan: NPlan, f: Partial<RowFactor> & { preset: Preset }, theta: ThetaTensors,
-  shapes: Shapes, opset: number): void {
+  shapes: Shapes): void {
   const dtype = (site.query.layout === 'weights' ? undefined : site.queryType) ?? DataType.FLOAT;
-  const factor = f.rows && f.s ? factorBnsd(b, f as RowFactor, opset) : undefined;
+  const factor = f.rows && f.s ? factorBnsd(b, f as RowFactor) : undefined;
   const prior = fusedPrior(b, theta, priorPositions(b, site, plan), factor, dtype);
   const spec = opSpec(site.op);
   const index = inputAt(spec, spec.prior.input);
@@ -129,9 +129,9 @@ export function addFusedPrior(b: Builder, site: FusedSite, plan: NPlan, f: Parti
 }
 
 /** c in the [B, H, S, 1] layout of an additive bias [B|1, H|1, S, T]: per head when s is, per row and item. */
-export function factorBnsd(b: Builder, f: RowFactor, opset: number): string {
+export function factorBnsd(b: Builder, f: RowFactor): string {
   const s = f.perHead ? b.op('Reshape', [f.s, b.int64('heads_4d', [1, -1, 1, 1])], {}, 's_bnsd') : f.s;
-  return presetFactor(b, f.preset, s, unsqueeze(b, f.rows.n, [1, 3], opset, 'n_4d'), unsqueeze(b, f.rows.ln, [1, 3], opset, 'ln_n_4d'));
+  return presetFactor(b, f.preset, s, unsqueeze(b, f.rows.n, [1, 3], 'n_4d'), unsqueeze(b, f.rows.ln, [1, 3], 'ln_n_4d'));
 }
 
 // ---- n ---------------------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ function nFromLengths(b: Builder, site: FusedSite, plan: LengthsPlan, S: string,
   if (!plan.causal) n = b.op('Reshape', [totalOf(b, site, plan, one), column], {}, 'n_batch');
   else {
     const positions = b.op('Range', [one, b.op('Add', [S, one], {}, 'n_end'), one], {}, 'positions');
-    n = b.op('Add', [b.op('Reshape', [pastOf(b, site, plan, S, one), column]), b.op('Unsqueeze', [positions, b.int64('axes0', [0])], {}, 'positions_row')], {}, 'n_rows');
+    n = b.op('Add', [b.op('Reshape', [pastOf(b, site, plan, S, one), column]), b.op('Unsqueeze', [positions], { axes: [0] }, 'positions_row')], {}, 'n_rows');
   }
   let nf = b.op('Cast', [n], { to: DataType.FLOAT }, 'n');
   if (plan.window !== undefined) nf = b.op('Min', [nf, b.constant('window', DataType.FLOAT, [], [plan.window])], {}, 'n_window');
@@ -234,14 +234,14 @@ export function priorPositions(b: Builder, site: FusedSite, plan: NPlan): { S: s
 // ---- c and the query -------------------------------------------------------------------------------------
 
 /** c for a [B,S,N,·] view: [Bn,Sn,N,1] per head, [Bn,Sn,1] (whole rows) for one s. */
-function factorRowsHeads(b: Builder, f: RowFactor, opset: number): string {
-  if (!f.perHead) return unsqueeze(b, presetFactor(b, f.preset, f.s, f.rows.n, f.rows.ln), [2], opset, 'factor_rows');
+function factorRowsHeads(b: Builder, f: RowFactor): string {
+  if (!f.perHead) return unsqueeze(b, presetFactor(b, f.preset, f.s, f.rows.n, f.rows.ln), [2], 'factor_rows');
   const sHeads = b.op('Reshape', [f.s, b.int64('heads_col', [-1, 1])], {}, 's_heads');
-  return presetFactor(b, f.preset, sHeads, unsqueeze(b, f.rows.n, [2, 3], opset, 'n_4d'), unsqueeze(b, f.rows.ln, [2, 3], opset, 'ln_n_4d'));
+  return presetFactor(b, f.preset, sHeads, unsqueeze(b, f.rows.n, [2, 3], 'n_4d'), unsqueeze(b, f.rows.ln, [2, 3], 'ln_n_4d'));
 }
 
 export function scaleRows(b: Builder, q: string, f: RowFactor, heads: number | undefined, qType: number | undefined, opset: number): Applied {
-  const c = factorRowsHeads(b, f, opset);
+  const c = factorRowsHeads(b, f);
   if (!f.perHead) return applyFactor(b, q, c, qType, opset);
   const view = b.op('Reshape', [q, b.int64('heads_view', [0, 0, heads!, -1])], {}, 'q_heads');
   const applied = applyFactor(b, view, c, qType, opset);
@@ -274,27 +274,60 @@ function foldQueryBias(b: Builder, site: FusedSite, q: string, biasRole: string,
   return { q: b.op('Add', [qf, bf], {}, 'q_biased'), qType: DataType.FLOAT };
 }
 
-/** Packed [B,S,W]: only the first W·qParts/parts columns are the query. */
+/**
+ * Packed [B,S,W]: only the first W·qParts/parts columns are the query. The packed tensor is multiplied whole by a
+ * column factor (c on the query columns, 1 on the others), so it keeps its shape: slicing out the query and
+ * concatenating it back leaves the last dim unknown to onnxruntime's shape inference, and its GroupQueryAttention
+ * inference then gives the output a wrong width at any optimisation level above 'disabled'.
+ */
 function scalePacked(b: Builder, site: FusedSite, q: Extract<FusedSite['query'], { layout: 'packed' }>, f: RowFactor, opset: number): Applied {
-  const packed = inputOf(opSpec(site.op), site.node, q.input);
-  const width = b.op('Slice', [b.op('Shape', [packed]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width');
-  const qWidth = b.op('Mul', [b.op('Div', [width, b.int64('parts', [q.parts])], {}, 'part'), b.int64('q_parts', [q.qParts])], {}, 'q_width');
-  const axis = b.int64('axis2', [2]);
-  const query = b.op('Slice', [packed, b.int64('zero1', [0]), qWidth, axis], {}, 'query');
-  const rest = b.op('Slice', [packed, qWidth, b.int64('end', [INT64_MAX]), axis], {}, 'key_value');
-  const applied = scaleQuery(b, site, query, f, q.bias, opset);
-  return { ...applied, output: b.op('Concat', [applied.output, rest], { axis: 2 }, 'qkv_scaled') };
+  const spec = opSpec(site.op);
+  const packed = inputOf(spec, site.node, q.input);
+  const scalar = (x: string, name: string): string => b.op('Reshape', [x, b.int64('scalar', [])], {}, name);
+  const width = scalar(b.op('Slice', [b.op('Shape', [packed]), b.int64('last', [-1]), b.int64('end', [INT64_MAX])], {}, 'width'), 'width_scalar');
+  const qWidth = b.op('Mul', [b.op('Div', [width, b.int64('parts', [q.parts], true)], {}, 'part'), b.int64('q_parts', [q.qParts], true)], {}, 'q_width');
+  const columns = b.op('Range', [b.int64('zero', [0], true), width, b.int64('one', [1], true)], {}, 'columns');
+  const isQuery = b.op('Less', [columns, qWidth], {}, 'is_query');
+  const factor = b.op('Where', [isQuery, queryColumnFactor(b, site, f, columns, qWidth), b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'factor_cols');
+  let x = packed, xType = site.queryType;
+  if (q.bias !== undefined) ({ x, xType } = foldPackedBias(b, site, packed, q.bias, isQuery));
+  const applied = applyFactor(b, x, factor, xType, opset);
+  if (xType === site.queryType) return applied;
+  return { ...applied, output: b.op('Cast', [applied.output], { to: site.queryType! }, 'qkv_cast') };
+}
+
+/** c per query column, [Bn,Sn,1] (one s) or [Bn,Sn,W] (per head: column j belongs to head j / (qWidth / N)). */
+function queryColumnFactor(b: Builder, site: FusedSite, f: RowFactor, columns: string, qWidth: string): string {
+  const c = factorRowsHeads(b, f);
+  if (!f.perHead) return c;
+  const heads = site.heads.heads!;
+  const headSize = b.op('Div', [qWidth, b.int64('heads', [heads], true)], {}, 'head_size');
+  const head = b.op('Min', [b.op('Div', [columns, headSize], {}, 'column_head'), b.int64('last_head', [heads - 1], true)], {}, 'column_head_clamped');
+  return b.op('Gather', [b.op('Reshape', [c, b.int64('rows_heads', [0, 0, -1])], {}, 'c_heads'), head], { axis: 2 }, 'c_columns');
+}
+
+/** packed + bias on the query columns (in fp32 when packed is fp16/bf16), and the node's bias keeps only its other columns. */
+function foldPackedBias(b: Builder, site: FusedSite, packed: string, biasRole: string, isQuery: string): { x: string; xType: number | undefined } {
+  const biasIndex = inputAt(opSpec(site.op), biasRole);
+  const bias = site.node.input[biasIndex];
+  const zero = b.op('Sub', [bias, bias], {}, 'bias_zero');
+  const biasQ = b.op('Where', [isQuery, bias, zero], {}, 'bias_q');
+  b.editor.setInput(site.node, biasIndex, b.op('Where', [isQuery, zero, bias], {}, 'bias'));
+  const qType = site.queryType;
+  if (qType !== DataType.FLOAT16 && qType !== DataType.BFLOAT16) return { x: b.op('Add', [packed, biasQ], {}, 'qkv_biased'), xType: qType };
+  const wide = (t: string, name: string): string => b.op('Cast', [t], { to: DataType.FLOAT }, name);
+  return { x: b.op('Add', [wide(packed, 'qkv_f32'), wide(biasQ, 'bias_q_f32')], {}, 'qkv_biased'), xType: DataType.FLOAT };
 }
 
 /** [B,N,S,H]: c as [Bn,N,Sn,1] (per head) or [Bn,1,Sn,1]. */
 function scaleBnsd(b: Builder, site: FusedSite, input: string, f: RowFactor, opset: number): Applied {
-  return applyFactor(b, inputOf(opSpec(site.op), site.node, input), factorBnsd(b, f, opset), site.queryType, opset);
+  return applyFactor(b, inputOf(opSpec(site.op), site.node, input), factorBnsd(b, f), site.queryType, opset);
 }
 
 /** MultiHeadAttention packed [B,S,N,3,H]: factor [Bn,Sn,N|1,3,1] = [c, 1, 1] along the Q/K/V axis. */
 function scaleBsn3h(b: Builder, site: FusedSite, input: string, f: RowFactor, opset: number): Applied {
-  const c4 = f.perHead ? factorRowsHeads(b, f, opset) : unsqueeze(b, factorRowsHeads(b, f, opset), [3], opset, 'factor_rows');
-  const c5 = unsqueeze(b, c4, [3], opset, 'factor_5d');
+  const c4 = f.perHead ? factorRowsHeads(b, f) : unsqueeze(b, factorRowsHeads(b, f), [3], 'factor_rows');
+  const c5 = unsqueeze(b, c4, [3], 'factor_5d');
   const ones = b.op('ConstantOfShape', [b.op('Shape', [c5])], { value: oneTensor() }, 'ones');
   const qkv = b.op('Concat', [c5, ones, ones], { axis: 3 }, 'factor_qkv');
   return applyFactor(b, inputOf(opSpec(site.op), site.node, input), qkv, site.queryType, opset);

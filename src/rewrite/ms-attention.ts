@@ -81,13 +81,13 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
   const userBias = input('attention_bias');
   let bias = userBias && masks.bias ? b.op('Add', [userBias, masks.bias], {}, 'attention_bias') : userBias ?? masks.bias;
   if (p.theta) {
-    const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f, opset), dtype);
+    const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f), dtype);
     bias = bias ? b.op('Add', [bias, prior], {}, PART.attentionBiasPrior) : prior;
   }
   const kv = cache(b, node, k, v, heads);
   const S = shared.shapes.dim(at(node, 'input'), 1);
   const form = { rows: S && constantOf(S), dtype };
-  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), outputOf(MS_ATTENTION, node, 'output'), opset, form);
+  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), outputOf(MS_ATTENTION, node, 'output'), form);
   return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
 }
 
@@ -108,7 +108,7 @@ function attentionScale(shared: ExpansionShared, site: FusedSite, dtype: number)
  * fixed (`form.rows`; a branch for the other length would not even pass shape inference), else by an If at run time
  * whose branches declare their output's type (`form.dtype`).
  */
-function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string, opset: number,
+function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, heads: number, scale: Scale, output: string,
   form: { rows?: number; dtype: number }): void {
   if (!('stacked' in kv)) {
     rows(b, q, kv.k, kv.v, bias, heads, scale, output);
@@ -121,12 +121,12 @@ function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, head
   };
   if (form.rows !== undefined) {
     if (form.rows !== 1) prompt(b, output);
-    else b.node('Identity', [singleRow(b, q, stacked, bias, heads, scale, opset)], [output]);
+    else b.node('Identity', [singleRow(b, q, stacked, bias, heads, scale)], [output]);
     return;
   }
   const seq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('axis1', [1], true)], {}, 'q_rows');
   const oneRow = b.op('Equal', [seq, b.int64('one', [1], true)], {}, 'one_row');
-  const decode = b.branch('one_row', (sb) => singleRow(sb, q, stacked, bias, heads, scale, opset), form.dtype);
+  const decode = b.branch('one_row', (sb) => singleRow(sb, q, stacked, bias, heads, scale), form.dtype);
   const many = b.branch('rows', (sb) => prompt(sb), form.dtype);
   b.node('If', [oneRow], [output], { then_branch: { graph: decode }, else_branch: { graph: many } });
 }
@@ -147,15 +147,15 @@ function rows(b: Builder, q: string, K: string, V: string, bias: string | undefi
  * One query row over the stacked cache [2, B, N, T, H] without copying it: present·qᵀ gives k·q and v·q for every
  * cached position ([2, B, N, T, 1], the first kept), probabilities·present gives p·K and p·V (the second kept).
  */
-function singleRow(b: Builder, q: string, stacked: string, bias: string | undefined, heads: number, scale: Scale, opset: number): string {
+function singleRow(b: Builder, q: string, stacked: string, bias: string | undefined, heads: number, scale: Scale): string {
   // Scaled before the reshapes: a scalar Mul right before the MatMul would be fused into a slower FusedMatMul.
   const scaled = scale.value !== undefined ? b.op('Mul', [q, b.constant('scale', scale.dtype, [], [scale.value])], {}, 'q_scaled')
     : b.op('Div', [q, sqrtHeadSize(b, b.op('Reshape', [q, b.int64('q_heads_view', [0, 0, heads, -1])], {}, 'q_heads_4d'), scale.dtype)], {}, 'q_scaled');
-  const qT = unsqueeze(b, b.op('Reshape', [scaled, b.int64('q_column', [0, heads, -1, 1])], {}, 'q_col'), [0], opset, 'q_col_5d');
+  const qT = unsqueeze(b, b.op('Reshape', [scaled, b.int64('q_column', [0, heads, -1, 1])], {}, 'q_col'), [0], 'q_col_5d');
   const both = b.op('MatMul', [stacked, qT], {}, 'kq_both');
   let logits = b.op('Reshape', [b.op('Gather', [both, b.int64('index0', [0], true)], { axis: 0 }, 'kq'), b.int64('row_view', [0, 0, 1, -1])], {}, 'qk');
   if (bias) logits = b.op('Add', [logits, bias], {}, 'qk_masked');
-  const probs = unsqueeze(b, b.op('Softmax', [logits], { axis: 3 }, PART.probs), [0], opset, 'probs_5d');
+  const probs = unsqueeze(b, b.op('Softmax', [logits], { axis: 3 }, PART.probs), [0], 'probs_5d');
   const context = b.op('Gather', [b.op('MatMul', [probs, stacked], {}, 'pv_both'), b.int64('index1', [1], true)], { axis: 0 }, 'pv');
   return b.op('Reshape', [context, b.int64('merge_row', [0, 1, -1])], {}, 'attention');
 }
@@ -245,49 +245,49 @@ function lengthsOf(b: Builder, node: FusedSite['node']): { S: string; P: string;
 }
 
 function buildMask(shared: ExpansionShared, site: FusedSite, plan: MaskIndexPlan, dtype: number, filter: number): MaskTensors {
-  const { builder: b, opset } = shared;
+  const b = shared.builder;
   const node = site.node;
   const { S, P, T } = lengthsOf(b, node);
   const zero = b.int64('zero', [0], true);
   const one = b.int64('one', [1], true);
   const keys = b.op('Range', [zero, T, one], {}, 'key_pos');
-  const rowEnd = unsqueeze(b, b.op('Add', [b.op('Range', [zero, S, one], {}, 'row'), P], {}, 'row_pos'), [1], opset, 'row_pos_col');
-  const future = unsqueeze(b, b.op('Greater', [keys, rowEnd], {}, 'future_2d'), [0], opset, 'future'); // [1, S, T]
-  const keep = plan.mask === undefined ? undefined : maskKeep(b, node, plan.maskRank!, inputOf<string>(MS_ATTENTION, node, plan.mask), S, T, keys, opset);
-  const rows = countVisible(b, keep, plan.causal ? future : undefined, P, S, opset);
+  const rowEnd = unsqueeze(b, b.op('Add', [b.op('Range', [zero, S, one], {}, 'row'), P], {}, 'row_pos'), [1], 'row_pos_col');
+  const future = unsqueeze(b, b.op('Greater', [keys, rowEnd], {}, 'future_2d'), [0], 'future'); // [1, S, T]
+  const keep = plan.mask === undefined ? undefined : maskKeep(b, node, plan.maskRank!, inputOf<string>(MS_ATTENTION, node, plan.mask), S, T, keys);
+  const rows = countVisible(b, keep, plan.causal ? future : undefined, P, S);
   const constant = (name: string, x: number): string => b.constant(name, dtype, [], [x]);
   let bias: string | undefined;
   const padding = keep ? b.op('Where', [keep, constant('zero_t', 0), constant('mask_filter', filter)], {}, 'padding_bias') : undefined;
   if (plan.unidirectional) bias = b.op('Where', [future, constant('lowest', LOWEST[dtype] ?? LOWEST[DataType.FLOAT]), padding ?? constant('zero_t', 0)], {}, 'mask_bias');
   else if (padding) {
-    const rows = b.op('Concat', [b.int64('one1', [1]), unsqueeze(b, S, [0], opset, 'seq_1'), unsqueeze(b, T, [0], opset, 'total_1')], { axis: 0 }, 'bias_shape');
+    const rows = b.op('Concat', [b.int64('one1', [1]), unsqueeze(b, S, [0], 'seq_1'), unsqueeze(b, T, [0], 'total_1')], { axis: 0 }, 'bias_shape');
     bias = b.op('Expand', [padding, rows], {}, 'mask_bias');
   }
-  return { rows, lengths: { S, P, T }, bias: bias ? unsqueeze(b, bias, [1], opset, 'mask_bias_4d') : undefined };
+  return { rows, lengths: { S, P, T }, bias: bias ? unsqueeze(b, bias, [1], 'mask_bias_4d') : undefined };
 }
 
 /**
  * Which keys mask_index leaves visible, as bool [B|1, S|1, T], for each format the operator accepts (the format
  * of a 1-D index is told at run time from its length; a [B|1, 1] raw mask when T ≠ 1 is the no-mask dummy).
  */
-function maskKeep(b: Builder, node: FusedSite['node'], rank: number, mask: string, S: string, T: string, keys: string, opset: number): string {
+function maskKeep(b: Builder, node: FusedSite['node'], rank: number, mask: string, S: string, T: string, keys: string): string {
   const positive = (x: string): string => b.op('Greater', [x, b.constant('zero_i32', DataType.INT32, [], [0])], {}, 'mask_keep');
   const m = b.op('Cast', [mask], { to: DataType.INT32 }, 'mask_i32');
   if (rank === 3) return positive(m);
   if (rank === 4) {
-    const from = unsqueeze(b, b.op('Sub', [T, S], {}, 'first_row'), [0], opset, 'first_row_1');
+    const from = unsqueeze(b, b.op('Sub', [T, S], {}, 'first_row'), [0], 'first_row_1');
     const rows = b.op('Slice', [m, b.op('Concat', [from, b.int64('zero1', [0])], { axis: 0 }, 'mask_start'),
-      b.op('Concat', [unsqueeze(b, T, [0], opset, 'total_1'), unsqueeze(b, T, [0], opset, 'total_1')], { axis: 0 }, 'mask_end'), b.int64('axes23', [2, 3])], {}, 'mask_rows');
-    return positive(squeeze(b, rows, [1], opset, 'mask_3d'));
+      b.op('Concat', [unsqueeze(b, T, [0], 'total_1'), unsqueeze(b, T, [0], 'total_1')], { axis: 0 }, 'mask_end'), b.int64('axes23', [2, 3])], {}, 'mask_rows');
+    return positive(squeeze(b, rows, [1], 'mask_3d'));
   }
   if (rank === 2) {
     const width = b.op('Gather', [b.op('Shape', [m]), b.int64('axis1', [1], true)], {}, 'mask_width');
     const dummy = b.op('Not', [b.op('Equal', [width, T], {}, 'mask_full')], {}, 'mask_dummy');
-    return unsqueeze(b, b.op('Or', [positive(m), dummy], {}, 'mask_keep_2d'), [1], opset, 'mask_keep_3d');
+    return unsqueeze(b, b.op('Or', [positive(m), dummy], {}, 'mask_keep_2d'), [1], 'mask_keep_3d');
   }
   // 1-D: key lengths [B]; end positions then start positions [2B]; [3B + 2] begins with the key lengths.
   const batch = b.op('Gather', [b.op('Shape', [at(node, 'input')]), b.int64('axis0', [0], true)], {}, 'batch');
-  const batch1 = unsqueeze(b, batch, [0], opset, 'batch_1');
+  const batch1 = unsqueeze(b, batch, [0], 'batch_1');
   const ends = b.op('Slice', [m, b.int64('zero1', [0]), batch1], {}, 'key_end');
   const padded = b.op('Concat', [m, b.op('Expand', [b.constant('zero_i32_1', DataType.INT32, [1], [0]), batch1], {}, 'zeros_b')], { axis: 0 }, 'mask_padded');
   const twoB = b.op('Add', [batch1, batch1], {}, 'batch_2');
@@ -295,25 +295,25 @@ function maskKeep(b: Builder, node: FusedSite['node'], rank: number, mask: strin
   const isEndStart = b.op('Equal', [b.op('Shape', [m]), twoB], {}, 'end_start_format');
   const starts = b.op('Where', [isEndStart, startsRaw, b.constant('zero_i32', DataType.INT32, [], [0])], {}, 'key_start');
   const pos = b.op('Cast', [keys], { to: DataType.INT32 }, 'key_pos_i32');
-  const beforeEnd = b.op('Less', [pos, unsqueeze(b, ends, [1], opset, 'key_end_col')], {}, 'before_end');
-  const beforeStart = b.op('Less', [pos, unsqueeze(b, starts, [1], opset, 'key_start_col')], {}, 'before_start');
+  const beforeEnd = b.op('Less', [pos, unsqueeze(b, ends, [1], 'key_end_col')], {}, 'before_end');
+  const beforeStart = b.op('Less', [pos, unsqueeze(b, starts, [1], 'key_start_col')], {}, 'before_start');
   const keep = b.op('And', [beforeEnd, b.op('Not', [beforeStart], {}, 'after_start')], {}, 'mask_keep_2d');
-  return unsqueeze(b, keep, [1], opset, 'mask_keep_3d');
+  return unsqueeze(b, keep, [1], 'mask_keep_3d');
 }
 
 /** max(n, 1) and its logarithm as [B|1, S|1]: the visible keys counted, or n_i = P + i + 1 from shapes when only causal. */
-function countVisible(b: Builder, keep: string | undefined, future: string | undefined, P: string, S: string, opset: number): Rows {
+function countVisible(b: Builder, keep: string | undefined, future: string | undefined, P: string, S: string): Rows {
   let n: string;
   if (!keep && future) {
     const one = b.int64('one', [1], true);
     const first = b.op('Add', [P, one], {}, 'n_first');
     const rows = b.op('Range', [first, b.op('Add', [first, S], {}, 'n_end'), one], {}, 'n_rows');
-    n = unsqueeze(b, b.op('Cast', [rows], { to: DataType.FLOAT }, 'n'), [0], opset, 'n_rows_2d');
+    n = unsqueeze(b, b.op('Cast', [rows], { to: DataType.FLOAT }, 'n'), [0], 'n_rows_2d');
   } else if (keep) {
     const visible = future ? b.op('And', [keep, b.op('Not', [future], {}, 'not_future')], {}, 'visible') : keep;
-    n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), opset, false, 'n_visible');
+    n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), false, 'n_visible');
   } else {
-    n = unsqueeze(b, b.op('Cast', [b.op('Add', [P, S], {}, 'n_keys')], { to: DataType.FLOAT }, 'n'), [0, 1], opset, 'n_2d');
+    n = unsqueeze(b, b.op('Cast', [b.op('Add', [P, S], {}, 'n_keys')], { to: DataType.FLOAT }, 'n'), [0, 1], 'n_2d');
   }
   const clamped = b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
   return { n: clamped, ln: b.op('Log', [clamped], {}, 'ln_n') };

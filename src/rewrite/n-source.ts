@@ -181,7 +181,7 @@ export class NSources {
     const rank = uses.every((u) => u.viewRank === 3) ? 3 : 4;
     const visibles = uses.map((u) => (u.viewRank === 3 && rank === 4 ? this.headsView(site, this.visible(u)) : this.visible(u)));
     const visible = visibles.reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
-    const n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), this.opset, true, 'n_mask');
+    const n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), true, 'n_mask');
     return { n, view: 'batch-rows', rank };
   }
 
@@ -197,7 +197,7 @@ export class NSources {
     }
     const b = this.b;
     const visible = uses.map((u) => this.visible(u)).reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
-    const counted = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), this.opset, true, 'n_view');
+    const counted = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), true, 'n_view');
     const rows = b.op('Concat', [b.op('Slice', [shape, b.int64('zero1', [0]), b.int64('minus_one1', [-1])], {}, 'view_rows'), b.int64('one_dim', [1])], { axis: 0 }, 'view_rows_1');
     const q = shapeSources(site)[0];
     const target = b.op('Concat', [b.op('Slice', [b.op('Shape', [q], {}, 'q_shape'), b.int64('zero1', [0]), b.int64('minus_one1', [-1])], {}, 'q_rows'), b.int64('one_dim', [1])], { axis: 0 }, 'q_rows_1');
@@ -244,7 +244,7 @@ export class NSources {
     if (u.rule === 'drop-where') return b.op('Not', [b.op('Cast', [u.tensor], { to: DataType.BOOL }, 'drop')], {}, 'keep');
     const m = b.op('Cast', [u.tensor], { to: DataType.FLOAT }, 'mask_f');
     const additive = u.rule === 'additive';
-    const extreme = extremeLastAxis(b, m, additive ? 'ReduceMax' : 'ReduceMin', this.opset, additive ? 'mask_row_max' : 'mask_row_min');
+    const extreme = extremeLastAxis(b, m, additive ? 'ReduceMax' : 'ReduceMin', additive ? 'mask_row_max' : 'mask_row_min');
     const gap = b.constant('hidden_gap', DataType.FLOAT, [], [HIDDEN_GAP]);
     return additive
       ? b.op('Greater', [m, b.op('Sub', [extreme, gap], {}, 'hidden_below')], {}, 'keep')

@@ -63,7 +63,7 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   const capped = cap ? b.op('Mul', [b.op('Tanh', [b.op('Div', [qk, b.constant('softcap', precision, [], [cap])], {}, 'qk_over_cap')], {}, 'qk_tanh'),
     b.constant('softcap', precision, [], [cap])], {}, 'qk_capped') : qk;
   const bias = biasOf(b, node, q, keys, maskRank, precision, input('past_key') !== undefined);
-  const rows = nVisible(b, keysOnly ? undefined : bias, keys, opset);
+  const rows = nVisible(b, keysOnly ? undefined : bias, keys);
   const factor = p.sName ? presetFactor(b, p.preset, p.sName, rows.n, rows.ln) : undefined;
   const applied = factor ? applyFactor(b, capped, factor, precision, opset) : undefined;
   let content = applied?.output ?? capped;
@@ -75,7 +75,7 @@ export function expandOnnxAttention(b: Builder, shapes: Shapes, site: FusedSite,
   const logits = bias ? b.op('Add', [content, bias], {}, 'logits') : content;
   let probs = b.op('Softmax', [logits], { axis: -1 }, PART.probs);
   if (bias) {
-    const hidden = b.op('Equal', [b.op('ReduceMax', [bias, b.int64('last_axis', [-1])], { keepdims: 1 }, 'bias_row_max'), b.constant('minus_inf', precision, [], [-Infinity])], {}, 'row_all_masked');
+    const hidden = b.op('Equal', [b.op('ReduceMax', [bias], { axes: [-1], keepdims: 1 }, 'bias_row_max'), b.constant('minus_inf', precision, [], [-Infinity])], {}, 'row_all_masked');
     probs = b.op('Where', [hidden, b.constant('zero_p', precision, [], [0]), probs], {}, 'probs_safe');
   }
   const out = (x: string): string => (precision !== dtype ? b.op('Cast', [x], { to: dtype }, 'back') : x);
@@ -116,7 +116,7 @@ function repeatHeads(b: Builder, x: string, q: string): string {
   const xs = dims(x, 'kv_shape');
   const group = b.op('Div', [part(dims(q, 'q_shape'), 1, 2, 'q_heads_n'), part(xs, 1, 2, 'kv_heads_n')], {}, 'group');
   const wide = b.op('Concat', [part(xs, 0, 2, 'batch_heads'), group, part(xs, 2, 4, 'len_size')], { axis: 0 }, 'group_shape');
-  const grouped = b.op('Expand', [b.op('Unsqueeze', [x, b.int64('axis2', [2])], {}, 'kv_5d'), wide], {}, 'kv_grouped');
+  const grouped = b.op('Expand', [b.op('Unsqueeze', [x], { axes: [2] }, 'kv_5d'), wide], {}, 'kv_grouped');
   const merged = b.op('Concat', [part(xs, 0, 1, 'batch'), b.int64('minus_one', [-1]), part(xs, 2, 4, 'len_size')], { axis: 0 }, 'merged_shape');
   return b.op('Reshape', [grouped, merged], {}, 'kv_repeated');
 }
@@ -144,7 +144,7 @@ function biasOf(b: Builder, node: FusedSite['node'], q: string, keys: string, ma
   if ((attrInt(node, 'is_causal') ?? 0) === 1) {
     // Key j is visible to row i when j ≤ i + offset: the past length, or per item nonpad − S with a static cache.
     const offset = !hasPast && nonpad ? b.op('Sub', [nonpad, S], {}, 'causal_offset') : hasPast ? b.op('Sub', [T, S], {}, 'past_len') : b.int64('zero', [0], true);
-    const rows = b.op('Unsqueeze', [b.op('Range', [b.int64('zero', [0], true), S, b.int64('one', [1], true)], {}, 'row_pos'), b.int64('axis1', [1])], {}, 'row_col');
+    const rows = b.op('Unsqueeze', [b.op('Range', [b.int64('zero', [0], true), S, b.int64('one', [1], true)], {}, 'row_pos')], { axes: [1] }, 'row_col');
     const allowed = b.op('LessOrEqual', [keyPos, b.op('Add', [rows, offset], {}, 'row_limit')], {}, 'causal_keep');
     parts.push(b.op('Where', [allowed, zero(), inf()], {}, 'causal_bias'));
   }
@@ -168,13 +168,13 @@ function maskBias(b: Builder, mask: string, rank: number, T: string, t: number, 
  * max(n, 1) and its logarithm: the keys each row may see under the bias (entries less than HIDDEN_GAP below the row's
  * largest), or Tk.
  */
-function nVisible(b: Builder, bias: string | undefined, keys: string, opset: number): Rows {
+function nVisible(b: Builder, bias: string | undefined, keys: string): Rows {
   let n: string;
   if (bias) {
-    const limit = b.op('Sub', [extremeLastAxis(b, bias, 'ReduceMax', opset, 'bias_row_max'),
+    const limit = b.op('Sub', [extremeLastAxis(b, bias, 'ReduceMax', 'bias_row_max'),
       b.op('CastLike', [b.constant('hidden_gap', DataType.FLOAT, [], [HIDDEN_GAP]), bias], {}, 'hidden_gap_t')], {}, 'hidden_below');
     const visible = b.op('Cast', [b.op('Greater', [bias, limit], {}, 'visible')], { to: DataType.FLOAT }, 'visible_f');
-    n = b.op('ReduceSum', [visible, b.int64('last_axis', [-1])], { keepdims: 1 }, 'n_visible');
+    n = b.op('ReduceSum', [visible], { axes: [-1], keepdims: 1 }, 'n_visible');
   } else n = b.op('Cast', [b.op('Gather', [b.op('Shape', [keys]), b.int64('axis2', [2], true)], {}, 'kv_len')], { to: DataType.FLOAT }, 'n_keys');
   const clamped = b.op('Max', [n, b.constant('one_f', DataType.FLOAT, [], [1])], {}, 'n_at_least_1');
   return { n: clamped, ln: b.op('Log', [clamped], {}, 'ln_n') };

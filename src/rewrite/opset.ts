@@ -5,7 +5,7 @@
  */
 import { InputError } from '../errors';
 import { nodeLabel, subgraphsOf } from '../graph/graph';
-import { Scope } from '../graph/scopes';
+import { defaultImport, Scope } from '../graph/scopes';
 import { GraphProto, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { Journal } from './journal';
 
@@ -38,7 +38,7 @@ export class OpsetGuard {
   }
 
   private raise(why: string, from: number): void {
-    const entry = this.model.opsetImport.find((o) => o.domain === '' || o.domain === 'ai.onnx');
+    const entry = defaultImport(this.model.opsetImport);
     if (!entry) {
       this.importDefault(why);
       return;
@@ -81,7 +81,8 @@ function changedNodes(g: GraphProto, from: number): NodeProto[] {
 
 /** The opset a journal entry raised from, restored by revert (from 0: the import the patch added is removed). */
 export function lowerOpset(model: ModelProto, from: number): void {
-  const i = model.opsetImport.findIndex((o) => o.domain === '' || o.domain === 'ai.onnx');
+  const entry = defaultImport(model.opsetImport);
+  const i = entry ? model.opsetImport.indexOf(entry) : -1;
   if (i < 0 || toNumber(model.opsetImport[i].version) !== PATCH_OPSET) return;
   if (from === 0) model.opsetImport.splice(i, 1);
   else model.opsetImport[i].version = from;

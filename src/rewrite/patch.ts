@@ -179,8 +179,9 @@ function noAttentionMessage(d: Detection): string {
   const reasons = [...new Set(d.skipped.map((s) => s.reason))].join('; ');
   const forcible = d.skipped.filter((s) => s.forcible).map((s) => s.node);
   const hint = forcible.length ? ` (${opt('force', forcible[0])} patches a refused site anyway)` : '';
-  const what = d.skipped.some((k) => k.attention) ? 'node(s)' : 'Softmax';
-  return `no attention Softmax found (${d.skipped.length} ${what} skipped: ${reasons})${hint}`;
+  // Refused attention is attention (exit 2, attention-refused): the message must not say there is none.
+  if (d.skipped.some((k) => k.attention)) return `attention found, none of it patched (${d.skipped.length} node(s) refused or skipped: ${reasons})${hint}`;
+  return `no attention Softmax found (${d.skipped.length} Softmax skipped: ${reasons})${hint}`;
 }
 
 /** Every forced name must name a refused or patched site, so a typo is not silently ignored. */

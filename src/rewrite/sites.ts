@@ -85,7 +85,7 @@ export class SitePatcher {
     const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && this.irVersion < 4);
     const prefix = namePrefix(layer);
     const editor = this.journal.editor(scope.path, scope.graph, layer === 'shared' ? layer : `L${layer}`);
-    return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), constantNodes);
+    return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), () => scope.opset, constantNodes);
   }
 
   /** s and θ as constants of the site's own graph (the initializers a user fine-tunes). */
@@ -174,7 +174,7 @@ export class SitePatcher {
     else {
       if (this.preset.kind !== 'none') inserted = insertFused(b, site, this.preset, params.s!, plan, scope.opset, params.sName!);
       const factor = { preset: this.preset, s: params.sName, perHead: Array.isArray(params.s), rows: inserted?.rows };
-      if (params.theta) addFusedPrior(b, site, plan, factor, params.theta, scope.shapes, scope.opset);
+      if (params.theta) addFusedPrior(b, site, plan, factor, params.theta, scope.shapes);
     }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
     const nReason = `${why}; ${describePlan(plan, opSpec(site.op))}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;

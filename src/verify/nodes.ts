@@ -1,6 +1,7 @@
 /** Small builders for the nodes verification adds to its in-memory copies of a model. */
 import { makeTensor } from '../graph/tensor';
 import { Graph } from '../graph/graph';
+import { formAt } from '../graph/ops';
 import { AttributeProto, AttributeType, DataType, NodeProto, TensorProto } from '../io/onnx';
 
 /** Every name verification adds starts with this, so nothing it adds can be mistaken for the model's or the patch's. */
@@ -18,6 +19,21 @@ export function node(opType: string, input: string[], output: string, attrs: Rec
   return { opType, domain: '', input, output: [output], name: output, attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v)) };
 }
 
+/**
+ * A default-domain node in the form of `opset` (int-list attributes such as axes given as attributes; graph/ops.ts
+ * formAt moves them to inputs where the opset has them there), after the Constant nodes those inputs need.
+ */
+export function versionedNodes(graph: Graph, opType: string, input: string[], output: string, opset: number,
+  attrs: Record<string, number | number[] | TensorProto> = {}): NodeProto[] {
+  const constants: NodeProto[] = [];
+  const form = formAt(opType, opset, input, attrs, (attr, values) => {
+    const c = constant(graph, `${output.replace(PREFIX, '')}/${attr}`, DataType.INT64, [values.length], values);
+    constants.push(c);
+    return c.output[0];
+  });
+  return [...constants, node(opType, form.inputs, output, form.attrs)];
+}
+
 /** A constant as a Constant node (valid in every graph: main, subgraph, function body). */
 export function constant(graph: Graph, base: string, dataType: number, dims: number[], values: number[]): NodeProto {
   const out = graph.uniqueName(`${PREFIX}${base}`);
@@ -25,18 +41,13 @@ export function constant(graph: Graph, base: string, dataType: number, dims: num
 }
 
 /**
- * The last `count` rows (axis −2) of `x`, as nodes to add: Slice with inputs from opset 10, attributes before.
- * Returns the nodes and the sliced tensor (null: the rank an old opset needs is unknown).
+ * The last `count` rows (axis −2) of `x`, as nodes to add (Slice takes a negative axis from opset 11). Returns the
+ * nodes and the sliced tensor (null: the rank an older opset needs is unknown).
  */
 export function lastRows(graph: Graph, x: string, opset: number, rank: number | undefined,
   count: number): { nodes: NodeProto[]; out: string } | null {
+  if (opset < 11 && rank === undefined) return null;
   const out = graph.uniqueName(`${PREFIX}${x}/last_rows`);
-  if (opset >= 10 && (opset >= 11 || rank !== undefined)) {
-    const axis = opset >= 11 ? -2 : rank! - 2;
-    const k = (base: string, v: number[]): NodeProto => constant(graph, `${x}/${base}`, DataType.INT64, [1], v);
-    const [starts, ends, axes] = [k('starts', [-count]), k('ends', [2 ** 62]), k('axes', [axis])];
-    return { nodes: [starts, ends, axes, node('Slice', [x, starts.output[0], ends.output[0], axes.output[0]], out)], out };
-  }
-  if (rank === undefined) return null;
-  return { nodes: [node('Slice', [x], out, { starts: [-count], ends: [2 ** 62], axes: [rank - 2] })], out };
+  const axis = opset >= 11 ? -2 : rank! - 2;
+  return { nodes: versionedNodes(graph, 'Slice', [x], out, opset, { starts: [-count], ends: [2 ** 62], axes: [axis] }), out };
 }

@@ -12,18 +12,21 @@
 import { inputAt, inputOf, NPlan, opSpec, Term } from '../graph/attention-ops';
 import { nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
-import { ModelProto, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
 import { countsMasks, NMode } from '../policy/n-mode';
 import { planFor } from '../rewrite/fused';
 import { Exposer, Unexposable } from './expose';
-import { lastRows, node, PREFIX } from './nodes';
+import { constant, lastRows, node, PREFIX } from './nodes';
 import { readsLogits, VerifySite } from './sites';
+import { STRONG_MASK } from './views';
 
 export interface ProbeOutputs {
   before: string;
   after: string;
   masked?: string;
+  /** Where a Where fills hidden keys with a mild constant (jolt_minigpt's −10): 1 where a key is hidden, else 0, logits-shaped. */
+  hidden?: string;
   /** A factor on the query: the shape of the QK product, whose last axis is the key count. */
   keys?: string;
   bias?: { before: string; after: string };
@@ -95,11 +98,38 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   const softmax = t.softmax ? g.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
   if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
   const wantMasked = countsMasks(site.record.n) && softmax;
+  const hidden = wantMasked ? mildFill(x, scope, softmax.input[0]) : undefined;
   return {
     type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
     ...(wantMasked ? { masked: out(lastOf(softmax.input[0]), 'masked') } : {}),
+    ...(hidden ? { hidden: out(lastOf(hidden), 'hidden') } : {}),
   };
 }
+
+/**
+ * Logits a Where writes with a constant fill above STRONG_MASK on one branch (Where(mask, −10, scores)): the masked
+ * values cannot tell a hidden key from a low logit, so the probe counts keys as the patch does, by the condition.
+ * Returns a float tensor of the logits' shape, 1 where the fill is taken.
+ */
+function mildFill(x: Exposer, scope: Scope, logits: string): string | undefined {
+  const g = scope.graph;
+  const where = g.producer.get(logits);
+  if (where?.opType !== 'Where') return undefined;
+  const fillAt = [1, 2].find((i) => {
+    const c = g.constValue(where.input[i]);
+    return c?.values.length === 1 && Number(c.values[0]) > STRONG_MASK && !g.isConstant(where.input[3 - i]);
+  });
+  if (fillAt === undefined) return undefined;
+  const name = (base: string): string => g.uniqueName(`${PREFIX}${nodeLabel(where)}/${base}`);
+  const one = constant(g, `${nodeLabel(where)}/one`, DataType.FLOAT, [], [1]), zero = constant(g, `${nodeLabel(where)}/zero`, DataType.FLOAT, [], [0]);
+  const [hit, miss] = fillAt === 1 ? [one, zero] : [zero, one];
+  const indicator = node('Where', [where.input[0], hit.output[0], miss.output[0]], name('hidden_indicator'));
+  const shape = node('Shape', [logits], name('logits_shape'));
+  const full = node('Expand', [indicator.output[0], shape.output[0]], name('hidden'));
+  for (const n of [one, zero, indicator, shape, full]) x.add(scope, n);
+  return full.output[0];
+}
+
 
 function slice(x: Exposer, scope: Scope, tensor: string): string {
   const r = lastRows(scope.graph, tensor, scope.opset, scope.shapes.rank(tensor), 1);

@@ -14,7 +14,7 @@ import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
 import { isPatchNode, namePrefix } from '../identity';
 import { nodeKey } from '../rewrite/journal';
 import { Exposer, Unexposable } from './expose';
-import { attribute, constant, lastRows, node, PREFIX } from './nodes';
+import { attribute, constant, lastRows, node, PREFIX, versionedNodes } from './nodes';
 import { VerifySite } from './sites';
 
 /** Rows per attention site whose largest probability is read: the last ROW_SAMPLE rows. */
@@ -97,9 +97,7 @@ function reduceRows(x: Exposer, scope: Scope, probs: string, layer: number, read
   const keys = reading.rows === 'all' ? keyCount(x, scope, probs, layer) : undefined;
   if (reading.stat === 'entropy') return { tensor: rowEntropy(x, scope, rows, layer), keys };
   const out = g.uniqueName(`${PREFIX}L${layer}/row_max_raw`);
-  const tensor = scope.opset >= 18
-    ? add(x, scope, node('ReduceMax', [rows, add(x, scope, constant(g, `L${layer}/last_axis`, DataType.INT64, [1], [-1]))], out, { keepdims: 0 }))
-    : add(x, scope, node('ReduceMax', [rows], out, { keepdims: 0, axes: [-1] }));
+  const tensor = addAll(x, scope, versionedNodes(g, 'ReduceMax', [rows], out, scope.opset, { keepdims: 0, axes: [-1] }));
   return { tensor, keys };
 }
 
@@ -108,8 +106,7 @@ function keyCount(x: Exposer, scope: Scope, probs: string, layer: number): strin
   if (scope.opset < 10) return undefined;
   const g = scope.graph;
   const shape = add(x, scope, node('Shape', [probs], g.uniqueName(`${PREFIX}L${layer}/probs_shape`)));
-  const k = (base: string, v: number): string => add(x, scope, constant(g, `L${layer}/${base}`, DataType.INT64, [1], [v]));
-  return add(x, scope, node('Slice', [shape, k('keys_at', -1), k('keys_end', 2 ** 62)], g.uniqueName(`${PREFIX}L${layer}/key_count`)));
+  return addAll(x, scope, versionedNodes(g, 'Slice', [shape], g.uniqueName(`${PREFIX}L${layer}/key_count`), scope.opset, { starts: [-1], ends: [2 ** 62], axes: [0] }));
 }
 
 /** −Σ p·ln p over keys, in float32; p = 0 adds 0 (p·ln max(p, 1e-30)). */
@@ -120,15 +117,19 @@ function rowEntropy(x: Exposer, scope: Scope, rows: string, layer: number): stri
   const tiny = add(x, scope, constant(g, `L${layer}/tiny`, DataType.FLOAT, [], [1e-30]));
   const logP = add(x, scope, node('Log', [add(x, scope, node('Max', [p, tiny], name('rows_clamped')))], name('log_p')));
   const pLogP = add(x, scope, node('Mul', [p, logP], name('p_log_p')));
-  const sum = scope.opset >= 13
-    ? add(x, scope, node('ReduceSum', [pLogP, add(x, scope, constant(g, `L${layer}/key_axis`, DataType.INT64, [1], [-1]))], name('sum_p_log_p'), { keepdims: 0 }))
-    : add(x, scope, node('ReduceSum', [pLogP], name('sum_p_log_p'), { keepdims: 0, axes: [-1] }));
+  const sum = addAll(x, scope, versionedNodes(g, 'ReduceSum', [pLogP], name('sum_p_log_p'), scope.opset, { keepdims: 0, axes: [-1] }));
   return add(x, scope, node('Neg', [sum], name('row_entropy')));
 }
 
 function add(x: Exposer, scope: Scope, n: NodeProto): string {
   x.add(scope, n);
   return n.output[0];
+}
+
+/** Adds the nodes in order and returns the last one's output. */
+function addAll(x: Exposer, scope: Scope, nodes: NodeProto[]): string {
+  for (const n of nodes) x.add(scope, n);
+  return nodes[nodes.length - 1].output[0];
 }
 
 /**

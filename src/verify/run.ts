@@ -14,7 +14,7 @@ export interface OutputTensor {
 export type Outputs = Record<string, OutputTensor>;
 
 /** onnxruntime's graph optimisation levels verification uses. */
-export type Optimization = 'basic' | 'all';
+export type Optimization = 'disabled' | 'basic' | 'all';
 
 export class Runner {
   /** Milliseconds spent in session.run, summed over every run of this session. */

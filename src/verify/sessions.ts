@@ -75,6 +75,13 @@ export class SessionFactory {
     return this.create('original', model, optimization, `original-${optimization}`);
   }
 
+  /** The patched model as it is (no outputs added) at an optimisation level: whether it loads (load-check.ts). */
+  async openPatched(optimization: Optimization): Promise<Runner> {
+    const model = cloneModel(this.patched);
+    carryBf16AsFloat(model);
+    return this.create('patched', model, optimization, `patched-${optimization}`);
+  }
+
   private async create(key: SessionKey, model: ModelProto, optimization: Optimization, folder: string = key): Promise<Runner> {
     try {
       return await Runner.create(this.fromFile ? this.write(folder, model) : encodeModel(model), SESSION_LABELS[key], optimization);

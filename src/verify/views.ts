@@ -31,7 +31,8 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   }
   const shape = w.keys ? out[w.keys] : undefined;
   const v = logitsView({
-    run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+    run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, hidden: w.hidden ? out[w.hidden] : undefined,
+    mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
     ...(shape ? { keys: shape.data[shape.data.length - 1] } : {}),
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
@@ -43,6 +44,8 @@ export interface LogitsInput {
   after: OutputTensor;
   /** The logits the Softmax reads, for n counted from masks. */
   masked?: OutputTensor;
+  /** 1 where a mild Where fill hides a key, else 0, in the masked logits' layout: the counts come from it. */
+  hidden?: OutputTensor;
   mode: string;
   /** Heads of a [B·H, Tq, Tk] view (per-head s); 4-D logits carry their own. */
   heads: number;
@@ -67,9 +70,10 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   let counts: Float64Array | null = null;
   if (x.masked) {
     if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
-    counts = x.keys === undefined && x.after.data.length === x.masked.data.length
-      ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
-      : maskedCounts(x.masked.data, tk);
+    counts = x.hidden?.data.length === x.masked.data.length ? shownCounts(x.hidden.data, tk)
+      : x.keys === undefined && x.after.data.length === x.masked.data.length
+        ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
+        : maskedCounts(x.masked.data, tk);
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
@@ -106,6 +110,13 @@ function visibleCounts(terms: ArrayLike<number>, tk: number): Float64Array {
   return countRows(terms, tk, (max) => max - HIDDEN_GAP);
 }
 
+/** Keys per row that a Where's condition leaves shown (`hidden` 0), as the patch counts them for a Where mask. */
+function shownCounts(hidden: ArrayLike<number>, tk: number): Float64Array {
+  const counts = new Float64Array(hidden.length / tk);
+  for (let i = 0; i < hidden.length; i++) if (hidden[i] === 0) counts[Math.floor(i / tk)]++;
+  return counts;
+}
+
 /**
  * Where the content is not exposed (the factor on the query), keys the masked logits leave visible. Masks of −10000,
  * finfo.min or −inf are far from any content logit: where the logits hold one, only entries at or below STRONG_MASK
@@ -119,7 +130,7 @@ function maskedCounts(masked: ArrayLike<number>, tk: number): Float64Array {
 }
 
 /** Masks at or below this are far from any content logit. */
-const STRONG_MASK = -9000;
+export const STRONG_MASK = -9000;
 
 /**
  * Keys per row above the row's limit; NaN for a row holding NaN or +Inf, whose Softmax is NaN in the original
