@@ -61,7 +61,8 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Concat: { shape: R.concat, keepsAxes: true, position: true },
   Slice: { shape: R.slice, keepsAxes: true, position: true },
   Gather: { shape: R.gather, position: true },
-  Expand: { shape: R.expand, position: true },
+  // Probabilities broadcast over batch or heads are still each row's (torch's matmul lowering: Expand → Reshape → bmm).
+  Expand: { shape: R.expand, probs: true, position: true },
   Tile: { shape: R.tile, position: true },
   CumSum: { shape: R.unary, position: true },
   Range: { shape: R.range, position: true },
