@@ -42,8 +42,6 @@ const KNOWN: Record<string, string> = {
   'opset-retarget': 'issue-32-fix (emit): at opset ≥ 13 / ≥ 18 the patch inserts ReduceSum / ReduceMax with an axes attribute (the opset-13/18 form takes axes as an input): the patched model does not load',
   'qdq-probs': 'issue-32-fix (QDQ): probabilities through QuantizeLinear/DequantizeLinear do not reach the value product for detection',
   'expand-same-logits': 'not fixed on this branch: Expand is not a logits carrier, since n is read before it and an Expand may broadcast the key axis; it can carry logits once n comes from the logits\' shape at the Softmax (issue-32-fix)',
-  'softmax-decomposed': 'no detection rule yet for Softmax written as Exp / ReduceSum / Div',
-  'softmax-decomposed-max': 'no detection rule yet for Softmax written as Exp(x − ReduceMax x) / ReduceSum',
   'local-function': 'not fixed on this branch: inside a model-local function the mask comes in as a function input, so n becomes keys where the unwrapped site has causal or padding (and heads unknown)',
 };
 

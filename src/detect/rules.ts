@@ -9,7 +9,7 @@ import { calledFunction, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import type { AttentionSite } from './find-attention';
 import { FusedMatch, fusedRules, unsupportedFused } from './fused';
-import { einsumQk, matmulQk, opset11Reshape } from './softmax';
+import { decomposedSoftmax, einsumQk, matmulQk, opset11Reshape } from './softmax';
 
 /** `forced`: the user accepts this node's refusal (--force-site). */
 export interface RuleContext { model: ModelProto; scope: Scope; forced: boolean }
@@ -42,7 +42,7 @@ const callFunction: Rule = {
 };
 
 /** Every rule, in the order they are tried on a node. */
-export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, ...fusedRules, unsupportedFused, biasSoftmax, callFunction];
+export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, decomposedSoftmax, ...fusedRules, unsupportedFused, biasSoftmax, callFunction];
 
 export interface RuleAttempt { rule: string; matched: boolean; steps?: number; stoppedAt?: string; reason?: string }
 
