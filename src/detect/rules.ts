@@ -9,7 +9,7 @@ import { calledFunction } from '../graph/scopes';
 import { NodeProto } from '../io/onnx';
 import { fusedRules, unsupportedFused } from './fused';
 import type { Found, Rule, RuleContext, Stop } from './site';
-import { einsumQk, matmulQk, opset11Reshape } from './softmax';
+import { decomposedSoftmax, einsumQk, matmulQk, opset11Reshape } from './softmax';
 
 export type { Found, Rule, RuleContext, Stop } from './site';
 
@@ -29,7 +29,7 @@ const callFunction: Rule = {
 };
 
 /** Every rule, in the order they are tried on a node. */
-export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, ...fusedRules, unsupportedFused, biasSoftmax, callFunction];
+export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, decomposedSoftmax, ...fusedRules, unsupportedFused, biasSoftmax, callFunction];
 
 export interface RuleAttempt { rule: string; matched: boolean; steps?: number; stoppedAt?: string; reason?: string }
 

@@ -4,7 +4,8 @@
  * differ in the product they accept and the Softmax form they apply to. Their checks, in order: the key axis (when
  * the rest matches, a failure there is a refusal --force-site accepts), the logits, the values.
  */
-import { attrInt, Graph, nodeLabel } from '../graph/graph';
+import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import type { Shapes } from '../graph/shapes';
 import { NodeProto } from '../io/onnx';
 import { isApplyNode, isPatchNode } from '../identity';
 import { HeadInfo, inferHeads } from './heads';
@@ -26,16 +27,67 @@ export const einsumQk = softmaxRule('softmax/einsum-qk', false, ['Einsum']);
 /** Opset < 13 Softmax(axis=k) flattens to 2-D around k: per row only when k = rank − 1 (a Reshape to [B·N·S, T]). */
 export const opset11Reshape = softmaxRule('softmax/opset11-reshape', true);
 
-function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | undefined): Found | Stop {
+/** Softmax written out over the last axis: Exp(x) / ReduceSum(Exp(x)), x optionally z − ReduceMax(z) (exporters, hand-written attention). */
+export const decomposedSoftmax: Rule = {
+  name: 'softmax/decomposed',
+  applies: (node, { scope }) => node.opType === 'Div' && (node.domain === '' || node.domain === 'ai.onnx')
+    && scope.graph.producer.get(node.input[0])?.opType === 'Exp' && scope.graph.producer.get(node.input[1])?.opType === 'ReduceSum',
+  match: (ctx, div) => {
+    const d = writtenOutSoftmax(ctx.scope.graph, ctx.scope.shapes, div);
+    if (!d) return { at: div, steps: 0, reason: 'Exp / ReduceSum is not a Softmax over the last axis (sum of the same Exp over the last axis, dims kept)' };
+    // The Div stands for the whole form as the site's Softmax: its input has the logits' shape, its output is the probabilities.
+    return matchSite(ctx, div, undefined, { start: d.shift ?? d.exp, logits: d.logits });
+  },
+};
+
+/** The parts of a written-out Softmax ending in `div`; `logits` is what it normalises (before any max shift). */
+interface WrittenOut { exp: NodeProto; shift?: NodeProto; logits: string }
+
+function writtenOutSoftmax(graph: Graph, shapes: Shapes, div: NodeProto): WrittenOut | null {
+  const exp = graph.producer.get(div.input[0]);
+  const sum = graph.producer.get(div.input[1]);
+  if (exp?.opType !== 'Exp' || sum?.opType !== 'ReduceSum' || sum.input[0] !== exp.output[0]) return null;
+  if (!overLastAxis(graph, shapes, sum, exp.output[0])) return null;
+  const shift = graph.producer.get(exp.input[0]);
+  const max = shift?.opType === 'Sub' ? graph.producer.get(shift.input[1]) : undefined;
+  if (shift && max?.opType === 'ReduceMax' && max.input[0] === shift.input[0] && overLastAxis(graph, shapes, max, shift.input[0])) {
+    return { exp, shift, logits: shift.input[0] };
+  }
+  return { exp, logits: exp.input[0] };
+}
+
+/** A reduction over the last axis alone with dims kept (axes as an attribute or, from opset 13 / 18, a constant input). */
+function overLastAxis(graph: Graph, shapes: Shapes, reduce: NodeProto, input: string): boolean {
+  if ((attrInt(reduce, 'keepdims') ?? 1) !== 1) return false;
+  const axes = reduce.input[1] ? graph.constValue(reduce.input[1])?.values : attrInts(reduce, 'axes');
+  if (axes?.length !== 1) return false;
+  return axes[0] === -1 || axes[0] === (shapes.rank(input) ?? 0) - 1;
+}
+
+/**
+ * The Softmax of a site by its label, as verification finds it in a graph: a Softmax node, or the Div that ends a
+ * written-out one. `input`: what it normalises; `output`: the probabilities.
+ */
+export function softmaxNamed(graph: Graph, shapes: Shapes, label: string): { input: string; output: string } | undefined {
+  const node = graph.nodes.find((n) => (n.opType === 'Softmax' || n.opType === 'Div') && nodeLabel(n) === label);
+  if (node?.opType === 'Softmax') return { input: node.input[0], output: node.output[0] };
+  const written = node && writtenOutSoftmax(graph, shapes, node);
+  return written ? { input: written.logits, output: node.output[0] } : undefined;
+}
+
+/** Where a site's logits walk starts when its Softmax is written out: the first node reading the logits, and them. */
+interface WalkStart { start: NodeProto; logits: string }
+
+function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | undefined, written?: WalkStart): Found | Stop {
   const { graph, shapes, opset } = ctx.scope;
   const rank = shapes.rank(softmax.input[0]);
   // Opset < 13 normalises the flattened axes from `axis` on; with the rank unknown, n is that group's size at run time.
-  const groupAxis = rank === undefined && opset < 13 && attrInt(softmax, 'axis') !== -1 ? attrInt(softmax, 'axis') ?? 1 : undefined;
-  const axisProblem = groupAxis === undefined ? checkAxis(softmax, opset, rank) : null;
+  const groupAxis = !written && rank === undefined && opset < 13 && attrInt(softmax, 'axis') !== -1 ? attrInt(softmax, 'axis') ?? 1 : undefined;
+  const axisProblem = groupAxis === undefined && !written ? checkAxis(softmax, opset, rank) : null;
   const passed = axisProblem ? 0 : 1;
   // An axis problem is the first failed check, whatever the later ones say.
   const stop = (at: NodeProto, reason: string, steps: number): Stop => (axisProblem ? { at: softmax, reason: axisProblem, steps } : { at, reason, steps });
-  const source = findLogitsMatMul(graph, softmax.input[0], softmax);
+  const source = findLogitsMatMul(graph, written?.logits ?? softmax.input[0], written?.start ?? softmax);
   if ('reason' in source) return stop(source.at, source.reason, passed);
   const product = source.matmul;
   if (products && !products.includes(product.opType)) return stop(product, `logits come from ${product.opType}, not ${products.join(' or ')}`, passed);
@@ -50,7 +102,8 @@ function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | un
   // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
   const patched = [graph.producer.get(product.input[0]), ...source.path.map((s) => s.node)]
     .filter((n): n is NodeProto => Boolean(n && isPatchNode(n)));
-  const after = source.path.slice(point.offset);
+  // A written-out Softmax's own nodes (its max shift) are not masks: the path's last step is the site's Softmax.
+  const after = [...source.path.slice(point.offset, -1), { node: softmax, index: 0 }];
   return { kind: 'softmax', site: {
     softmax, qkMatMul: product, valueMatMul, logits: point.logits, consumer: point.consumer, afterLogits: after, logitsRank,
     logitsType: shapes.type(point.logits), heads: headsOf(ctx, product, logitsRank, point.logits),

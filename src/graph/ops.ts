@@ -89,6 +89,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Concat: { shape: R.concat, keepsAxes: true, position: true },
   Slice: { shape: R.slice, keepsAxes: true, position: true, inputsAt: { opset: 10, attrs: ['starts', 'ends', 'axes'] } },
   Gather: { shape: R.gather, position: true },
+  // Probabilities broadcast over batch or heads are still each row's (torch's matmul lowering: Expand → Reshape → bmm).
   Expand: { shape: R.expand, probs: true, position: true },
   Tile: { shape: R.tile, position: true },
   CumSum: { shape: R.unary, position: true },

@@ -9,6 +9,7 @@
  *   - sites whose n is counted from masks: the logits their Softmax reads.
  * `rows: 'last'` brings out only the last row of logits, for runs too long to read whole attention matrices.
  */
+import { softmaxNamed } from '../detect/softmax';
 import { inputAt, inputOf, NPlan, opSpec, Term } from '../graph/attention-ops';
 import { nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
@@ -95,13 +96,13 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
     x.add(scope, node('Shape', [consumer.output[0]], shape));
     keys = out(shape, 'qk_shape');
   }
-  const softmax = t.softmax ? g.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
+  const softmax = t.softmax ? softmaxNamed(g, scope.shapes, t.softmax) : undefined;
   if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
   const wantMasked = countsMasks(site.record.n) && softmax;
-  const hidden = wantMasked ? mildFill(x, scope, softmax.input[0]) : undefined;
+  const hidden = wantMasked ? mildFill(x, scope, softmax.input) : undefined;
   return {
     type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
-    ...(wantMasked ? { masked: out(lastOf(softmax.input[0]), 'masked') } : {}),
+    ...(wantMasked ? { masked: out(lastOf(softmax.input), 'masked') } : {}),
     ...(hidden ? { hidden: out(lastOf(hidden), 'hidden') } : {}),
   };
 }

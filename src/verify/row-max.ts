@@ -6,9 +6,10 @@
  * `qk_matmul_output_mode`). Reducing only a slice keeps the extra work and memory small at long lengths.
  */
 import { fusedElementType } from '../detect/fused';
+import { softmaxNamed } from '../detect/softmax';
 import { findValueMatMul } from '../detect/trace';
 import { inputOf, isOp, MS_ATTENTION, MULTI_HEAD_ATTENTION, PatchedOp, patchedSpecOf } from '../graph/attention-ops';
-import { attr, attrFloat, attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import { attr, attrFloat, attrInt, attrInts, Graph } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { AttributeType, DataType, ModelProto, NodeProto } from '../io/onnx';
 import { isPatchNode, namePrefix } from '../identity';
@@ -50,7 +51,7 @@ export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[], stat: R
     const prompt = site.record.expanded ? promptKernel(x, scope, key) : undefined;
     if (prompt) ({ scope: where, key } = prompt);
     // An expanded ONNX Attention has its own Softmax in the patched model; the original has the operator.
-    const softmax = t.softmax !== undefined ? scope.graph.nodes.find((n) => n.opType === 'Softmax' && nodeLabel(n) === t.softmax) : undefined;
+    const softmax = t.softmax !== undefined ? softmaxNamed(scope.graph, scope.shapes, t.softmax) : undefined;
     const r = site.fused && !softmax ? fusedRowMax(x, where, key, site, reading) : softmaxRowMax(x, scope, softmax, site.record.layer, reading);
     if ('reason' in r) result.unseen.set(index, `${site.label}: ${r.reason}`);
     else {
@@ -81,10 +82,10 @@ function promptKernel(x: Exposer, scope: Scope, key: string): { scope: Scope; ke
 /** The row maxima of a tensor (and, reading all rows, its key count), or why there are none. */
 type Found = { tensor: string; keys?: string } | { reason: string };
 
-function softmaxRowMax(x: Exposer, scope: Scope, softmax: NodeProto | undefined, layer: number, reading: RowReading): Found {
+function softmaxRowMax(x: Exposer, scope: Scope, softmax: { output: string } | undefined, layer: number, reading: RowReading): Found {
   if (!softmax) return { reason: 'its Softmax is not in the graph' };
-  const rowMax = reduceRows(x, scope, softmax.output[0], layer, reading);
-  orderBeforeValues(x, scope, softmax.output[0], rowMax, layer);
+  const rowMax = reduceRows(x, scope, softmax.output, layer, reading);
+  orderBeforeValues(x, scope, softmax.output, rowMax, layer);
   return rowMax;
 }
 
@@ -180,7 +181,7 @@ function fusedRowMax(x: Exposer, scope: Scope, key: string, site: VerifySite, re
   }
   if (spec === MS_ATTENTION) return attentionLogits(x, scope, op, site.record.layer, reading);
   const single = op.opType === 'Identity' && site.record.expanded ? singleRowSoftmax(scope.graph, op, site.record.layer) : undefined;
-  if (single) return softmaxRowMax(x, scope, single, site.record.layer, reading);
+  if (single) return softmaxRowMax(x, scope, { output: single.output[0] }, site.record.layer, reading);
   if (op.opType === 'If' && site.record.expanded) return { reason: 'its expansion runs the kernel inside an If (one branch for decoding, one for a prompt), which the sweep does not read' };
   return { reason: `${op.opType} gives no attention probabilities or logits as an output` };
 }

@@ -7,6 +7,7 @@
  * patterns: a journal entry that names something the model no longer has is a problem of that site.
  */
 import { Detection } from '../detect/find-attention';
+import { softmaxNamed } from '../detect/softmax';
 import { FusedSite } from '../detect/fused';
 import { MS_ATTENTION } from '../graph/attention-ops';
 import { Graph, nodeLabel } from '../graph/graph';
@@ -127,14 +128,15 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
     site.label = siteLabel(r, site.call.label);
     if (call.node.input[call.input] !== call.s) fail(`the call no longer passes s '${call.s}'`);
   }
-  const graph = byPath.get(body)?.graph ?? fail(`its graph ${body} is not in the model`);
+  const bodyScope = byPath.get(body) ?? fail(`its graph ${body} is not in the model`);
+  const graph = bodyScope.graph;
   const alpha = r.prior ? thetaIn(r, call) : undefined;
   const prior = alpha !== undefined ? priorRewire(graph, entriesOf(record, body, call ? undefined : `L${r.layer}`), alpha) : undefined;
   if (r.apply === undefined) {
     // The none preset: a prior and no factor.
     if (!prior) fail('the record names neither a factor nor a prior');
     site.tensors = { scope: body, before: prior.before, consumer: prior.consumer, input: prior.input, apply: '', prior,
-      ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }) };
+      ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r, Boolean(call)) }) };
     return;
   }
   const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply!));
@@ -152,7 +154,7 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
   site.tensors = {
     scope: body, before: main.from, consumer: nodeKey(consumer), input: main.input, apply: r.apply,
     ...(bias ? { bias: { input: bias.input, from: bias.from } } : {}),
-    ...(r.kind ? {} : { softmax: softmaxOf(graph, r, Boolean(call)) }),
+    ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r, Boolean(call)) }),
     ...(prior ? { prior } : {}), ...(samePlace ? { after: main.to } : {}),
   };
 }
@@ -236,9 +238,9 @@ function callOf(model: ModelProto, scope: Scope, own: ScopeEdits[], r: SiteRecor
 }
 
 /** The Softmax of a plain-op site, by label (for a call the record names `<call> → <Softmax>`). */
-function softmaxOf(graph: Graph, r: SiteRecord, call: boolean): string {
+function softmaxOf(scope: Scope, r: SiteRecord, call: boolean): string {
   const label = call ? r.softmax.split(' → ').slice(1).join(' → ') : r.softmax;
-  if (!graph.nodes.some((n) => n.opType === 'Softmax' && nodeLabel(n) === label)) fail(`its Softmax '${label}' is not in the graph`);
+  if (!softmaxNamed(scope.graph, scope.shapes, label)) fail(`its Softmax '${label}' is not in the graph`);
   return label;
 }
 
