@@ -37,12 +37,10 @@ const MAX_NODES = 400;
 const TOLERANCE = { abs: 1e-4, rel: 1e-3 };
 const TOLERANCE_FP16 = { abs: 1e-2, rel: 1e-2 };
 
-/** Classes that fail for reasons another branch (issue-32-fix) fixes: class → why. */
+/** Classes known to fail, not fixed yet: class → why (the test reports them as todo; delete a line once it passes). */
 const KNOWN: Record<string, string> = {
-  'opset-retarget': 'issue-32-fix (emit): at opset ≥ 13 / ≥ 18 the patch inserts ReduceSum / ReduceMax with an axes attribute (the opset-13/18 form takes axes as an input): the patched model does not load',
-  'qdq-probs': 'issue-32-fix (QDQ): probabilities through QuantizeLinear/DequantizeLinear do not reach the value product for detection',
-  'expand-same-logits': 'not fixed on this branch: Expand is not a logits carrier, since n is read before it and an Expand may broadcast the key axis; it can carry logits once n comes from the logits\' shape at the Softmax (issue-32-fix)',
-  'local-function': 'not fixed on this branch: inside a model-local function the mask comes in as a function input, so n becomes keys where the unwrapped site has causal or padding (and heads unknown)',
+  'expand-same-logits': 'not fixed: Expand is not a logits carrier, since n is read before it and an Expand may broadcast the key axis; it can carry logits once n comes from the logits\' shape at the Softmax',
+  'local-function': 'not fixed: inside a model-local function the mask comes in as a function input, so n becomes keys where the unwrapped site has causal or padding (and heads unknown)',
 };
 
 interface Unit {

@@ -20,6 +20,9 @@ export type TermForm = 'mask' | 'flag' | 'position' | 'bias' | 'unknown';
 /** An additive entry this far below the largest of its row hides its key: e^−30 ≈ 1e-13 of a probability. */
 export const HIDDEN_GAP = 30;
 
+/** Masks at or below this (−10000, finfo.min, −inf) are far from any content logit: verification's probe reads them as strong. */
+export const STRONG_MASK = -9000;
+
 const VIEWS = new Set(['Cast', 'Identity', 'Reshape', 'Unsqueeze', 'Squeeze', 'Expand', 'Tile', 'Transpose', 'Slice', 'Flatten', 'Neg', 'Abs', 'Trilu']);
 const FLAGS = new Set(['Equal', 'Less', 'Greater', 'LessOrEqual', 'GreaterOrEqual', 'Not', 'And', 'Or', 'Xor', 'IsNaN', 'IsInf']);
 const INTEGER_OR_BOOL = new Set<number>([DataType.BOOL, DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8]);

@@ -20,7 +20,7 @@ import { planFor } from '../rewrite/fused';
 import { Exposer, Unexposable } from './expose';
 import { constant, lastRows, node, PREFIX } from './nodes';
 import { readsLogits, VerifySite } from './sites';
-import { STRONG_MASK } from './views';
+import { STRONG_MASK } from '../detect/mask-form';
 
 export interface ProbeOutputs {
   before: string;

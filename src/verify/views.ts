@@ -5,7 +5,7 @@
  * with n from the operator's n plan evaluated on the run's actual input shapes and lengths.
  */
 import { FusedSite } from '../detect/fused';
-import { HIDDEN_GAP } from '../detect/mask-uses';
+import { HIDDEN_GAP, STRONG_MASK } from '../detect/mask-form';
 import { inputAt, NPlan, opSpec, queryInput, QueryPlan, Term } from '../graph/attention-ops';
 import { planFor } from '../rewrite/fused';
 import { NMode } from '../policy/n-mode';
@@ -129,8 +129,6 @@ function maskedCounts(masked: ArrayLike<number>, tk: number): Float64Array {
   return countRows(masked, tk, (max) => Math.min(max - HIDDEN_GAP, strong ? STRONG_MASK : -HIDDEN_GAP));
 }
 
-/** Masks at or below this are far from any content logit. */
-export const STRONG_MASK = -9000;
 
 /**
  * Keys per row above the row's limit; NaN for a row holding NaN or +Inf, whose Softmax is NaN in the original
