@@ -85,6 +85,11 @@ export interface WriteOptions {
   progress?: Progress | null;
   /** Largest single protobuf to write; above it large initializers go to `<output>.data` (default 2 GB − 1). */
   maxProtobufBytes?: number;
+  /**
+   * A working copy in a temporary folder (verification's sessions), not a result: a signal during the command
+   * still stops it, as if nothing was written.
+   */
+  scratch?: boolean;
 }
 
 export type Placement = 'in place' | 'referenced' | 'linked' | 'cloned' | 'copied' | 'written' | 'already there';
@@ -102,7 +107,7 @@ export interface WriteReport {
 export function writeModel(file: string, model: ModelProto, options: WriteOptions = {}): WriteReport {
   const plan = planWrite(file, model, options);
   try {
-    return settleWrite(plan.report, commit(plan.jobs, options.progress ?? null));
+    return settleWrite(plan.report, commit(plan.jobs, options.progress ?? null, !options.scratch));
   } catch (e) {
     throw ioError(file, e, 'write');
   }
@@ -115,7 +120,7 @@ export function writeModel(file: string, model: ModelProto, options: WriteOption
 export async function writeModelAsync(file: string, model: ModelProto, options: WriteOptions = {}): Promise<WriteReport> {
   const plan = planWrite(file, model, options);
   try {
-    return settleWrite(plan.report, await commitAsync(plan.jobs, options.progress ?? null));
+    return settleWrite(plan.report, await commitAsync(plan.jobs, options.progress ?? null, !options.scratch));
   } catch (e) {
     throw ioError(file, e, 'write');
   }

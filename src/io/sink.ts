@@ -88,16 +88,17 @@ export function removeTemporaryFiles(): number {
   return removed;
 }
 
-export function commit(jobs: Job[], progress: Progress | null): Committed {
-  const steps = transaction(jobs, progress);
+/** `result`: the write is a command's output, so the onPlaced listeners are told (not a working copy in a scratch folder). */
+export function commit(jobs: Job[], progress: Progress | null, result = true): Committed {
+  const steps = transaction(jobs, progress, result);
   let step = steps.next();
   while (!step.done) step = steps.next();
   return step.value;
 }
 
 /** As commit, letting the event loop run after every chunk (signal handlers, timers). */
-export async function commitAsync(jobs: Job[], progress: Progress | null): Promise<Committed> {
-  const steps = transaction(jobs, progress);
+export async function commitAsync(jobs: Job[], progress: Progress | null, result = true): Promise<Committed> {
+  const steps = transaction(jobs, progress, result);
   let step = steps.next();
   while (!step.done) {
     await new Promise<void>((resolve) => setImmediate(resolve));
@@ -106,7 +107,7 @@ export async function commitAsync(jobs: Job[], progress: Progress | null): Promi
   return step.value;
 }
 
-function* transaction(jobs: Job[], progress: Progress | null): Generator<void, Committed> {
+function* transaction(jobs: Job[], progress: Progress | null, result: boolean): Generator<void, Committed> {
   const strays = removeStrays([...new Set(jobs.map((j) => path.dirname(j.target)))]);
   const temps = jobs.map((j) => tempPath(j.target));
   for (const t of temps) live.add(t);
@@ -123,7 +124,7 @@ function* transaction(jobs: Job[], progress: Progress | null): Generator<void, C
       renamed.push(job.target);
     });
     // Still in the synchronous stretch: a signal cannot come between the rename and its listeners.
-    tellPlaced(jobs[jobs.length - 1].target);
+    if (result) tellPlaced(jobs[jobs.length - 1].target);
     return { results, strays };
   } catch (e) {
     for (const f of [...temps, ...renamed]) fs.rmSync(f, { force: true });

@@ -140,7 +140,7 @@ export class SessionFactory {
     const folder = path.join(this.dir, key);
     fs.mkdirSync(folder);
     const file = path.join(folder, 'model.onnx');
-    writeModel(file, model, { externalData: 'link' });
+    writeModel(file, model, { externalData: 'link', scratch: true });
     return file;
   }
 }

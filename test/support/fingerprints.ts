@@ -83,7 +83,8 @@ async function run(target: string, compare?: string): Promise<number> {
   return changed.length ? 1 : 0;
 }
 
-if (require.main === module) {
+// `node --test dist/test/` runs every file of the folder: without a target this is not the command, and does nothing.
+if (require.main === module && process.argv[2]) {
   const [target, flag, compare] = process.argv.slice(2);
   run(target, flag === '--compare' ? compare : undefined).then((code) => {
     process.exitCode = code;
