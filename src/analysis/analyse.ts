@@ -81,4 +81,5 @@ export function forcedAs(analysis: Analysis, names: readonly string[]): Analysis
 
 const siteLabel = (s: AttentionSite | FusedSite): string => nodeLabel('softmax' in s ? s.softmax : s.node);
 
-const sameNames = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x) => b.includes(x));
+/** The same names, in any order. */
+export const sameNames = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x) => b.includes(x));

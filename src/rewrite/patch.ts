@@ -7,7 +7,7 @@ import type { Rule } from '../detect/rules';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
-import { Analysis, analyseModel } from '../analysis/analyse';
+import { Analysis, analyseModel, sameNames } from '../analysis/analyse';
 import { ModelProto, toNumber } from '../io/onnx';
 import { cloneModel } from '../io/model-file';
 import { Preset } from '../policy/factor';
@@ -80,8 +80,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
 /** An analysis handed in must be of this model object, made with the same forced names. */
 function givenAnalysis(analysis: Analysis, model: ModelProto, force: readonly string[]): Analysis {
   if (analysis.model !== model) throw new InputError('the analysis given to patchModel is of another model: run analyseModel on this model', 'usage');
-  const same = force.length === analysis.force.length && force.every((f) => analysis.force.includes(f));
-  if (!same) throw new InputError(`the analysis given to patchModel forces ${analysis.force.join(', ') || 'nothing'}, the options ${force.join(', ') || 'nothing'}: analyse with the same force`, 'usage');
+  if (!sameNames(force, analysis.force)) throw new InputError(`the analysis given to patchModel forces ${analysis.force.join(', ') || 'nothing'}, the options ${force.join(', ') || 'nothing'}: analyse with the same force`, 'usage');
   return analysis;
 }
 

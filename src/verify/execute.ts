@@ -17,14 +17,13 @@ import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
 import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { Setup } from './setup';
-import { CheckUnit, Outcome } from './checks/unit';
+import { CheckUnit, Outcome, readersOf } from './checks/unit';
 import { PREFIX } from './nodes';
 import { makeScratch, removeScratch } from './scratch';
 
 export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
   const runs = setup.plan.runs;
-  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] =>
-    units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key));
+  const readers = (run: RunSpec, key: SessionKey): CheckUnit[] => readersOf(setup, units, run, key);
   const reports = new Map<string, RunReport>();
   const store = new OriginalOutputs();
   const dropped = new Set<string>();

@@ -7,15 +7,15 @@ import type { ModelProto } from '../io/onnx';
 import { InputError } from '../errors';
 import { LIFTED_CHECKS, LiftedPair, liftedPairs } from './lift';
 import type { FileVerifyOptions, VerifyOptions } from './options';
-import { CHECK_IDS, CheckId, RunSpec } from './plan';
+import { CHECK_IDS, CheckId } from './plan';
 import type { RunIdentity } from './report';
-import { SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
+import { SESSION_LABELS, SESSION_ORDER, SessionFactory } from './sessions';
 import { prepare, Setup } from './setup';
 import { LivenessCheck } from './checks/liveness';
 import { ProbeCheck } from './checks/probe';
 import { RetrofitCheck } from './checks/retrofit';
 import { SharpnessCheck } from './checks/sharpness';
-import { CheckUnit, UnitContext } from './checks/unit';
+import { CheckUnit, readersOf, UnitContext } from './checks/unit';
 import { WiringCheck } from './checks/wiring';
 
 /** The five checks as units. Retrofit is made first: it adds its runs to the plan before the others look at the runs. */
@@ -53,13 +53,10 @@ export interface VerificationPlan { subjects: SubjectPlan[] }
 export function plannedRuns(setup: Setup, units: CheckUnit[]): PlannedRun[] {
   return setup.plan.runs.map((r) => ({
     id: r.id, kind: r.kind, batch: r.batch, seq: r.seq, past: r.past, padded: r.padded, keys: setup.keysOf(r),
-    reads: SESSION_ORDER.map((key) => ({ session: SESSION_LABELS[key], checks: readers(setup, units, r, key) })).filter((x) => x.checks.length > 0),
+    reads: SESSION_ORDER.map((key) => ({ session: SESSION_LABELS[key], checks: readersOf(setup, units, r, key).map((u) => u.id) }))
+      .filter((x) => x.checks.length > 0),
   })).filter((r) => r.reads.length > 0);
 }
-
-/** The checks that read `key`'s outputs on `run`, as the executor hands them on. */
-const readers = (setup: Setup, units: CheckUnit[], run: RunSpec, key: SessionKey): CheckId[] =>
-  units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key)).map((u) => u.id);
 
 function subjectPlan(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, subject: string): SubjectPlan {
   const setup = prepare(original, patched, options);

@@ -34,6 +34,11 @@ export interface UnitContext {
   lifted?: Lifted;
 }
 
+/** The selected checks that read `key`'s outputs on `run`: what the executor hands them, and what the plan prints. */
+export function readersOf(setup: Setup, units: readonly CheckUnit[], run: RunSpec, key: SessionKey): CheckUnit[] {
+  return units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key));
+}
+
 /** Every model output of a run against the original's, each with its own tolerance (wider for fp16/bf16). */
 export function compareRun(setup: Setup, run: RunSpec, actual: Outputs, expected: Outputs): RunResult {
   const outputs = setup.modelOutputs.filter((n) => expected[n]).map((n) => compareOutputs({ [n]: actual[n] }, { [n]: expected[n] }, toleranceFor(setup, n))[0]);
