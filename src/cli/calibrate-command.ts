@@ -16,10 +16,11 @@ import { onnxruntime } from '../onnxruntime';
 import { N_OPTIONS, parseNOption } from '../policy/n-mode';
 import { readTensorFile } from '../verify/tensor-files';
 import { HostTensor } from '../verify/tensors';
-import { formatPatch, formatWrite } from './format';
 import { collect, dimsValue, optionalInteger, pairs, rejectExtraArguments } from './parse';
-import { defaultOutput, EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
-import { CalibrateDocument, documentJson, settle } from './report';
+import type { Warning } from '../policy/warnings';
+import { CalibrateOutcome, documentOf, Verdict } from './outcome';
+import { defaultOutput, EXTERNAL_DATA_HELP, linkWarnings, outputHint, warn, writeOptions } from './patch-command';
+import { documentJson } from './report';
 import { Run } from './run';
 import { layersValue } from './values';
 import { memoryValue, verifyProgress } from './verify-command';
@@ -67,14 +68,13 @@ export function calibrateProgram(cmd: Command): Command {
     .option('--quiet', 'no progress line on stderr');
 }
 
-export async function calibrateCommand(args: string[], o: CalibrateCliOptions, run: Run): Promise<number> {
-  const doc = run.doc as CalibrateDocument;
+export async function calibrateCommand(args: string[], o: CalibrateCliOptions, run: Run): Promise<CalibrateOutcome> {
   rejectExtraArguments(args, 1, 'calibrate takes one model', outputHint('calibrate', args));
   const input = args[0];
   const output = defaultOutput(input, o.output, 'slope');
   const base = output.replace(/\.onnx$/i, '');
   const files = { report: o.report ?? `${base}.calibration.json`, plot: o.plot ?? `${base}.calibration.svg` };
-  Object.assign(doc, { input, target: output });
+  Object.assign(run.known, { input, target: output });
   const options = optionsFrom(o);
   const write = writeOptions(o, input);
   onnxruntime();
@@ -88,16 +88,17 @@ export async function calibrateCommand(args: string[], o: CalibrateCliOptions, r
   } finally {
     progress();
   }
-  Object.assign(doc, { sites: result.patch.sites, calibration: result.report });
+  const { report } = result;
   // A calibration that reached no target writes its report and plot (what was measured) and no model.
-  if (!result.report.reached) settle(doc, 'calibrate-failed', `calibration found no s: ${result.report.notes[0] ?? 'no group reached its target'}; no model written`);
-  const written = result.report.reached ? await writeModelAsync(output, result.model, write) : null;
-  doc.output = written?.output ?? null;
-  if (written) recordWrite(doc, written);
-  writeTextFile(files.plot, calibrationSvg(result.report, `Calibration: ${path.basename(input)}`), [input]);
-  writeTextFile(files.report, documentJson(doc), [input]);
-  run.print(() => [...formatPatch(result.patch), ...formatCalibration(result.report), ...(written ? formatWrite(written) : []), `report: ${files.report}`, `plot: ${files.plot}`]);
-  return doc.exitCode;
+  const verdict: Verdict = report.reached ? {} : { failure: { code: 'calibrate-failed', message: `calibration found no s: ${report.notes[0] ?? 'no group reached its target'}; no model written` } };
+  Object.assign(run.known, { patch: result.patch, calibration: report, verdict });
+  const written = report.reached ? await writeModelAsync(output, result.model, write) : null;
+  const warnings: Warning[] = [];
+  if (written) warn(warnings, linkWarnings(written));
+  const outcome: CalibrateOutcome = { command: 'calibrate', input, target: output, patch: result.patch, calibration: report, warnings, verdict, written, files, lines: formatCalibration(report) };
+  writeTextFile(files.plot, calibrationSvg(report, `Calibration: ${path.basename(input)}`), [input]);
+  writeTextFile(files.report, documentJson(documentOf(outcome)), [input]);
+  return outcome;
 }
 
 const GRANULARITY: Record<string, Granularity> = { layer: 'per-layer', head: 'per-head' };

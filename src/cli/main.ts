@@ -10,6 +10,7 @@ import { ERROR_CODES, ErrorCode, InputError, oneLine, SsmaxError } from '../erro
 import { VERSION } from '../version';
 import { rejectEmptyValues, rejectRepeatedOptions } from './parse';
 import { patchCommand, patchProgram } from './patch-command';
+import { documentOf, Outcome } from './outcome';
 import { CommandName, documentJson, settle } from './report';
 import { revertCommand, revertProgram } from './revert-command';
 import { Run } from './run';
@@ -29,7 +30,8 @@ A model file named like a command: ssmax-patch patch verify (or ./verify).
 Exit codes: 0 done; 1 a verification check failed (or --strict found something unverified); 2 usage or input
 error; 3 a bug; 4 no attention to patch. With --json, the report's error.code says which error.`;
 
-type Action = (args: string[], options: never, run: Run) => Promise<number>;
+/** A command's outcome, or null when it printed its own answer (patch --explain). */
+type Action = (args: string[], options: never, run: Run) => Promise<Outcome | null>;
 
 /** Runs the CLI and returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
@@ -38,7 +40,6 @@ export async function main(argv: string[]): Promise<number> {
   let code = 3;
   try {
     code = await dispatch(argv, run);
-    if (code !== 0 && run.doc.error && run.failureOnStderr) process.stderr.write(`ssmax-patch: ${run.doc.error.message}\n`);
   } catch (err) {
     code = fail(err, run, argv[0] === 'help' ? 'ssmax-patch --help' : `ssmax-patch ${run.command} --help`);
   } finally {
@@ -59,7 +60,8 @@ async function dispatch(argv: string[], run: Run): Promise<number> {
     cmd.allowExcessArguments(true).action(async (...a: unknown[]) => {
       const self = a[a.length - 1] as Command;
       rejectEmptyValues(self);
-      code = await action(self.args, self.opts() as never, run);
+      const outcome = await action(self.args, self.opts() as never, run);
+      code = outcome ? run.show(outcome) : 0;
     });
   };
   add('patch', patchProgram, patchCommand as Action);
@@ -108,8 +110,9 @@ function fail(err: unknown, run: Run, help: string): number {
   if (!error) return 0;
   const exit = ERROR_CODES[error.code];
   const line = oneLine(exit === 2 ? `${error.message} (see ${help})` : error.message);
-  settle(run.doc, error.code, line);
-  if (run.json && !run.printed) process.stdout.write(documentJson(run.doc));
+  const doc = documentOf(run.known, run.command);
+  settle(doc, error.code, line);
+  if (run.json && !run.printed) process.stdout.write(documentJson(doc));
   process.stderr.write(`ssmax-patch: ${line}\n`);
   return exit;
 }

@@ -15,13 +15,13 @@ import { patchModel, PatchOptions, PatchReport, PatchResult } from '../rewrite/p
 import { revertModel } from '../rewrite/revert';
 import { checkLoads } from '../verify/load-check';
 import type { FileVerifyOptions, VerifyReport } from '../verify/verify';
-import { formatExplain, formatPatch, formatVerify, formatWrite } from './format';
+import { formatExplain } from './format';
+import { documentOf, judge, PatchOutcome, Verdict } from './outcome';
 import { collect, optionalInteger, optionalReal, rejectExtraArguments } from './parse';
 import { layersValue, presetValue, priorFileValue, priorValue, sFileValue } from './values';
-import { CalibrateDocument, PatchDocument, RevertDocument } from './report';
 import { printWarnings, Run } from './run';
 import { expandForceSites, refusedOf, siteCausality } from './sites';
-import { addVerifyOptions, prepareVerification, strictLines, verdict, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
+import { addVerifyOptions, prepareVerification, VerifyCliOptions, verifyOptionsFrom, verifyWithProgress, writeArtifacts } from './verify-command';
 
 export interface PatchCliOptions extends VerifyCliOptions {
   output?: string;
@@ -77,40 +77,49 @@ export function patchProgram(cmd: Command): Command {
 
 const sentence = (items: string[]): string => (items.length > 1 ? `${items.slice(0, -1).join(', ')} and ${items[items.length - 1]}` : items[0]);
 
-export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<number> {
-  const doc = run.doc as PatchDocument;
+/**
+ * Patches, warns, optionally verifies, loads and writes; returns what it did. What is known so far stays in
+ * run.known, for the report of a failure part-way.
+ */
+export async function patchCommand(args: string[], o: PatchCliOptions, run: Run): Promise<PatchOutcome | null> {
   if (o.explain !== undefined) return explain(args, o, run);
-  const plan = planPatch(args, o, doc);
+  const known = run.known as Partial<PatchOutcome>;
+  const plan = planPatch(args, o, known);
   const original = readModel(plan.input);
-  const { model, report, analysis } = patchOrExplain(original, o, plan, doc);
-  Object.assign(doc, report);
-  doc.warnings.push(...warningsFor(original, report, analysis.detection, o, plan));
-  printWarnings(doc.warnings);
-  const verification = o.verify ? await verifyBeforeWriting(original, model, report, analysis, o, plan, doc) : undefined;
-  const writing = doc.exitCode === 0 && !o.dryRun;
-  if (writing) await loadsBeforeWriting(original, model, doc);
+  const warnings: Warning[] = known.warnings = [];
+  const { model, report, analysis } = patchOrExplain(original, o, plan, known);
+  known.patch = report;
+  warn(warnings, warningsFor(original, report, analysis.detection, o, plan));
+  const verification = o.verify ? await verifyBeforeWriting(original, model, report, analysis, plan, o.quiet) : undefined;
+  const verdict: Verdict = verification ? judge(verification, ': output not written') : {};
+  Object.assign(known, { verification, verdict });
+  const writing = !verdict.failure && !o.dryRun;
+  if (writing) warn(warnings, await loadsBeforeWriting(original, model));
   const written = writing ? await writeModelAsync(plan.output, model, plan.write) : null;
-  doc.output = written?.output ?? null;
-  if (written) recordWrite(doc, written);
-  const files = verification ? writeArtifacts(doc, {
+  known.written = written;
+  if (written) warn(warnings, linkWarnings(written));
+  const outcome: PatchOutcome = { command: 'patch', input: plan.input, target: plan.output, dryRun: Boolean(o.dryRun), patch: report, warnings, verification, verdict, written, artifacts: [] };
+  if (!verification) return outcome;
+  const artifacts = writeArtifacts(documentOf(outcome), {
     verification, refused: refusedOf(report.skipped), title: `Attention sharpness: ${path.basename(plan.input)}`, suite: `ssmax-patch patch ${plan.input}`,
-  }, o, [plan.input, plan.output]) : [];
-  run.print(() => [
-    ...formatPatch(report, Boolean(o.dryRun)),
-    ...(verification ? [...formatVerify(verification), ...strictLines(doc), ...files] : []),
-    ...formatWrite(written, Boolean(o.dryRun)),
-  ]);
-  return doc.exitCode;
+  }, o, [plan.input, plan.output]);
+  return { ...outcome, artifacts };
+}
+
+/** Adds warnings to the outcome's and prints them as they arise, before a long verification or write. */
+export function warn(to: Warning[], warnings: Warning[]): void {
+  to.push(...warnings);
+  printWarnings(warnings);
 }
 
 /** --explain prints a trace and writes nothing: options that patch, verify or write would be ignored. */
-function explain(args: string[], o: PatchCliOptions, run: Run): number {
+function explain(args: string[], o: PatchCliOptions, run: Run): null {
   rejectExtraArguments(args, 1, 'patch takes one model');
   const others = Object.keys(o).filter((k) => k !== 'explain' && !(k === 'n' && o.n === 'auto'));
   if (others.length) throw new InputError(`--explain prints the rules tried on a node and writes nothing: it takes no other option (got ${others.map(flag).join(', ')})`, 'usage');
   run.printed = true;
   process.stdout.write(formatExplain(explainNode(readModel(args[0]), o.explain!)).join('\n') + '\n');
-  return 0;
+  return null;
 }
 
 const flag = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
@@ -145,11 +154,11 @@ export function outputHint(command: 'patch' | 'revert' | 'calibrate', args: stri
 }
 
 /** Arguments and option values, all checked before any model is read. */
-function planPatch(args: string[], o: PatchCliOptions, doc: PatchDocument): PatchPlan {
+function planPatch(args: string[], o: PatchCliOptions, known: Partial<PatchOutcome>): PatchPlan {
   rejectExtraArguments(args, 1, 'patch takes one model', outputHint('patch', args));
   const input = args[0];
   const output = defaultOutput(input, o.output);
-  Object.assign(doc, { input, target: output, dryRun: Boolean(o.dryRun) });
+  Object.assign(known, { input, target: output, dryRun: Boolean(o.dryRun) });
   const n = parseNOption(o.n);
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
   const values = patchValues(o, n, trainLen);
@@ -181,42 +190,37 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
  * pattern names), the analysis reused for the warnings and verification; when it refuses, the document still lists
  * every skipped node and why, for --json.
  */
-function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument): PatchResult & { analysis: Analysis } {
+function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, known: Partial<PatchOutcome>): PatchResult & { analysis: Analysis } {
   let analysis: Analysis | undefined;
   try {
     analysis = analyseModel(original);
     const force = expandForceSites(o.forceSite ?? [], analysis.detection);
-    for (const p of force.empty) doc.warnings.push({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` });
+    warn(known.warnings!, force.empty.map((p) => ({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` })));
     analysis = withForce(analysis, force.names);
     return { ...patchModel(original, { ...plan.values, force: force.names, analysis }), analysis };
   } catch (e) {
-    doc.skipped = analysis?.detection.skipped ?? [];
+    known.skipped = analysis?.detection.skipped ?? [];
     throw e;
   }
 }
 
-/** Verification (and --strict) before anything is written; the verdict goes into the document. */
-/** Refuses to write a patch onnxruntime does not load (load-check.ts); says so where it refuses the original too. */
-async function loadsBeforeWriting(original: ModelProto, model: ModelProto, doc: PatchDocument): Promise<void> {
+/** Refuses to write a patch onnxruntime does not load (load-check.ts); warns where it refuses the original too. */
+async function loadsBeforeWriting(original: ModelProto, model: ModelProto): Promise<Warning[]> {
   const check = await checkLoads(original, model);
-  if (check.status !== 'original-refused') return;
-  const warning: Warning = {
+  if (check.status !== 'original-refused') return [];
+  return [{
     code: 'original-does-not-load',
     message: `onnxruntime refuses the original model too (${check.reason}): whether the patched model loads was not checked`,
-  };
-  doc.warnings.push(warning);
-  printWarnings([warning]);
+  }];
 }
 
+/** Verification (and --strict) before anything is written. */
 async function verifyBeforeWriting(
-  original: ModelProto, model: ModelProto, report: PatchReport, analysis: Analysis, o: PatchCliOptions, plan: PatchPlan, doc: PatchDocument,
+  original: ModelProto, model: ModelProto, report: PatchReport, analysis: Analysis, plan: PatchPlan, quiet?: boolean,
 ): Promise<VerifyReport> {
   // An update replaces s of an existing patch: what it must be compared with is the input without that patch.
   const baseline = report.updated ? revertModel(original).model : original;
-  const verification = await verifyWithProgress(baseline, model, { ...plan.verifyOptions, ...(report.updated ? {} : { analysis }) }, o.quiet);
-  doc.verification = verification;
-  verdict(doc, verification, ': output not written');
-  return verification;
+  return verifyWithProgress(baseline, model, { ...plan.verifyOptions, ...(report.updated ? {} : { analysis }) }, quiet);
 }
 
 function warningsFor(original: ModelProto, report: PatchReport, detection: Detection, o: PatchCliOptions, plan: PatchPlan): Warning[] {
@@ -242,17 +246,8 @@ function referenceWarnings(model: ModelProto, output: string): Warning[] {
   }];
 }
 
-/** What the write did, in the report; the warnings only the write can tell, printed too. */
-export function recordWrite(doc: PatchDocument | RevertDocument | CalibrateDocument, written: WriteReport): void {
-  doc.externalData = written.externalData;
-  if (written.removedTemporaryFiles.length) doc.removedTemporaryFiles = written.removedTemporaryFiles;
-  const warnings = linkWarnings(written);
-  doc.warnings.push(...warnings);
-  printWarnings(warnings);
-}
-
 /** A hard-linked data file is the input's own: what a later write through the output does to the input. */
-function linkWarnings(written: WriteReport): Warning[] {
+export function linkWarnings(written: WriteReport): Warning[] {
   const linked = written.externalData.filter((e) => e.how === 'linked' || e.how === 'already there');
   if (linked.length === 0) return [];
   const names = linked.map((e) => path.relative(path.dirname(path.resolve(written.output)), e.file));

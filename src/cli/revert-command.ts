@@ -2,10 +2,10 @@
 import { Command } from 'commander';
 import { readModel, writeModelAsync } from '../io/model-file';
 import { revertModel } from '../rewrite/revert';
-import { formatRevert, formatWrite } from './format';
 import { rejectExtraArguments } from './parse';
-import { defaultOutput, EXTERNAL_DATA_HELP, outputHint, recordWrite, writeOptions } from './patch-command';
-import { RevertDocument } from './report';
+import type { Warning } from '../policy/warnings';
+import type { RevertOutcome } from './outcome';
+import { defaultOutput, EXTERNAL_DATA_HELP, linkWarnings, outputHint, warn, writeOptions } from './patch-command';
 import { Run } from './run';
 
 export interface RevertCliOptions {
@@ -26,18 +26,17 @@ export function revertProgram(cmd: Command): Command {
     .option('--quiet', 'no progress line on stderr');
 }
 
-export async function revertCommand(args: string[], o: RevertCliOptions, run: Run): Promise<number> {
-  const doc = run.doc as RevertDocument;
+export async function revertCommand(args: string[], o: RevertCliOptions, run: Run): Promise<RevertOutcome> {
   rejectExtraArguments(args, 1, 'revert takes one model', outputHint('revert', args));
   const input = args[0];
-  doc.input = input;
+  const known = run.known as Partial<RevertOutcome>;
+  known.input = input;
   const output = defaultOutput(input, o.output, 'reverted', /(\.ssmax)?\.onnx$/i);
   const write = writeOptions(o, input);
   const { model, report } = revertModel(readModel(input));
-  Object.assign(doc, report);
+  known.revert = report;
   const written = await writeModelAsync(output, model, write);
-  doc.output = written.output;
-  recordWrite(doc, written);
-  run.print(() => [...formatRevert(report), ...formatWrite(written)]);
-  return 0;
+  const warnings: Warning[] = [];
+  warn(warnings, linkWarnings(written));
+  return { command: 'revert', input, revert: report, written, warnings };
 }

@@ -10,17 +10,17 @@ import { readModel } from '../io/model-file';
 import { checkWritable, writeTextFile } from '../io/text-file';
 import { onnxruntime } from '../onnxruntime';
 import { trainLenWarnings } from '../policy/warnings';
-import { readRecord } from '../rewrite/record';
+import { readRecord, recordedLabel } from '../rewrite/record';
 import { CHECK_IDS, CheckId } from '../verify/plan';
 import { noCurveSvg, sharpnessSvg } from '../verify/plot';
 import { parseSize } from '../verify/memory';
 import { FileVerifyOptions, VerifyReport, verifyForCli } from '../verify/verify';
 import { planVerification } from '../verify/verification-plan';
 import type { ModelProto } from '../io/onnx';
-import { formatPlan, formatVerify } from './format';
 import { junitXml } from './junit';
 import { collect, dimsValue, listValue, optionalInteger, optionalReal, pairs, rejectExtraArguments } from './parse';
-import { documentJson, ReportDocument, settle, VerifyDocument } from './report';
+import { documentOf, judge, VerifyOutcome } from './outcome';
+import { documentJson, ReportDocument } from './report';
 import { printWarnings, Run } from './run';
 import { refusedOf } from './sites';
 import { Analysis, analyseModel } from '../analysis/analyse';
@@ -163,20 +163,6 @@ export function writeArtifacts(doc: ReportDocument, a: Artifacts, o: VerifyCliOp
 
 const percent = (lnRatio: number): string => `${Math.round(Math.exp(lnRatio) * 100)} %`;
 
-/** Exit code and stderr line of a finished verification (a document starts as ok), with --strict's verdict recorded in it. */
-export function verdict(doc: ReportDocument, report: VerifyReport, consequence: string): number {
-  // The strict gate fails on a failed check as well as on anything left unverified, so its verdict is the exit code's.
-  const failed = report.checks.filter((c) => c.status === 'FAILED').map((c) => `${c.name} FAILED: ${c.summary}`);
-  if (report.strictMode) doc.strict = { passed: report.passed, failures: [...failed, ...report.unverified] };
-  if (failed.length) {
-    settle(doc, 'verify-failed', `verification FAILED${consequence}`);
-  } else if (doc.strict?.failures.length) {
-    const more = doc.strict.failures.length > 1 ? ` and ${doc.strict.failures.length - 1} more` : '';
-    settle(doc, 'strict-failed', `--strict: ${doc.strict.failures[0]}${more}${consequence}`);
-  }
-  return doc.exitCode;
-}
-
 export function verifyProgram(cmd: Command): Command {
   return addVerifyOptions(cmd
     .description('Check a model patched by ssmax-patch against its original on onnxruntime (exit 0 passed; 1 a check failed, or with --strict one was skipped or a site refused; 2 usage or input error)')
@@ -187,45 +173,38 @@ export function verifyProgram(cmd: Command): Command {
     .option('--dry-run', 'print the verification plan (each pair verified, its runs and which check reads which session on each) and run nothing'));
 }
 
-/** Runs `verify`; returns the exit code. */
-export async function verifyCommand(args: string[], o: VerifyCliOptions & { trainLen?: string; dryRun?: boolean }, run: Run): Promise<number> {
-  const doc = run.doc as VerifyDocument;
-  run.failureOnStderr = false;
+/** Runs `verify` (or with --dry-run plans it); returns what it found. */
+export async function verifyCommand(args: string[], o: VerifyCliOptions & { trainLen?: string; dryRun?: boolean }, run: Run): Promise<VerifyOutcome> {
   rejectExtraArguments(args, 2, 'verify takes two models: the original and the patched one');
   const [originalFile, patchedFile] = args;
-  doc.original = originalFile;
-  doc.patched = patchedFile;
+  const known = run.known as Partial<VerifyOutcome>;
+  Object.assign(known, { original: originalFile, patched: patchedFile });
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
   const options = verifyOptionsFrom(o, trainLen);
   const protect = [originalFile, patchedFile];
-  if (o.dryRun) return dryRun(originalFile, patchedFile, o, options, run);
+  if (o.dryRun) return dryRun(originalFile, patchedFile, o, options);
   prepareVerification(o, protect);
   const original = readModel(originalFile);
   const patched = readModel(patchedFile);
   const record = readRecord(patched);
-  if (trainLen !== undefined && record && record.preset !== 'slope') doc.warnings.push(...trainLenWarnings(trainLen, record.sites.map((r) => ({ node: r.softmax, s: r.s }))));
-  printWarnings(doc.warnings);
+  const warnings = known.warnings = trainLen !== undefined && record && record.preset !== 'slope' ? trainLenWarnings(trainLen, record.sites.map((r) => ({ node: recordedLabel(r), s: r.s }))) : [];
+  printWarnings(warnings);
   // Refused in the original and not forced into the patch: left as they were.
   const analysis = analysed(original);
-  const refused = refusedOf(analysis?.detection.skipped ?? []).filter((k) => !record?.sites.some((r) => r.softmax === k.node));
-  doc.refused = refused;
-  const report = await verifyWithProgress(original, patched, { ...options, analysis });
-  Object.assign(doc, report);
-  const code = verdict(doc, report, '');
-  const written = writeArtifacts(doc, { verification: report, refused, title: `Attention sharpness: ${path.basename(patchedFile)}`, suite: `ssmax-patch verify ${patchedFile}` }, o, protect);
-  run.print(() => [...formatVerify(report), ...strictLines(doc), ...written]);
-  return code;
+  const refused = known.refused = refusedOf(analysis?.detection.skipped ?? []).filter((k) => !record?.sites.some((r) => recordedLabel(r) === k.node));
+  const verification = await verifyWithProgress(original, patched, { ...options, analysis });
+  const outcome: VerifyOutcome = { command: 'verify', original: originalFile, patched: patchedFile, warnings, refused, verification, verdict: judge(verification, ''), artifacts: [] };
+  const artifacts = writeArtifacts(documentOf(outcome), { verification, refused, title: `Attention sharpness: ${path.basename(patchedFile)}`, suite: `ssmax-patch verify ${patchedFile}` }, o, protect);
+  return { ...outcome, artifacts };
 }
 
-/** `verify --dry-run`: the plan, printed; no runtime is needed and nothing runs or is written. */
-function dryRun(originalFile: string, patchedFile: string, o: VerifyCliOptions, options: FileVerifyOptions, run: Run): number {
+/** `verify --dry-run`: the plan; no runtime is needed and nothing runs or is written. */
+function dryRun(originalFile: string, patchedFile: string, o: VerifyCliOptions, options: FileVerifyOptions): VerifyOutcome {
   const writes = (['report', 'plot', 'junit', 'strict'] as const).filter((k) => o[k] !== undefined).map((k) => `--${k}`);
   if (writes.length) throw new InputError(`--dry-run runs nothing, so it takes no ${writes.join(', ')}`, 'usage');
   const original = readModel(originalFile);
   const plan = planVerification(original, readModel(patchedFile), { ...options, analysis: analysed(original) });
-  (run.doc as VerifyDocument).plan = plan;
-  run.print(() => formatPlan(plan));
-  return 0;
+  return { command: 'verify', original: originalFile, patched: patchedFile, warnings: [], refused: [], plan, verdict: {}, artifacts: [] };
 }
 
 /** The original's analysis for the report being assembled; an unreadable graph is verification's to report, in its words. */
@@ -236,6 +215,3 @@ function analysed(model: ModelProto): Analysis | undefined {
     return undefined;
   }
 }
-
-export const strictLines = (doc: ReportDocument): string[] =>
-  doc.strict ? [`strict: ${doc.strict.passed ? 'PASSED' : `FAILED (${doc.strict.failures.join('; ')})`}`] : [];
