@@ -1,6 +1,7 @@
 /**
  * `npm run bench -- runtimes [--only REGEX]`: `patch --train-len 64 --verify --dry-run` of every fixture and every
- * file of ../shared/corpus on onnxruntime-node and on onnxruntime-web's WebAssembly backend (SSMAX_PATCH_RUNTIME),
+ * file of the corpus (the folder $SSMAX_CORPUS names, else ../shared/corpus: the tests' own helper) on
+ * onnxruntime-node and on onnxruntime-web's WebAssembly backend (SSMAX_PATCH_RUNTIME),
  * one model at a time: the verdicts side by side (exit code, each check's status, the error), every file whose
  * verdicts differ with both sides' reasons, and the time each took (the process's wall time and the verification's).
  */
@@ -8,11 +9,12 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
+import { CORPUS, CORPUS_HINT } from '../test/support/ref';
 
 const run = promisify(execFile);
 const ROOT = path.resolve(__dirname, '../..');
 const BIN = path.join(ROOT, 'bin/ssmax-patch.js');
-const SOURCES = { fixtures: path.join(ROOT, 'fixtures'), corpus: path.resolve(ROOT, '../shared/corpus') };
+const SOURCES = { fixtures: path.join(ROOT, 'fixtures'), corpus: CORPUS };
 const RUNTIMES = ['node', 'web'] as const;
 type RuntimeChoice = typeof RUNTIMES[number];
 
@@ -58,6 +60,8 @@ const seconds = (ms: number): string => (ms / 1000).toFixed(1);
 export async function runtimesBench(argv: string[]): Promise<void> {
   const i = argv.indexOf('--only');
   const only = i >= 0 ? new RegExp(argv[i + 1]) : null;
+  // Without a corpus the table would show 0 corpus files as if none differed: say so first.
+  if (!fs.existsSync(CORPUS)) process.stderr.write(`runtimes: no corpus at ${CORPUS} (${CORPUS_HINT}): fixtures only\n`);
   const rows: { source: string; file: string; by: Record<RuntimeChoice, Outcome> }[] = [];
   for (const [source, dir] of Object.entries(SOURCES)) {
     for (const file of models(dir).filter((f) => !only || only.test(f))) {

@@ -17,9 +17,10 @@ import { after, before, describe, it } from 'node:test';
 import { parse } from 'yaml';
 import { encodeModel } from '../src/io/model-file';
 import { classifierOnly } from './support/build';
-import { FIXTURES, TORCH } from './support/ref';
+import { corpusSkip, FIXTURES, TORCH } from './support/ref';
 import { removeScratch, tmpdir } from './support/io';
-import { assertLines, blocks, codeBlocks, REPO, runShell, section, ShellResult } from './support/readme';
+import { assertLines, blocks, CodeBlock, codeBlocks, REPO, runShell, section, ShellResult } from './support/readme';
+import { assertRecipeOutput, RECIPES } from './support/recipes';
 
 after(removeScratch);
 
@@ -82,7 +83,25 @@ const EXAMPLES: Record<string, { model: string; args?: (dir: string) => string[]
  * Each command block of the README and docs/, by the heading above it: how to run it in a folder of the project
  * (the models it reads, what it must print and write), or the test that runs it already.
  */
-const COMMANDS: Record<string, string | { setup: (dir: string) => void; check: (r: ShellResult, dir: string) => void }> = {
+interface CommandRun {
+  /** The corpus files it reads: skipped, saying so, without them. */
+  corpus?: string[];
+  setup: (dir: string) => void;
+  check: (r: ShellResult, dir: string) => void | Promise<void>;
+}
+
+/** docs/recipes.md's recipes: their models, and what each prints and writes (test/support/recipes.ts). */
+const recipeRuns: Record<string, CommandRun> = Object.fromEntries(Object.entries(RECIPES).map(([heading, recipe]) => [heading, {
+  corpus: recipe.corpus,
+  setup: recipe.setup,
+  check: async (r: ShellResult, dir: string) => {
+    assertRecipeOutput(heading, r);
+    await recipe.check(dir);
+  },
+}]));
+
+const COMMANDS: Record<string, string | CommandRun> = {
+  ...recipeRuns,
   'ssmax-patch': {
     setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'model.onnx')),
     // GPT-2's position table caps it at 256 tokens, below L = 4096: three checks skip, saying why, and it passes.
@@ -130,18 +149,65 @@ const COMMANDS: Record<string, string | { setup: (dir: string) => void; check: (
       for (const f of ['model.slope.onnx', 'model.slope.calibration.json', 'model.slope.calibration.svg']) assert.ok(fs.existsSync(path.join(dir, f)), f);
     },
   },
-  'From a clone of this repository': 'test/recipes.test.ts and npm test itself: it runs in a clone, not in a project',
-  'PyTorch `torch.onnx.export`': {
-    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'gpt2_past.onnx')),
+  'How the factor is inserted': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'model.onnx')),
     check: (r, dir) => {
-      assertLines(r.stdout, blocks(section('PyTorch `torch.onnx.export`'), 'text')[0]);
-      assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'gpt2_past.report.json'), 'utf8')).strict.passed, true);
+      assert.deepEqual(r.stdout.match(/^would patch .*$/gm), ['would patch 2 attention site(s), preset ssmax, n computed 1 time(s):',
+        'would patch 1 attention site(s), preset slope, n computed 1 time(s):']);
+      assert.match(r.stdout, /^ {2}L1 {2}\/lm\/transformer\/h\.1\/attn\/Softmax {2}n=causal-padding .* s=0\.2404 {2}on query {2}rule softmax\/matmul-qk$/m);
+      assert.deepEqual(fs.readdirSync(dir), ['model.onnx'], '--dry-run writes nothing');
     },
   },
-  'Hugging Face Optimum: merged decoders (`decoder_model_merged.onnx`)': 'test/recipes.test.ts, on a merged decoder it builds (this checkout\'s CLI)',
-  "onnxruntime's transformers optimizer": 'test/recipes.test.ts, on a corpus model (this checkout\'s CLI)',
-  'onnxruntime-genai model folders': 'test/recipes.test.ts, on a corpus folder (this checkout\'s CLI)',
+  'Real checkpoints: lossless, large, external data, bad input': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'model.onnx')),
+    // cmp exits 1 on a difference, so the run's exit 0 is the byte-for-byte revert.
+    check: (r, dir) => {
+      assert.match(r.stdout, /^wrote patched\/model\.onnx$/m);
+      assert.ok(!fs.readFileSync(path.join(dir, 'patched/model.onnx')).equals(fs.readFileSync(path.join(dir, 'model.onnx'))), 'a patch was written');
+    },
+  },
+  'Example: a run on the llama_gqa fixture': {
+    setup: (dir) => fs.copyFileSync(path.join(TORCH, 'llama_gqa.onnx'), path.join(dir, 'llama_gqa.onnx')),
+    // It writes where it runs; docs/ holds copies of the two files, whose checks and sweep are today's.
+    check: (r, dir) => {
+      assertLines(r.stdout, blocks(section('Example: a run on the llama_gqa fixture'), 'text')[0]);
+      const written = JSON.parse(fs.readFileSync(path.join(dir, 'verify-llama_gqa.json'), 'utf8'));
+      const copy = JSON.parse(fs.readFileSync(path.join(REPO, 'docs/verify-llama_gqa.json'), 'utf8'));
+      const statuses = (doc: { checks: { status: string }[] }): string[] => doc.checks.map((c) => c.status);
+      assert.deepEqual([statuses(written), written.sweep], [statuses(copy), copy.sweep]);
+      assert.match(fs.readFileSync(path.join(dir, 'sharpness-llama_gqa.svg'), 'utf8'), /<svg [^>]*>/);
+    },
+  },
+  'From a clone of this repository': 'test/recipes.test.ts and npm test itself: it runs in a clone, not in a project',
 };
+
+/**
+ * What each language of a fenced block is. Every block has one of these: sh and bash run (COMMANDS), ts and js run
+ * (EXAMPLES), yaml and json are read by a test here (DATA_BLOCKS), text is never run.
+ */
+const BLOCK_KINDS: Record<string, string> = {
+  sh: 'commands', bash: 'commands', ts: 'a library example', js: 'a library example',
+  yaml: 'a CI job', json: 'a package.json field', text: 'output, a command shape (synopsis), a diagram or a formula',
+};
+
+/** The headings of the YAML and JSON blocks the tests below read (the CI jobs, the allowScripts field). */
+const DATA_BLOCKS = ['GitHub Actions', 'GitLab CI', 'What npm runs and prints at install'];
+
+describe('the code blocks of the README and docs/', () => {
+  it('every code block of the README and docs/ is an example a test here runs, or is marked as none (output, a shape, a diagram)', () => {
+    const all = codeBlocks(null);
+    const where = (b: CodeBlock): string => `${b.page} '${b.heading}' (${b.lang || 'no language'})`;
+    assert.deepEqual(all.filter((b) => !(b.lang in BLOCK_KINDS)).map(where), [], `a block whose language is none of ${Object.keys(BLOCK_KINDS).join(', ')}`);
+    assert.deepEqual(all.filter((b) => b.lang === 'sh' || b.lang === 'bash').filter((b) => !COMMANDS[b.heading]).map(where), [], 'a command block without an entry in COMMANDS');
+    assert.deepEqual(all.filter((b) => b.lang === 'ts' || b.lang === 'js').filter((b) => !EXAMPLES[b.heading]).map(where), [], 'an example without an entry in EXAMPLES');
+    assert.deepEqual(all.filter((b) => b.lang === 'yaml' || b.lang === 'json').filter((b) => !DATA_BLOCKS.includes(b.heading)).map(where), [],
+      'a YAML or JSON block that no test here reads');
+    // A text block is never run: a command in one would go untested (npm's own warn and notice lines are output).
+    const command = /^\s*(\$ |npx |npm (?!warn|notice|error)\S|node (-e|\S+\.[cm]?js))/;
+    const hidden = all.filter((b) => b.lang === 'text').flatMap((b) => b.code.split('\n').filter((l) => command.test(l)).map((l) => `${where(b)}: ${l}`));
+    assert.deepEqual(hidden, [], 'a command in a text block: make it an sh block with an entry in COMMANDS');
+  });
+});
 
 const ping = run('npm', ['ping', '--fetch-timeout=15000', '--fetch-retries=1'], REPO);
 const unreachable = ping.status === 0 ? false : `the npm registry is unreachable (npm ping: ${(ping.stderr || ping.stdout).trim().split('\n').pop()})`;
@@ -233,20 +299,18 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     assert.ok(fs.readFileSync(path.join(project, 'model.reverted.onnx')).equals(fs.readFileSync(path.join(project, 'model.onnx'))));
   });
 
-  it('every other command block of the README and docs/ runs as written there, or is run by the test its entry names', () => {
-    const commands = codeBlocks(['sh', 'bash']);
-    assert.deepEqual(commands.map((c) => c.heading).filter((h) => !COMMANDS[h]), [], 'a command block without an entry in COMMANDS');
-    for (const [i, c] of commands.entries()) {
-      const entry = COMMANDS[c.heading];
-      if (typeof entry === 'string') continue;
+  for (const [i, c] of codeBlocks(['sh', 'bash']).entries()) {
+    const entry = COMMANDS[c.heading];
+    if (entry === undefined || typeof entry === 'string') continue;
+    it(`${c.page} '${c.heading}': the command block runs as written`, { skip: corpusSkip(...(entry.corpus ?? [])) }, async () => {
       const dir = path.join(project, 'commands', String(i));
       fs.mkdirSync(dir, { recursive: true });
       entry.setup(dir);
       const r = runShell(c.code, dir, userEnv, true);
       assert.equal(r.code, 0, `${c.page} '${c.heading}': ${r.stdout}${r.stderr}`);
-      entry.check(r, dir);
-    }
-  });
+      await entry.check(r, dir);
+    });
+  }
 
   it('every library example of the README and docs/ compiles under strict TypeScript and runs as written, handling its errors', () => {
     const examples = codeBlocks(['ts', 'js']);

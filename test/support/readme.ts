@@ -67,8 +67,11 @@ export function runShell(script: string, cwd: string, env: NodeJS.ProcessEnv = p
 
 export interface CodeBlock { page: string; heading: string; lang: string; code: string }
 
-/** Every fenced block of these languages in the README and docs/, with its page and the heading above it (dedented). */
-export function codeBlocks(langs: string[]): CodeBlock[] {
+/**
+ * Every fenced block of these languages (null: of any, or none) in the README and docs/, with its page and the
+ * heading above it (dedented).
+ */
+export function codeBlocks(langs: string[] | null): CodeBlock[] {
   const out: CodeBlock[] = [];
   for (const [page, text] of docPages()) {
     let heading = '';
@@ -77,7 +80,7 @@ export function codeBlocks(langs: string[]): CodeBlock[] {
       const fence = /^( *)```(\w*)\s*$/.exec(line);
       if (open) {
         if (fence) {
-          if (langs.includes(open.lang)) out.push({ page, heading, lang: open.lang, code: open.lines.join('\n') + '\n' });
+          if (!langs || langs.includes(open.lang)) out.push({ page, heading, lang: open.lang, code: open.lines.join('\n') + '\n' });
           open = null;
         } else open.lines.push(line.slice(open.indent));
       } else if (fence) open = { lang: fence[2], indent: fence[1].length, lines: [] };
