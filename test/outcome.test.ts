@@ -11,7 +11,10 @@ import { documentOf, judge, present, PatchOutcome } from '../src/cli/outcome';
 import { patchCommand } from '../src/cli/patch-command';
 import { Run } from '../src/cli/run';
 import type { VerifyReport } from '../src/verify/verify';
-import { writeModel } from '../src/io/model-file';
+import { encodeModel, readModel, writeModel } from '../src/io/model-file';
+import { analyseModel } from '../src/analysis/analyse';
+import { patchModel } from '../src/rewrite/patch';
+import { recordedLabel, recordedNode } from '../src/rewrite/record';
 import { classifierOnly } from './support/build';
 import { cli, removeScratch, tmpdir } from './support/io';
 import { TORCH } from './support/ref';
@@ -95,5 +98,29 @@ describe('patch: the command returns its outcome, the CLI prints present()\'s do
     assert.equal(doc.error.code, 'no-attention');
     assert.ok(doc.skipped.length >= 1, 'the classifier\'s Softmax is listed with its reason');
     assert.equal(fs.existsSync(doc.target), false);
+  });
+});
+
+describe('the patch record keys a site by node, never by its display label', () => {
+  it('a site inside a function records its call apart; a record written before is read the same', () => {
+    const base = { layer: 0, n: 'causal' };
+    assert.deepEqual(recordedNode({ ...base, softmax: 'Softmax_3', call: 'block_0' }), { call: 'block_0', node: 'Softmax_3' });
+    assert.deepEqual(recordedNode({ ...base, softmax: 'block_0 → Softmax_3' }), { call: 'block_0', node: 'Softmax_3' });
+    assert.deepEqual(recordedNode({ ...base, softmax: '/attn/Softmax' }), { node: '/attn/Softmax' });
+    assert.equal(recordedLabel({ ...base, softmax: 'Softmax_3', call: 'block_0' }), 'block_0 → Softmax_3');
+  });
+});
+
+describe('a given analysis patches as its own would (every call of a function shares one patched body)', () => {
+  it('attn_functions: the same model bytes with and without a given analysis, and the CLI writes it', () => {
+    const file = path.join(TORCH, 'attn_functions.onnx');
+    const m = readModel(file);
+    const own = encodeModel(patchModel(m, { trainLen: 64 }).model);
+    const given = encodeModel(patchModel(m, { trainLen: 64, analysis: analyseModel(m) }).model);
+    assert.ok(Buffer.from(own).equals(Buffer.from(given)), 'the patch with a given analysis differs (a body patched once per call)');
+    const out = path.join(tmpdir('ssmax-fn-'), 'fn.ssmax.onnx');
+    const r = cli([file, '--train-len', '64', '-o', out]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.ok(fs.existsSync(out));
   });
 });

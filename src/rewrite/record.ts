@@ -11,8 +11,13 @@ export interface SiteRecord {
   layer: number;
   /** The graph holding the site, when recorded (`main`, a subgraph path). */
   scope?: string;
-  /** The Softmax node, the fused operator node, or `<call> → <node in the function body>`. */
+  /**
+   * The Softmax node or the fused operator node (for a site inside a model-local function, the node in its body).
+   * Records written before `call` existed hold `<call> → <node in the function body>` here: read it with recordedNode.
+   */
   softmax: string;
+  /** For a site inside a model-local function: the call node that runs it. */
+  call?: string;
   /** The fused operator, for fused sites. */
   kind?: string;
   /** The n mode; `none` for the none preset (no factor). */
@@ -52,6 +57,26 @@ export interface PatchRecord {
   /** @internal */
   journal: ScopeEdits[];
 }
+
+/** Separates a call and its body's node in a site's label, and in records written before SiteRecord.call. */
+const CALL_ARROW = ' → ';
+
+/** The call (for a site inside a function) and the node of a recorded site: its stable key. */
+export function recordedNode(r: SiteRecord): { call?: string; node: string } {
+  if (r.call !== undefined) return { call: r.call, node: r.softmax };
+  const arrow = r.softmax.indexOf(CALL_ARROW);
+  // A record from before `call` existed: `<call> → <node>`. Node labels of plain sites never hold the arrow.
+  return arrow < 0 ? { node: r.softmax } : { call: r.softmax.slice(0, arrow), node: r.softmax.slice(arrow + CALL_ARROW.length) };
+}
+
+/** How a site is shown in reports: its node, after its call for a site inside a function. */
+export const siteLabel = (call: string | undefined, node: string): string => (call === undefined ? node : `${call}${CALL_ARROW}${node}`);
+
+/** A recorded site as reports show it. */
+export const recordedLabel = (r: SiteRecord): string => {
+  const { call, node } = recordedNode(r);
+  return siteLabel(call, node);
+};
 
 /** The preset a record was written with, parameters included (what patchModel records of its plan). */
 export function recordedPreset(r: PatchRecord): Preset {

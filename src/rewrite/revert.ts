@@ -15,7 +15,7 @@ import { Factor, findFactors } from './existing';
 import { APPLY_NAME } from '../identity';
 import { orderKeys, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
-import { findScaleTensor, PatchRecord, readRecord, removeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, recordedLabel, removeRecord } from './record';
 import { cloneModel } from './patch';
 
 
@@ -77,7 +77,7 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
   const sites = record.sites.map((site): RevertedSite => {
     const value = site.sInitializer ? scopeOf(site.scope ?? 'main').graph.constValue(site.sInitializer) : null;
     return {
-      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply ?? '', softmax: site.softmax,
+      layer: site.layer, ...(site.scope && site.scope !== 'main' ? { scope: site.scope } : {}), apply: site.apply ?? '', softmax: recordedLabel(site),
       s: value ? (value.values.length === 1 && value.dims.length === 0 ? value.values[0] : value.values) : null,
       removedNodes: 0, removedInitializers: [],
     };

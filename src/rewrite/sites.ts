@@ -26,7 +26,7 @@ import { memo } from '../memo';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
-import { SiteRecord } from './record';
+import { SiteRecord, siteLabel } from './record';
 import { PatchedSite } from './report';
 
 export type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
@@ -49,7 +49,8 @@ interface PatchContext { ctx: ScaleContext; expansion: ExpansionShared }
 export class SitePatcher {
   private readonly journal = new Journal();
   private readonly contexts = new Map<string, PatchContext>();
-  private readonly bodies = new Map<object, PatchedBody>();
+  /** Patched function bodies by scope and node: every call of one function shares its body (site objects differ per call). */
+  private readonly bodies = new Map<string, PatchedBody>();
   private readonly byPath: Map<string, Scope>;
   private readonly originals: Map<Scope, NodeProto[]>;
   private readonly opset: OpsetGuard;
@@ -195,7 +196,8 @@ export class SitePatcher {
   /** One function used by N layers gets N independent s (and θ) values: each call passes its own. */
   private call(b: Builder, call: CallSite, p: SiteParams): SiteResult {
     const fnScope = this.byPath.get(call.inner.scope)!;
-    const body = memo(this.bodies, call.inner, () => this.patchBody(fnScope, call, p));
+    const inner = nodeLabel('softmax' in call.inner ? call.inner.softmax : call.inner.node);
+    const body = memo(this.bodies, `${call.inner.scope}\n${inner}`, () => this.patchBody(fnScope, call, p));
     const given = this.constants(b, p);
     const pass = (input: string | undefined, value: string | undefined): void => {
       if (input === undefined || value === undefined) return;
@@ -203,11 +205,11 @@ export class SitePatcher {
     };
     pass(body.inputs.s, given.s);
     for (const t of THETAS) pass(body.inputs.theta?.[t], given.theta?.[t]);
-    const node = `${nodeLabel(call.call)} → ${body.site.node}`;
+    const node = siteLabel(nodeLabel(call.call), body.site.node);
     const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s: p.s ?? null,
       sInitializer: given.s ?? '', rule: `call/function → ${body.site.rule}`, ...(given.theta ? { prior: given.theta } : {}) };
-    return { site, record: { ...body.record, layer: call.layer, scope: call.scope, softmax: node, s: p.s, sInitializer: given.s,
-      ...(given.theta ? { prior: given.theta } : {}) } };
+    const record = { ...body.record, layer: call.layer, scope: call.scope, softmax: body.site.node, call: nodeLabel(call.call), s: p.s, sInitializer: given.s };
+    return { site, record: { ...record, ...(given.theta ? { prior: given.theta } : {}) } };
   }
 
   private patchBody(fnScope: Scope, call: CallSite, p: SiteParams): PatchedBody {

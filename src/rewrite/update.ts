@@ -13,7 +13,7 @@ import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { PatchPlan } from '../policy/plan';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
 import { Factor } from './existing';
-import { findScaleTensor, PatchRecord, readRecord, SiteRecord, writeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, recordedLabel, SiteRecord, writeRecord } from './record';
 import { PatchedSite, PatchReport } from './report';
 import { AnySite, headsByScope, headsOf, orderedSites, scalesForSites, siteNode, thetasForSites } from './sites';
 
@@ -66,7 +66,7 @@ function layerScales(spec: ScaleSpec, all: AnySite[], record: PatchRecord, skipp
 
 function expandedSite(rec: SiteRecord): PatchedSite {
   return {
-    node: rec.softmax, layer: rec.layer, scope: rec.scope ?? 'main', kind: rec.kind ?? 'fused', n: rec.n, nReason: 'kept from the earlier patch',
+    node: recordedLabel(rec), layer: rec.layer, scope: rec.scope ?? 'main', kind: rec.kind ?? 'fused', n: rec.n, nReason: 'kept from the earlier patch',
     heads: rec.expanded?.heads ?? null, headAxis: null, headsReason: '', logitsRank: null, logits: '', s: rec.s ?? null,
     sInitializer: rec.sInitializer ?? '', target: rec.target ?? 'query', nShared: 'unchanged', expanded: 'expanded by the earlier patch',
   };

@@ -13,7 +13,7 @@ import { modelScopes, Scope } from '../graph/scopes';
 import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { RECORD_KEY } from '../identity';
-import { PatchRecord, readRecord, recordedPreset } from '../rewrite/record';
+import { PatchRecord, readRecord, recordedNode, recordedPreset } from '../rewrite/record';
 import { CHECK_IDS, CheckId, DEFAULT_MAX_LEN, defaultSweep, makePlan, Plan } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { LengthLimit, positionLimit } from '../analysis/limits';
@@ -259,7 +259,7 @@ function originalAnalysis(original: ModelProto, record: PatchRecord, given: Anal
   return given?.model === original ? forcedAs(given, force) : analyseModel(original, { force });
 }
 
-const recordedForce = (record: PatchRecord): string[] => record.sites.map((s) => s.softmax.split(' → ').pop()!);
+const recordedForce = (record: PatchRecord): string[] => record.sites.map((s) => recordedNode(s).node);
 
 function siteSetup(analysis: Analysis, patched: ModelProto, record: PatchRecord): SiteSetup {
   const { detection } = analysis;

@@ -15,7 +15,7 @@ import { calledFunction, functionKey, Scope } from '../graph/scopes';
 import { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
 import { hasPart, Part, PART } from '../identity';
 import { nodeKey, ScopeEdits } from '../rewrite/journal';
-import { PatchRecord, SiteRecord } from '../rewrite/record';
+import { PatchRecord, recordedNode, SiteRecord } from '../rewrite/record';
 import { THETAS, ThetaName } from '../policy/prior';
 
 /** Where the probe reads a site: all names are tensors or node keys (first outputs) of `scope`. */
@@ -136,7 +136,7 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
     // The none preset: a prior and no factor.
     if (!prior) fail('the record names neither a factor nor a prior');
     site.tensors = { scope: body, before: prior.before, consumer: prior.consumer, input: prior.input, apply: '', prior,
-      ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r, Boolean(call)) }) };
+      ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r) }) };
     return;
   }
   const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply!));
@@ -154,7 +154,7 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
   site.tensors = {
     scope: body, before: main.from, consumer: nodeKey(consumer), input: main.input, apply: r.apply,
     ...(bias ? { bias: { input: bias.input, from: bias.from } } : {}),
-    ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r, Boolean(call)) }),
+    ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r) }),
     ...(prior ? { prior } : {}), ...(samePlace ? { after: main.to } : {}),
   };
 }
@@ -237,9 +237,9 @@ function callOf(model: ModelProto, scope: Scope, own: ScopeEdits[], r: SiteRecor
   return null;
 }
 
-/** The Softmax of a plain-op site, by label (for a call the record names `<call> → <Softmax>`). */
-function softmaxOf(scope: Scope, r: SiteRecord, call: boolean): string {
-  const label = call ? r.softmax.split(' → ').slice(1).join(' → ') : r.softmax;
+/** The Softmax of a plain-op site, by label (for a site inside a function, the node in its body). */
+function softmaxOf(scope: Scope, r: SiteRecord): string {
+  const label = recordedNode(r).node;
   if (!softmaxNamed(scope.graph, scope.shapes, label)) fail(`its Softmax '${label}' is not in the graph`);
   return label;
 }
