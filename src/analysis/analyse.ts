@@ -4,9 +4,8 @@
  * model it read once and hands the analysis to patchModel and verifyPatch; each of them analyses the model itself
  * when called alone.
  */
-import { AttentionSite, Detection, detectAttention } from '../detect/find-attention';
-import type { FusedSite } from '../detect/fused';
-import { nodeLabel } from '../graph/graph';
+import { Detection, detectAttention } from '../detect/find-attention';
+import { siteNodeLabel } from '../detect/site';
 import type { Rule } from '../detect/rules';
 import { modelScopes, Scope } from '../graph/scopes';
 import { validateGraph } from '../graph/validate';
@@ -73,13 +72,11 @@ export function withForce(analysis: Analysis, force: readonly string[]): Analysi
  */
 export function forcedAs(analysis: Analysis, names: readonly string[]): Analysis {
   const d = analysis.detection;
-  const forced = [...d.sites, ...d.fused, ...d.calls.map((c) => c.inner)].filter((s) => s.forced).map(siteLabel);
+  const forced = [...d.sites, ...d.fused, ...d.calls.map((c) => c.inner)].filter((s) => s.forced).map(siteNodeLabel);
   const forcible = d.skipped.filter((k) => k.forcible).map((k) => k.node);
   const alike = forced.every((n) => names.includes(n)) && !forcible.some((n) => names.includes(n));
   return alike ? analysis : withForce(analysis, names);
 }
-
-const siteLabel = (s: AttentionSite | FusedSite): string => nodeLabel('softmax' in s ? s.softmax : s.node);
 
 /** The same names, in any order. */
 export const sameNames = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x) => b.includes(x));

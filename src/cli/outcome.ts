@@ -93,7 +93,7 @@ export function present(outcome: Outcome): Presented {
 }
 
 /** The JSON document of a finished or partial outcome of `command`. */
-export function documentOf(outcome: Known & { command?: Outcome['command'] }, command = outcome.command ?? 'patch'): ReportDocument {
+export function documentOf(outcome: Known, command = outcome.command ?? 'patch'): ReportDocument {
   if (command === 'verify') return verifyDocument(outcome as Partial<VerifyOutcome>);
   if (command === 'revert') return revertDocument(outcome as Partial<RevertOutcome>);
   if (command === 'calibrate') return calibrateDocument(outcome as Partial<CalibrateOutcome>);

@@ -13,6 +13,7 @@ import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto } from
 import { isPatchNode } from '../identity';
 import { CandidateTrace, RULES, runRules } from './rules';
 import type { AttentionSite, CallSite, FusedSite, Found, Rule } from './site';
+import { siteNodeLabel } from './site';
 
 export type { CandidateTrace, RuleAttempt } from './rules';
 export type { AttentionSite, CallSite } from './site';
@@ -80,7 +81,7 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
   for (const [fn, inner] of bodies) {
     if (called.has(fn)) continue;
     for (const s of inner) {
-      const node = nodeLabel('softmax' in s ? s.softmax : s.node);
+      const node = siteNodeLabel(s);
       out.skipped.push({ node, scope: s.scope, attention: true, reason: `inside function '${fn.name}', which no graph calls`, rule: s.rule });
     }
   }

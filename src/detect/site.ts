@@ -2,8 +2,9 @@
  * What detection finds, as every part of it names it: a Softmax site, a fused operator's site, a call of a function
  * that holds attention, and the rules that find them (a rule's context, what it finds, where it stops). The rules
  * (rules.ts, softmax.ts, fused.ts) and the search over a model's graphs (find-attention.ts) import these; this file
- * imports none of them.
+ * imports none of them (only the graph's nodeLabel).
  */
+import { nodeLabel } from '../graph/graph';
 import type { AxisTerm, FusedOp, HeadInfo, MaskVerdict, NPlan, QueryPlan } from '../graph/attention-ops';
 import type { Scope } from '../graph/scopes';
 import type { FunctionProto, ModelProto, NodeProto } from '../io/onnx';
@@ -82,6 +83,9 @@ export type FusedMatch = Omit<FusedSite, 'layer' | 'scope' | 'rule'>;
 
 /** A call of a model-local function whose body holds attention (`inner`): the factor's s comes in through a new input. */
 export interface CallSite { layer: number; scope: string; call: NodeProto; fn: FunctionProto; inner: AttentionSite | FusedSite }
+
+/** The label of a site's own node: its Softmax, or its fused operator. */
+export const siteNodeLabel = (s: AttentionSite | FusedSite): string => nodeLabel('softmax' in s ? s.softmax : s.node);
 
 /** `forced`: the user accepts this node's refusal (--force-site). */
 export interface RuleContext { model: ModelProto; scope: Scope; forced: boolean }

@@ -2,6 +2,7 @@
  * The patch itself: resolve the options into a plan, detect sites in every graph of the model, then either
  * update s of an existing patch or insert the factors site by site, sort, and record the journal.
  */
+import { siteNodeLabel } from '../detect/site';
 import { defaultOpset, Detection, rebindDetection, SkippedSoftmax } from '../detect/find-attention';
 import type { Rule } from '../detect/rules';
 import { InputError, opt } from '../errors';
@@ -187,7 +188,7 @@ function noAttentionMessage(d: Detection): string {
 function checkForced(force: string[], d: Detection): void {
   const known = new Set([
     ...d.sites.map((s) => nodeLabel(s.softmax)), ...d.fused.map((s) => nodeLabel(s.node)),
-    ...d.calls.map((c) => nodeLabel('softmax' in c.inner ? c.inner.softmax : c.inner.node)),
+    ...d.calls.map((c) => siteNodeLabel(c.inner)),
   ]);
   for (const name of force) {
     if (known.has(name)) continue;

@@ -65,17 +65,18 @@ const CALL_ARROW = ' → ';
 export function recordedNode(r: SiteRecord): { call?: string; node: string } {
   if (r.call !== undefined) return { call: r.call, node: r.softmax };
   const arrow = r.softmax.indexOf(CALL_ARROW);
-  // A record from before `call` existed: `<call> → <node>`. Node labels of plain sites never hold the arrow.
+  // A record from before `call` existed: `<call> → <node>`. A plain site whose node's name holds the arrow reads
+  // as a call there: such records cannot tell the two apart.
   return arrow < 0 ? { node: r.softmax } : { call: r.softmax.slice(0, arrow), node: r.softmax.slice(arrow + CALL_ARROW.length) };
 }
 
 /** How a site is shown in reports: its node, after its call for a site inside a function. */
-export const siteLabel = (call: string | undefined, node: string): string => (call === undefined ? node : `${call}${CALL_ARROW}${node}`);
+export const callSiteLabel = (call: string | undefined, node: string): string => (call === undefined ? node : `${call}${CALL_ARROW}${node}`);
 
 /** A recorded site as reports show it. */
 export const recordedLabel = (r: SiteRecord): string => {
   const { call, node } = recordedNode(r);
-  return siteLabel(call, node);
+  return callSiteLabel(call, node);
 };
 
 /** The preset a record was written with, parameters included (what patchModel records of its plan). */

@@ -3,6 +3,7 @@
  * masks), a fused operator (the factor on its query input), or a call of a model-local function whose body
  * holds attention (the body patched once, with s coming in through a new function input).
  */
+import { siteNodeLabel } from '../detect/site';
 import { AttentionSite, CallSite, Detection, SkippedSoftmax } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
 import { inputOf, opSpec, queryInput } from '../graph/attention-ops';
@@ -26,7 +27,7 @@ import { memo } from '../memo';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
-import { SiteRecord, siteLabel } from './record';
+import { callSiteLabel, SiteRecord } from './record';
 import { PatchedSite } from './report';
 
 export type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
@@ -196,8 +197,7 @@ export class SitePatcher {
   /** One function used by N layers gets N independent s (and θ) values: each call passes its own. */
   private call(b: Builder, call: CallSite, p: SiteParams): SiteResult {
     const fnScope = this.byPath.get(call.inner.scope)!;
-    const inner = nodeLabel('softmax' in call.inner ? call.inner.softmax : call.inner.node);
-    const body = memo(this.bodies, `${call.inner.scope}\n${inner}`, () => this.patchBody(fnScope, call, p));
+    const body = memo(this.bodies, `${call.inner.scope}\n${siteNodeLabel(call.inner)}`, () => this.patchBody(fnScope, call, p));
     const given = this.constants(b, p);
     const pass = (input: string | undefined, value: string | undefined): void => {
       if (input === undefined || value === undefined) return;
@@ -205,7 +205,7 @@ export class SitePatcher {
     };
     pass(body.inputs.s, given.s);
     for (const t of THETAS) pass(body.inputs.theta?.[t], given.theta?.[t]);
-    const node = siteLabel(nodeLabel(call.call), body.site.node);
+    const node = callSiteLabel(nodeLabel(call.call), body.site.node);
     const site = { ...body.site, layer: call.layer, scope: call.scope, kind: `call ${call.fn.domain}:${call.fn.name}`, node, s: p.s ?? null,
       sInitializer: given.s ?? '', rule: `call/function → ${body.site.rule}`, ...(given.theta ? { prior: given.theta } : {}) };
     const record = { ...body.record, layer: call.layer, scope: call.scope, softmax: body.site.node, call: nodeLabel(call.call), s: p.s, sInitializer: given.s };
