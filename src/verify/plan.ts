@@ -105,7 +105,7 @@ export function defaultCap(p: PlanInput): { cap: number; reason: string } {
  * The query tokens of a sweep run when the sweep runs over a cache (the past can grow): the model's own fixed
  * token count, else CACHE_QUERY; undefined when the sweep runs whole prompts.
  */
-export function cacheQuery(p: Pick<PlanInput, 'pastFree' | 'seqFree' | 'pinned' | 'fixedSeq' | 'wholePrompts'>): number | undefined {
+function cacheQuery(p: Pick<PlanInput, 'pastFree' | 'seqFree' | 'pinned' | 'fixedSeq' | 'wholePrompts'>): number | undefined {
   if (!p.pastFree) return undefined;
   if (p.pinned.seq !== undefined || p.fixedSeq !== undefined) return p.pinned.seq ?? p.fixedSeq;
   return p.seqFree && !p.wholePrompts ? CACHE_QUERY : p.seqFree ? undefined : 1;
