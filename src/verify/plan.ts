@@ -51,6 +51,13 @@ export interface Plan {
   capReason: string;
 }
 
+/** A plan once verification has prepared it: the executor and the checks read it; none of them adds to it. */
+export type FrozenPlan = Readonly<Omit<Plan, 'runs' | 'sweep' | 'notes'>> & {
+  readonly runs: readonly RunSpec[];
+  readonly sweep: readonly number[];
+  readonly notes: readonly string[];
+};
+
 export const SHORT_SEQ = 12;
 const SECOND_SEQ = 7;
 

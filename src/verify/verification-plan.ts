@@ -20,7 +20,7 @@ import { SharpnessCheck } from './checks/sharpness';
 import { CheckUnit, readersOf, UnitContext } from './checks/unit';
 import { WiringCheck } from './checks/wiring';
 
-/** The five checks as units. Retrofit is made first: it adds its runs to the plan before the others look at the runs. */
+/** The five checks as units, in the order the executor hands each run's outputs to them. */
 export function checkUnits(ctx: UnitContext): { units: CheckUnit[]; sharpness: SharpnessCheck } {
   const sharpness = new SharpnessCheck(ctx);
   return { units: [new RetrofitCheck(ctx), new WiringCheck(ctx), new ProbeCheck(ctx), new LivenessCheck(ctx), sharpness], sharpness };
@@ -72,10 +72,10 @@ function subjectPlan(original: ModelProto, patched: ModelProto, options: FileVer
   const setup = prepare(original, patched, options);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
   try {
-    const { units } = checkUnits({ setup, factory });
+    const { units } = checkUnits({ setup, factory, notes: setup.plan.notes });
     return {
-      subject, trainLen: setup.L, trainLenSource: setup.trainLenSource, checks: CHECK_IDS.filter((c) => setup.checks.has(c)), sweep: setup.plan.sweep,
-      cap: setup.plan.cap, capReason: setup.plan.capReason, runs: plannedRuns(setup, units), notes: setup.plan.notes,
+      subject, trainLen: setup.L, trainLenSource: setup.trainLenSource, checks: CHECK_IDS.filter((c) => setup.checks.has(c)), sweep: [...setup.plan.sweep],
+      cap: setup.plan.cap, capReason: setup.plan.capReason, runs: plannedRuns(setup, units), notes: [...setup.plan.notes],
     };
   } finally {
     factory.cleanup();
