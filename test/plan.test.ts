@@ -37,7 +37,7 @@ describe('the default longest length', () => {
 describe('runs over a KV cache', () => {
   const cached = (over: Partial<PlanInput>): PlanInput => input({ pastFree: true, heads: 4, trainLen: 8192, ...over });
 
-  it('sweeps one query token after t − 1 cached keys, up to 131072 keys by default', () => {
+  it('sweeps 4 query tokens after t − 4 cached keys, up to 131072 keys by default', () => {
     const plan = makePlan(cached({}));
     assert.deepEqual(plan.sweep, [2048, 4096, 8192, 16384, 32768, 65536, 131072]);
     assert.equal(plan.cap, DEFAULT_CACHE_LEN);
@@ -48,7 +48,7 @@ describe('runs over a KV cache', () => {
       assert.equal(r.seq + r.past, plan.sweep[i], r.id);
       assert.equal(r.batch, 1, r.id);
     });
-    assert.match(plan.notes.join('\n'), /takes a KV cache: each length t of the sweep is one query token after t − 1 cached keys/);
+    assert.match(plan.notes.join('\n'), /takes a KV cache: each length of the sweep is 4 query tokens after the rest cached/);
   });
 
   it('puts retrofit parity\'s one row at exactly n = L, with no whole prompt of L tokens', () => {
@@ -64,9 +64,9 @@ describe('runs over a KV cache', () => {
   });
 
   it('keeps one attention matrix [heads, query rows, T] within 2^27 values, and says so', () => {
-    const plan = makePlan(cached({ heads: 4096 }));
-    assert.equal(plan.cap, 2 ** 27 / 4096);
-    assert.match(render(plan.notes.join('\n'), 'cli'), /capped at 32768 \(the default plan keeps one attention matrix \[4096, 1, T\] within 128 Mi values; --max-len N runs longer\)/);
+    const plan = makePlan(cached({ heads: 1024 }));
+    assert.equal(plan.cap, 2 ** 27 / (1024 * 4));
+    assert.match(render(plan.notes.join('\n'), 'cli'), /capped at 32768 \(the default plan keeps one attention matrix \[1024, 4, T\] within 128 Mi values; --max-len N runs longer\)/);
     // The model's own fixed tokens are the query rows: 1,500 of them over a growing cache.
     const fixed = makePlan(cached({ seqFree: false, fixedSeq: 1500 }));
     assert.equal(fixed.cap, Math.floor(2 ** 27 / (4 * 1500)));
@@ -78,7 +78,7 @@ describe('runs over a KV cache', () => {
   it('the position table still caps the cache', () => {
     const plan = makePlan(cached({ limit: { length: 2048, reason: "position table 'wpe' has 2048 rows" } }));
     assert.deepEqual(plan.sweep, [2048]);
-    assert.deepEqual(plan.runs.filter((r) => r.kind === 'sweep').map((r) => [r.seq, r.past]), [[1, 2047]]);
+    assert.deepEqual(plan.runs.filter((r) => r.kind === 'sweep').map((r) => [r.seq, r.past]), [[4, 2044]]);
   });
 
   it('calibration\'s whole prompts stay whole prompts', () => {

@@ -2,8 +2,8 @@
  * Which runs verification makes: short runs (batch 2: plain, a padded batch, KV-cache prefill and decoding with
  * past > 0) for wiring and the probe, and a sweep of context lengths L/4 … 16·L (batch 1) for retrofit parity,
  * liveness and sharpness, capped by the model's position table, by --max-len (by default also by the size of one
- * attention matrix), and by what the inputs allow. Where the model takes a KV cache, the sweep's runs are one
- * query token over a synthesised cache (CACHE_QUERY), so a run's memory grows with the cache and its time with
+ * attention matrix), and by what the inputs allow. Where the model takes a KV cache, the sweep's runs are a few
+ * query tokens over a synthesised cache (CACHE_QUERY), so a run's memory grows with the cache and its time with
  * one decode step, not with heads × length².
  */
 import { LengthLimit } from '../analysis/limits';
@@ -68,11 +68,10 @@ const SECOND_SEQ = 7;
 export const DEFAULT_MAX_LEN = 4096;
 
 /**
- * Query tokens of a sweep run over a cache: one decode step, its row seeing all t keys. One, not a few: exporters
- * that build the mask for a prompt or for one new token (onnxruntime-genai's Llama: "invalid expand shape" at 2–4
- * tokens after a cache) run nothing else, and GroupQueryAttention takes more than one token over a cache at batch 1 only.
+ * Query tokens of a sweep run over a cache: the rows liveness and sharpness read, each seeing t − 3 … t keys.
+ * Four, not one, so a causal site's rows still see more than one n.
  */
-export const CACHE_QUERY = 1;
+export const CACHE_QUERY = 4;
 
 /**
  * Longest run over a cache by default (cached keys + query tokens): its attention is [heads, CACHE_QUERY, T], so
@@ -163,7 +162,7 @@ export function makePlan(p: PlanInput): Plan {
     addRun(runs, 'sweep', r.batch, r.seq, r.past);
   }
   const query = cacheQuery(p);
-  if (sweep.length && p.seqFree && query !== undefined) notes.push(`the model takes a KV cache: each length t of the sweep is ${query === 1 ? 'one query token' : `${query} query tokens`} after t − ${query} cached keys`);
+  if (sweep.length && p.seqFree && query !== undefined) notes.push(`the model takes a KV cache: each length of the sweep is ${query} query tokens after the rest cached`);
   return { runs, sweep, notes, cap, capReason };
 }
 
