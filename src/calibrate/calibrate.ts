@@ -106,7 +106,10 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   const template = patch(sValue(granularity, heads, () => first));
   const plan = planOf(options, L, granularity);
   // N given: runs up to it; by default within verification's default longest length (one attention matrix's budget).
-  const setup = prepare(original, template.model, { trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims, maxMemory: options.maxMemory, analysis });
+  // Whole prompts even over a cache: the curve is read off every row of one causal run.
+  const setup = prepare(original, template.model, {
+    trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims, maxMemory: options.maxMemory, analysis,
+  }, { wholePrompts: true });
   fitTargetLength(plan, setup, options.targetLen !== undefined);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
   const cm = calibrationModel(template.model, setup.sites, plan.match === 'entropy' ? 'entropy' : 'max');

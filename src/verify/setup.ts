@@ -14,7 +14,7 @@ import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto 
 import { Preset } from '../policy/factor';
 import { RECORD_KEY } from '../identity';
 import { PatchRecord, readRecord, recordedNode, recordedPreset } from '../rewrite/record';
-import { CHECK_IDS, CheckId, DEFAULT_MAX_LEN, defaultSweep, FrozenPlan, makePlan, Plan, retrofitRuns } from './plan';
+import { CHECK_IDS, CheckId, defaultCap, defaultSweep, FrozenPlan, makePlan, Plan, PlanInput, retrofitRuns, sweepShape } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { LengthLimit, positionLimit } from '../analysis/limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
@@ -94,7 +94,10 @@ export type Setup = Readonly<Omit<SetupDraft, 'plan' | 'sites' | 'refused' | 'sp
   readonly modelOutputs: readonly string[];
 };
 
-export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
+/** How the sweep runs: whole prompts even over a cache, for calibration (it reads every row of one causal run). */
+export interface SweepForm { wholePrompts?: boolean }
+
+export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, form: SweepForm = {}): Setup {
   const record = readRecord(patched);
   if (!record && readRecord(original)) {
     throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'), but the original has one: the two models are likely swapped (give the original first, then the model ssmax-patch wrote)`, 'wrong-original');
@@ -125,12 +128,12 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const identity = identityOf(preset, L, known, sites);
   const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection), specs, outputs: original.graph!.output, fixed };
   const table = positionLimit(graph, specs);
-  const budget = memoryCap(memory, options, { L, seqFree, pinned, fixedSeq }, table);
-  const plan = makePlan({
-    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned,
-    limit: budget && (!table || budget.length < table.length) ? budget : table,
-    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
-  });
+  const input: PlanInput = {
+    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned, limit: null,
+    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads, wholePrompts: form.wholePrompts,
+  };
+  const budget = memoryCap(memory, options, input, table);
+  const plan = makePlan({ ...input, limit: budget && (!table || budget.length < table.length) ? budget : table });
   const lengths = modelLengths(analysis.scopes, detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
@@ -166,15 +169,13 @@ function retrofitRunsOf(setup: SetupDraft, identity: Identity): string[] | strin
 /**
  * The memory budget as a cap on the sweep's lengths (memory.ts): the longest length the plan would run, if its run
  * would pass the budget, is cut to the longest that fits. Its run is the sweep's (batch 1, the whole sequence, or
- * the fixed tokens after a cache).
+ * the query tokens after a cache).
  */
-function memoryCap(m: MemoryModel, options: FileVerifyOptions, o: { L: number; seqFree: boolean; pinned: Partial<RunShape>; fixedSeq?: number },
-  table: LengthLimit | null): LengthLimit | null {
-  const want = Math.min(Math.max(o.L, ...(options.lengths ?? defaultSweep(o.L))), options.maxLen ?? DEFAULT_MAX_LEN, table?.length ?? Infinity);
+function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, table: LengthLimit | null): LengthLimit | null {
+  const longest = options.maxLen ?? defaultCap(p).cap;
+  const want = Math.min(Math.max(p.trainLen, ...(options.lengths ?? defaultSweep(p.trainLen))), longest, table?.length ?? Infinity);
   const budget = options.maxMemory !== undefined ? { bytes: options.maxMemory, why: `given with ${opt('maxMemory')}` } : defaultBudget();
-  const batch = o.pinned.batch ?? 1, seq = o.pinned.seq ?? o.fixedSeq ?? 1;
-  const shape = (t: number): RunShape => (o.seqFree ? { batch, seq: t, past: 0 } : { batch, seq: Math.min(seq, t), past: Math.max(0, t - seq) });
-  return memoryLimit(m, want, shape, budget);
+  return memoryLimit(m, want, (t) => sweepShape(p, t), budget);
 }
 
 function runKeys(lengths: ModelLengths, specs: readonly InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {

@@ -9,7 +9,7 @@
  * The sites come from the patch record and its journal. With `strict`, anything left unverified (a skipped
  * check, a site that could not be seen, attention the patch refused) fails the verification.
  */
-import { InputError, opt, render } from '../errors';
+import { InputError, opt, rendered } from '../errors';
 import { ModelProto } from '../io/onnx';
 import { runtimeReport } from '../onnxruntime';
 import { CheckId, CHECK_IDS } from './plan';
@@ -157,12 +157,3 @@ function inputReports(setup: Setup): InputReport[] {
   });
 }
 
-/** Every message of the report with options named for its reader. */
-function rendered<T>(value: T, audience: 'api' | 'cli'): T {
-  if (typeof value === 'string') return render(value, audience) as T;
-  if (Array.isArray(value)) return value.map((v) => rendered(v, audience)) as T;
-  if (value && typeof value === 'object' && !(value instanceof Map) && !(value instanceof Set) && !ArrayBuffer.isView(value)) {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, rendered(v, audience)])) as T;
-  }
-  return value;
-}

@@ -64,7 +64,7 @@ export class LivenessCheck implements CheckUnit {
   private saturated(run: RunSpec, original: Outputs): boolean {
     const rowMax = this.ctx.factory.rowMax.original?.outputs;
     if (!rowMax?.size) return false;
-    const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq);
+    const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq, run.past);
     const mean = means.reduce((a, b) => a + b, 0) / means.length;
     return means.length > 0 && (mean >= 0.99 || isUniform(mean, run.seq + run.past));
   }

@@ -32,7 +32,7 @@ export class SharpnessCheck implements CheckUnit {
     if (key !== 'patched' || 'error' in outcome || !original || !rows.original || !rows.patched) return;
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
     const means = (out: Outputs, names: Map<number, string>): number[] =>
-      layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
+      layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq, run.past);
     const point = sharpnessPoint(this.ctx.setup.keysOf(run), means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs));
     // An original with no finite attention (a run whose rows see no key: a cross-attention cache left empty) has no sharpness to keep.
     if (Number.isFinite(point.original)) this.points.push(point);
