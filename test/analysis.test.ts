@@ -100,4 +100,34 @@ describe('one analysis per model', () => {
     assert.throws(() => patchModel(model, { trainLen: 64, analysis: analyseModel(readModel(input)) }), /analysis given to patchModel is of another model/);
     assert.equal(patchModel(model, { trainLen: 64, analysis: analyseModel(model) }).report.sites.length, 2);
   });
+
+  it('patchModel alone returns its analysis of the input: verifyPatch takes it and analyses nothing again', async () => {
+    const { patchModel } = await import('../src/rewrite/patch');
+    const { verifyPatch } = await import('../src/verify/verify');
+    const model = readModel(input);
+    const before = JSON.stringify(model);
+    const counts = { validations: 0, scopeBuilds: [] as ModelProto[], ruleRuns: 0 };
+    const [validateGraph, modelScopes, runRules] = [validate.validateGraph, scopes.modelScopes, rules.runRules];
+    const v = mock.method(validate, 'validateGraph', (g: Parameters<typeof validateGraph>[0]) => (counts.validations++, validateGraph(g)));
+    const s = mock.method(scopes, 'modelScopes', (m: ModelProto) => (counts.scopeBuilds.push(m), modelScopes(m)));
+    const r = mock.method(rules, 'runRules', (...args: Parameters<typeof runRules>) => (counts.ruleRuns++, runRules(...args)));
+    try {
+      const result = patchModel(model, { trainLen: 64 });
+      // Of the input, not of the copy the factors went into: its sites are the input's own Softmax nodes.
+      assert.equal(result.analysis.model, model);
+      assert.equal(result.analysis.detection.sites.length, 2);
+      for (const site of result.analysis.detection.sites) assert.ok(model.graph!.node.includes(site.softmax), `${site.softmax.name} is a node of the input`);
+      assert.equal(JSON.stringify(model), before, 'the input is unchanged, so its analysis stays valid');
+      const detected = counts.ruleRuns;
+      const report = await verifyPatch(model, result.model, { checks: ['wiring', 'probe'], analysis: result.analysis });
+      assert.equal(report.passed, true);
+      assert.equal(counts.validations, 1, 'validateGraph calls: patchModel\'s only');
+      assert.equal(counts.ruleRuns, detected, 'verifyPatch ran no detection rule on the original again');
+      assert.equal(counts.scopeBuilds.filter((m) => m === model).length, 1, 'scopes of the input built once');
+    } finally {
+      v.mock.restore();
+      s.mock.restore();
+      r.mock.restore();
+    }
+  });
 });

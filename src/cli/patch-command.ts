@@ -190,14 +190,14 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
  * pattern names), the analysis reused for the warnings and verification; when it refuses, the document still lists
  * every skipped node and why, for --json.
  */
-function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, known: Partial<PatchOutcome>): PatchResult & { analysis: Analysis } {
+function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPlan, known: Partial<PatchOutcome>): PatchResult {
   let analysis: Analysis | undefined;
   try {
     analysis = analyseModel(original);
     const force = expandForceSites(o.forceSite ?? [], analysis.detection);
     warn(known.warnings!, force.empty.map((p) => ({ code: 'force-site-none', message: `--force-site ${p}: no refused attention node to force` })));
     analysis = withForce(analysis, force.names);
-    return { ...patchModel(original, { ...plan.values, force: force.names, analysis }), analysis };
+    return patchModel(original, { ...plan.values, force: force.names, analysis });
   } catch (e) {
     known.skipped = analysis?.detection.skipped ?? [];
     throw e;

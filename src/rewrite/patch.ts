@@ -8,7 +8,7 @@ import type { Rule } from '../detect/rules';
 import { InputError, opt } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
-import { Analysis, analyseModel, sameNames } from '../analysis/analyse';
+import { Analysis, analyseModel, graphNotes, sameNames } from '../analysis/analyse';
 import { ModelProto, toNumber } from '../io/onnx';
 import { cloneModel } from '../io/model-file';
 import { Preset } from '../policy/factor';
@@ -47,18 +47,29 @@ export interface PatchOptions extends PlanOptions {
   allowNoOp?: boolean;
 }
 
-/** Patches a copy of `model`; the argument is left unchanged. */
+/**
+ * Patches a copy of `model`; the argument is left unchanged. The result carries the analysis of `model` (the one
+ * given, or the one made here): it stays valid, since `model` is not changed, so verifyPatch can take it.
+ */
 export function patchModel(model: ModelProto, options: PatchOptions): PatchResult {
   const record = readRecord(model);
   const plan = resolvePlan(options.updateS && record ? updateOptions(options, record) : options);
+  const analysis = options.analysis ? givenAnalysis(options.analysis, model, plan.force) : analysisFor(model, plan.force, options);
+  // The factors go into a copy: its scopes are built, and the input's detection is bound to its nodes.
   const out = cloneModel(model);
-  const given = options.analysis && givenAnalysis(options.analysis, model, plan.force);
-  // Without an analysis of the input, the copy is analysed: its nodes are the ones the factors go into.
-  const own = given ? null : analyseModel(out, { force: plan.force, rules: options.rules });
-  const notes = [...(given ?? own!).notes];
-  const scopes = own?.scopes ?? modelScopes(out);
-  const detection = given ? rebindDetection(given.detection, model, out)
-    : options.detection ? rebindDetection(options.detection, model, out) : own!.detection;
+  const scopes = modelScopes(out);
+  const detection = rebindDetection(analysis.detection, model, out);
+  return { ...patchClone(out, scopes, detection, plan, record, options, analysis.notes), analysis };
+}
+
+/** The analysis of the input: analyseModel's, or one around a detection the caller ran (its `detection` option). */
+function analysisFor(model: ModelProto, force: readonly string[], options: PatchOptions): Analysis {
+  if (!options.detection) return analyseModel(model, { force, rules: options.rules });
+  return { model, notes: graphNotes(model), scopes: modelScopes(model), detection: options.detection, force, rules: options.rules };
+}
+
+function patchClone(out: ModelProto, scopes: Scope[], detection: Detection, plan: PatchPlan, record: PatchRecord | null,
+  options: PatchOptions, notes: readonly string[]): Omit<PatchResult, 'analysis'> {
   checkForced(plan.force, detection);
   const all = orderedSites(detection, scopes);
   // A patch that expanded every site leaves no operator to detect: its record still says it is patched.
@@ -66,7 +77,7 @@ export function patchModel(model: ModelProto, options: PatchOptions): PatchResul
   const existing = existingPatch(scopes, all, record);
   if (existing) {
     if (!plan.update) throw new InputError(`model is already patched (${existing.count} SSMax sites${existing.how}); ${opt('updateS')} changes s instead of adding a second factor`, 'already-patched');
-    return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes } };
+    return { model: out, report: { ...update(out, scopes, detection, all, plan, existing.record), notes: [...notes] } };
   }
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`, 'not-patched');
   // Read before the factors go in: the shapes of the model as it was.

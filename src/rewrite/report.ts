@@ -6,6 +6,7 @@ import type { ThetaName } from '../policy/prior';
 import type { LayerScale } from '../policy/scale';
 import type { Target } from './insert-scale';
 import type { LengthReport } from '../analysis/reach';
+import type { Analysis } from '../analysis/analyse';
 
 export interface PatchedSite {
   node: string;
@@ -59,4 +60,6 @@ export interface PatchReport {
 export interface PatchResult {
   model: ModelProto;
   report: PatchReport;
+  /** The analysis of the input model (the one given to patchModel, or its own): hand it to verifyPatch. */
+  analysis: Analysis;
 }
