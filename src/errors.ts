@@ -32,6 +32,16 @@ export function render(message: string, audience: 'api' | 'cli'): string {
   });
 }
 
+/** Every message in a report (strings at any depth of plain objects and arrays) with options named for its reader. */
+export function rendered<T>(value: T, audience: 'api' | 'cli'): T {
+  if (typeof value === 'string') return render(value, audience) as T;
+  if (Array.isArray(value)) return value.map((v) => rendered(v, audience)) as T;
+  if (value && typeof value === 'object' && !(value instanceof Map) && !(value instanceof Set) && !ArrayBuffer.isView(value)) {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, rendered(v, audience)])) as T;
+  }
+  return value;
+}
+
 /**
  * What went wrong, in words a pipeline can branch on (stable across versions), and the exit code each gives at the
  * command line. The exit-code table of docs/cli.md and docs/report.schema.json list the same codes.

@@ -1,6 +1,6 @@
 /**
  * One analysis per model: `patch --verify` checks the graph once, runs detection once over each graph of the
- * original and builds the original's scopes once; verify alone does the same. The calls are counted where the tool
+ * original and builds the original's scopes once; verify and calibrate alone do the same. The calls are counted where the tool
  * makes them (the modules' own exports, spied on, the real functions still run).
  */
 import assert from 'node:assert/strict';
@@ -15,6 +15,8 @@ import * as validate from '../src/graph/validate';
 import { readModel } from '../src/io/model-file';
 import type { ModelProto } from '../src/io/onnx';
 import { TORCH } from './support/ref';
+import { qualityModel } from '../bench/quality';
+import { TASK } from '../bench/quality-data';
 
 interface Counts { validations: unknown[]; scopeBuilds: ModelProto[]; ruleRuns: Map<string, number> }
 
@@ -36,7 +38,9 @@ async function counted(argv: string[]): Promise<{ code: number; counts: Counts }
     counts.ruleRuns.set(key, (counts.ruleRuns.get(key) ?? 0) + 1);
     return runRules(...args);
   });
-  const write = mock.method(process.stdout, 'write', () => true);
+  // The CLI writes strings; the test runner's child reports its events as serialised buffers, which must pass.
+  const realWrite = process.stdout.write.bind(process.stdout);
+  const write = mock.method(process.stdout, 'write', (chunk: unknown, ...rest: never[]) => (typeof chunk === 'string' ? true : realWrite(chunk as Uint8Array, ...rest)));
   try {
     return { code: await main(argv), counts };
   } finally {
@@ -69,10 +73,22 @@ describe('one analysis per model', () => {
 
   it('verify: the original analysed once', async () => {
     const out = path.join(dir, 'v.onnx');
-    assert.equal(await main(['patch', input, '--train-len', '64', '-o', out, '--quiet', '--json']), 0);
+    // Through counted for its stdout: the JSON document would otherwise land in the test runner's TAP stream.
+    assert.equal((await counted(['patch', input, '--train-len', '64', '-o', out, '--quiet', '--json'])).code, 0);
     const { code, counts } = await counted(['verify', input, out, '--checks', 'wiring,probe', '--json']);
     assert.equal(code, 0);
     assert.equal(counts.validations.length, 1, 'validateGraph calls');
+    assert.deepEqual([...counts.ruleRuns].filter(([, n]) => n !== 1), [], 'candidates detected more than once');
+    assert.equal(counts.scopeBuilds.filter((m) => m === counts.scopeBuilds[0]).length, 1, 'scopes of the original built once');
+  });
+
+  it('calibrate: the original analysed once (its two patches and verification\'s setup reuse the analysis)', async () => {
+    const rope = qualityModel('rope-s0');
+    const out = path.join(dir, 'c.onnx');
+    const { code, counts } = await counted(['calibrate', rope, '--train-len', String(TASK.trainLen), '--max-runs', '2', '-o', out, '--json', '--quiet']);
+    assert.equal(code, 0);
+    assert.equal(counts.validations.length, 1, 'validateGraph calls');
+    assert.ok(counts.ruleRuns.size >= 2, 'the attention Softmax nodes at least are candidates');
     assert.deepEqual([...counts.ruleRuns].filter(([, n]) => n !== 1), [], 'candidates detected more than once');
     assert.equal(counts.scopeBuilds.filter((m) => m === counts.scopeBuilds[0]).length, 1, 'scopes of the original built once');
   });

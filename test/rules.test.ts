@@ -186,6 +186,17 @@ describe('the trace of a candidate', () => {
     const packed = findAttentionSoftmax(fusedModel(ms('PackedAttention', ['q', 'k', 'v'], { num_heads: H })));
     assert.deepEqual(packed.skipped.map((k) => [k.rule, k.stoppedAt, Boolean(k.forcible)]), [['fused/unsupported', 'PackedAttention', false]]);
     assert.match(packed.skipped[0].reason, /fused PackedAttention: not patched \(packed/);
+    // Every operator refused outright says what to patch instead (issue 35: a refusal is a dead end otherwise).
+    const refused = ['PackedAttention', 'PackedMultiHeadAttention', 'SparseAttention', 'PagedAttention', 'LongformerAttention', 'QAttention',
+      'QOrderedAttention', 'QOrderedLongformerAttention', 'DecoderAttention', 'DecoderMaskedSelfAttention', 'FlexAttention'];
+    for (const op of refused) {
+      const n = { ...ms(op, ['q', 'k', 'v'], { num_heads: H }), ...(op === 'FlexAttention' ? { domain: 'ai.onnx.preview' } : {}) };
+      const m = fusedModel(n);
+      if (op === 'FlexAttention') m.opsetImport.push({ domain: 'ai.onnx.preview', version: 1 });
+      const [skip] = findAttentionSoftmax(m).skipped;
+      assert.equal(skip?.rule, 'fused/unsupported', op);
+      assert.match(skip.reason, new RegExp(`^fused ${op}: not patched \\(.*[:;] (patch|expand) `), op);
+    }
     const bias = findAttentionSoftmax(fusedModel(ms('BiasSoftmax', ['q', 'k'], { axis: -1 })));
     assert.deepEqual(bias.skipped.map((k) => [k.rule, k.attention]), [['guard/bias-softmax', true]]);
     assert.deepEqual(bias.traces.map((t) => [t.op, t.rule]), [['com.microsoft.BiasSoftmax', 'guard/bias-softmax']]);

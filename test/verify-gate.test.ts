@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { after, describe, it } from 'node:test';
+import { after, describe, it, mock } from 'node:test';
 import { readModel, writeModel } from '../src/io/model-file';
 import { patchModel } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
@@ -269,8 +269,21 @@ describe('an original whose outputs depend on onnxruntime\'s optimisation level'
   const gpt2 = path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx');
   it('the corpus GPT-2 fusion test: a correct patch passes --strict, compared at basic, with the note', { skip: corpusSkip(path.basename(gpt2)) }, async () => {
     const original = readModel(gpt2);
-    const report = await verifyPatch(original, patchModel(original, { trainLen: 64 }).model, { strict: true, checks: ['wiring', 'probe', 'retrofit', 'liveness'] });
-    assert.deepEqual(report.checks.map((c) => `${c.id} ${c.status}`), ['wiring PASSED', 'probe PASSED', 'retrofit PASSED', 'liveness PASSED', 'sharpness SKIPPED']);
+    // Not liveness: every weight of this fixture is 1, so its output is LayerNorm(x + a constant per row), whatever
+    // the attention gives. Whole prompts of 128+ tokens used to differ by rounding (6e-4) and pass it; its runs over a
+    // cache are bit-equal, and liveness says the factor has no effect on the outputs, which is so.
+    // The 'basic' verification executes the same plan again: prepared once, not once per optimisation level.
+    const setup = await import('../src/verify/setup');
+    const prepared = mock.method(setup, 'prepare');
+    let report: Awaited<ReturnType<typeof verifyPatch>>;
+    try {
+      report = await verifyPatch(original, patchModel(original, { trainLen: 64 }).model, { strict: true, checks: ['wiring', 'probe', 'retrofit'] });
+    } finally {
+      prepared.mock.restore();
+    }
+    assert.equal(prepared.mock.callCount(), 1, 'prepare calls');
+    assert.equal(report.notes.filter((n) => /optimisations change the original's own outputs/.test(n)).length, 1, 'the note once');
+    assert.deepEqual(report.checks.map((c) => `${c.id} ${c.status}`), ['wiring PASSED', 'probe PASSED', 'retrofit PASSED', 'liveness SKIPPED', 'sharpness SKIPPED']);
     assert.ok(report.notes.some((n) => /optimisations change the original's own outputs .*compared at the 'basic' optimisation level/.test(n)), report.notes.join('\n'));
   });
 });

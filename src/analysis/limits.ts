@@ -14,7 +14,7 @@ export interface LengthLimit {
   reason: string;
 }
 
-export function positionLimit(graph: Graph, specs: InputSpec[]): LengthLimit | null {
+export function positionLimit(graph: Graph, specs: readonly InputSpec[]): LengthLimit | null {
   const roles = new Map(specs.map((s) => [s.name, s.role]));
   let best: LengthLimit | null = null;
   for (const node of graph.nodes) {

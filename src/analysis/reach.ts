@@ -34,7 +34,7 @@ export interface ModelLengths {
 /** Value inputs of a fused operator (past_sequence_length, say) enter the polynomials as `value:<input>`. */
 const VALUE = 'value:';
 
-export function modelLengths(scopes: Scope[], detection: Detection, specs: InputSpec[] = describeInputs(scopes[0].graph)): ModelLengths {
+export function modelLengths(scopes: Scope[], detection: Detection, specs: readonly InputSpec[] = describeInputs(scopes[0].graph)): ModelLengths {
   const main = scopes[0];
   const sites = siteLengths(scopes, detection);
   const constant = sites.length > 0 && sites.every((s) => s.keys && constantOf(s.keys) !== undefined);
@@ -44,7 +44,7 @@ export function modelLengths(scopes: Scope[], detection: Detection, specs: Input
 }
 
 /** Every input dim is a number or the batch: nothing the runs could vary changes a length. */
-function fixedInputs(specs: InputSpec[]): boolean {
+function fixedInputs(specs: readonly InputSpec[]): boolean {
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
   return specs.every((s) => !s.unshaped && s.dims.every((d, axis) => 'value' in d || resolveDim(s, axis, probe, new Map()).source === 'batch'));
 }
@@ -91,7 +91,7 @@ type ValueOf = (input: string) => number | undefined;
  * A polynomial's value for a run: each dim name by the input dim that carries it, each `input:axis` by that dim,
  * each value input by what synthesis feeds it. Undefined when a symbol is none of these.
  */
-export function evaluate(p: Poly, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
+export function evaluate(p: Poly, specs: readonly InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
   let total = 0;
   for (const [mono, coefficient] of p) {
     let term = coefficient;
@@ -105,7 +105,7 @@ export function evaluate(p: Poly, specs: InputSpec[], shape: RunShape, fixed: Re
   return total;
 }
 
-function symbolValue(symbol: string, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
+function symbolValue(symbol: string, specs: readonly InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>, values: ValueOf): number | undefined {
   if (symbol.startsWith(VALUE)) return values(symbol.slice(VALUE.length));
   for (const spec of specs) {
     const axis = spec.dims.findIndex((d) => 'param' in d && d.param === symbol);
@@ -242,7 +242,7 @@ export function longerAdvice(bound: Pick<LengthBound, 'kind'>, goal: string): st
 }
 
 /** The model's bound from its lengths, read at one run's shape (a fixed model's counts do not depend on it). */
-export function lengthBound(lengths: ModelLengths, specs: InputSpec[], shape: RunShape): LengthBound | null {
+export function lengthBound(lengths: ModelLengths, specs: readonly InputSpec[], shape: RunShape): LengthBound | null {
   if (lengths.fixed) {
     const keys = lengths.sites.map((s) => (s.keys ? evaluate(s.keys, specs, shape, new Map(), () => undefined) : undefined));
     const known = keys.every((k) => k !== undefined);

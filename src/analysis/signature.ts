@@ -87,7 +87,7 @@ export function describeInputs(graph: Graph): InputSpec[] {
  * key/value the past length; an image side of a pixel input 32; anything else 4 (not 1, so a broadcast that
  * should not happen still fails).
  */
-function ruleUnknownDims(specs: InputSpec[]): void {
+function ruleUnknownDims(specs: readonly InputSpec[]): void {
   const byName = new Map<string, DimRule>();
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
   for (const spec of specs.filter((x) => !x.unshaped)) {
@@ -105,7 +105,7 @@ function ruleUnknownDims(specs: InputSpec[]): void {
  * A float input [B, samples] or [B, 1, samples] that strided 1-D convolutions turn into frames: its last axis is
  * sized from the run's sequence, counted in frames, whatever its name says.
  */
-function ruleWaveforms(graph: Graph, specs: InputSpec[]): void {
+function ruleWaveforms(graph: Graph, specs: readonly InputSpec[]): void {
   for (const spec of specs) {
     const rank = spec.dims.length;
     const last = spec.dims[rank - 1];
@@ -265,7 +265,8 @@ export function pinnedShape(fixed: ReadonlyMap<string, number>): Partial<RunShap
 }
 
 /** Checks user-given tensors against the declared shapes and records the sizes of the named dims they fix. */
-export function bindGivenDims(specs: InputSpec[], given: Record<string, { dims: number[] }>, fixed: Map<string, number>, origin: Map<string, string>): void {
+export function bindGivenDims(specs: readonly InputSpec[], given: Record<string, { dims: number[] }>, fixed: Map<string, number>,
+  origin: Map<string, string>): void {
   for (const [name, tensor] of Object.entries(given)) {
     // Every given input is one of the model's (readGivenInputs read it for one).
     const spec = specs.find((s) => s.name === name)!;

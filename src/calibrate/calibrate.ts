@@ -11,9 +11,9 @@
  * the curve between): one run per candidate s. Sites whose rows all see every key (an encoder) need a run at each
  * length of the curve, before and after.
  */
-import { detectAttention, Detection } from '../detect/find-attention';
+import { Analysis, analyseModel } from '../analysis/analyse';
+import { Detection } from '../detect/find-attention';
 import { InputError, opt, render } from '../errors';
-import { modelScopes } from '../graph/scopes';
 import { ModelProto } from '../io/onnx';
 import { runtimeReport } from '../onnxruntime';
 import { LayerSelection } from '../policy/layers';
@@ -57,6 +57,8 @@ export interface CalibrateOptions {
   maxS?: number;
   /** A short progress line as each run starts. */
   progress?: (line: string) => void;
+  /** The original's analysis (analyseModel), when the caller has it: calibration then does not analyse it again. */
+  analysis?: Analysis;
 }
 
 export interface CalibrationResult {
@@ -93,16 +95,21 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   const started = performance.now();
   const progress = options.progress ?? ((): void => undefined);
   const L = checkInteger(options.trainLen, 'trainLen', 2);
-  const detection = detectAttention(original, modelScopes(original), {});
+  // One analysis of the original: every patch below and verification's setup reuse it.
+  const analysis = options.analysis ?? analyseModel(original);
+  const { detection } = analysis;
   const granularity = options.granularity ?? 'global';
-  const heads = granularity === 'global' ? [] : layerHeads(original, options, detection);
+  const heads = granularity === 'global' ? [] : layerHeads(original, options, analysis);
   const first = 1 / Math.log(L);
   const patch = (s: SValue): ReturnType<typeof patchModel> =>
-    patchModel(original, { preset: 'slope', trainLen: L, s, n: options.n, layers: options.layers, detection });
+    patchModel(original, { preset: 'slope', trainLen: L, s, n: options.n, layers: options.layers, analysis });
   const template = patch(sValue(granularity, heads, () => first));
   const plan = planOf(options, L, granularity);
   // N given: runs up to it; by default within verification's default longest length (one attention matrix's budget).
-  const setup = prepare(original, template.model, { trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims, maxMemory: options.maxMemory });
+  // Whole prompts even over a cache: the curve is read off every row of one causal run.
+  const setup = prepare(original, template.model, {
+    trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims, maxMemory: options.maxMemory, analysis,
+  }, { wholePrompts: true });
   fitTargetLength(plan, setup, options.targetLen !== undefined);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
   const cm = calibrationModel(template.model, setup.sites, plan.match === 'entropy' ? 'entropy' : 'max');
@@ -180,8 +187,8 @@ function givenIds(setup: Setup, inputs: Record<string, HostTensor>, N: number): 
 }
 
 /** Head counts per layer (every graph's layer k alike), from a patch with one s: per-layer and per-head s need them. */
-function layerHeads(original: ModelProto, o: CalibrateOptions, detection: Detection): LayerHeads {
-  const { report } = patchModel(original, { preset: 'slope', trainLen: o.trainLen, n: o.n, layers: o.layers, detection });
+function layerHeads(original: ModelProto, o: CalibrateOptions, analysis: Analysis): LayerHeads {
+  const { report } = patchModel(original, { preset: 'slope', trainLen: o.trainLen, n: o.n, layers: o.layers, analysis });
   const heads: LayerHeads = [];
   for (const site of report.sites) {
     if (!site.heads) throw new InputError(`${opt('granularity')}: layer ${site.layer}'s head count is unknown (${site.headsReason}): calibrate one s for the model`, 'cannot-patch');

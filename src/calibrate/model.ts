@@ -21,7 +21,7 @@ export interface CalibrationModel {
   unseen: string[];
 }
 
-export function calibrationModel(patched: ModelProto, sites: VerifySite[], stat: RowStatistic): CalibrationModel {
+export function calibrationModel(patched: ModelProto, sites: readonly VerifySite[], stat: RowStatistic): CalibrationModel {
   const model = cloneModel(patched);
   const rows = addRowMaxOutputs(model, sites, stat, 'all');
   const scales = new Map<number, { input: string; dims: number[] }>();

@@ -7,6 +7,7 @@ import { PatchReport } from '../rewrite/patch';
 import { RevertReport } from '../rewrite/revert';
 import { LayerScale } from '../policy/scale';
 import { VerifyReport } from '../verify/verify';
+import { gb } from '../verify/memory';
 import type { VerificationPlan } from '../verify/verification-plan';
 
 const fmtS = (s: LayerScale | null): string => (s === null ? 'none' : (Array.isArray(s) ? `[${s.map((v) => v.toPrecision(4)).join(', ')}]` : s.toPrecision(4)));
@@ -52,7 +53,10 @@ export function formatPlan(plan: VerificationPlan): string[] {
     const sweep = s.sweep.length ? `lengths ${s.sweep.join(', ')}` : 'no length sweep';
     lines.push(`${s.subject}: L = ${s.trainLen} (${s.trainLenSource}), checks ${s.checks.join(', ')}, ${sweep}, longest ${s.cap} (${s.capReason}), ${s.runs.length} runs`);
     for (const note of s.notes) lines.push(`  note: ${note}`);
-    for (const r of s.runs) lines.push(`  ${r.kind.padEnd(8)} ${r.id} (${r.keys} keys): ${r.reads.map((x) => `${x.session} → ${x.checks.join(', ')}`).join('; ')}`);
+    for (const r of s.runs) {
+      const peak = r.estimatedPeakBytes === undefined ? '' : `, about ${gb(r.estimatedPeakBytes)}`;
+      lines.push(`  ${r.kind.padEnd(8)} ${r.id} (${r.keys} keys${peak}): ${r.reads.map((x) => `${x.session} → ${x.checks.join(', ')}`).join('; ')}`);
+    }
   }
   return lines;
 }

@@ -15,7 +15,7 @@ import { CHECK_IDS, CheckId } from '../verify/plan';
 import { noCurveSvg, sharpnessSvg } from '../verify/plot';
 import { parseSize } from '../verify/memory';
 import { FileVerifyOptions, VerifyReport, verifyForCli } from '../verify/verify';
-import { planVerification } from '../verify/verification-plan';
+import { planFor } from '../verify/verification-plan';
 import type { ModelProto } from '../io/onnx';
 import { junitXml } from './junit';
 import { collect, dimsValue, listValue, optionalInteger, optionalReal, pairs, rejectExtraArguments } from './parse';
@@ -203,7 +203,7 @@ function dryRun(originalFile: string, patchedFile: string, o: VerifyCliOptions, 
   const writes = (['report', 'plot', 'junit', 'strict'] as const).filter((k) => o[k] !== undefined).map((k) => `--${k}`);
   if (writes.length) throw new InputError(`--dry-run runs nothing, so it takes no ${writes.join(', ')}`, 'usage');
   const original = readModel(originalFile);
-  const plan = planVerification(original, readModel(patchedFile), { ...options, analysis: analysed(original) });
+  const plan = planFor(original, readModel(patchedFile), { ...options, analysis: analysed(original) }, 'cli');
   return { command: 'verify', original: originalFile, patched: patchedFile, warnings: [], refused: [], plan, verdict: {}, artifacts: [] };
 }
 

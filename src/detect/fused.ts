@@ -24,13 +24,13 @@ const MS = 'com.microsoft';
 const unsupported: Record<string, string> = {
   ...Object.fromEntries(REFUSED_OPS.map((s) => [s.opType, s.refused])),
   SparseAttention: 'block-sparse kernel: n is the number of keys its block layout leaves, which the tool does not reproduce; patch the dense model instead',
-  PagedAttention: 'paged KV cache: n needs the block tables',
-  LongformerAttention: 'sliding-window plus global attention: n differs per row in ways the inputs do not state',
+  PagedAttention: 'paged KV cache: n needs the block tables; patch the model exported with a contiguous KV cache instead',
+  LongformerAttention: 'sliding-window plus global attention: n differs per row in ways the inputs do not state; patch the model exported in plain ops (before it was fused into LongformerAttention) instead',
   QAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
   QOrderedAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
   QOrderedLongformerAttention: 'quantized kernel (int8 query weights): patch the float model, then quantize it',
-  DecoderAttention: 'legacy DecoderAttention: Q is computed inside from weights with a per-step cache layout',
-  DecoderMaskedSelfAttention: 'Q is computed inside from weights with a shared cache buffer',
+  DecoderAttention: 'legacy DecoderAttention: Q is computed inside from weights with a per-step cache layout; patch the model before it was fused into DecoderAttention instead',
+  DecoderMaskedSelfAttention: 'Q is computed inside from weights with a shared cache buffer; patch the model before it was fused into DecoderMaskedSelfAttention instead',
   FlexAttention: 'onnxruntime has no kernel for it, so a patch could not be checked against the original, and its score_mod may change '
     + 'the logits arbitrarily; expand it into its function body (the model\'s `_expanded` form, or onnx\'s function inliner) and patch that: '
     + 'the plain-op rules put the factor on the content logits there',

@@ -21,7 +21,9 @@ import { CheckUnit, Outcome, readersOf } from './checks/unit';
 import { PREFIX } from './nodes';
 import { makeScratch, removeScratch } from './scratch';
 
-export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], progress: (line: string) => void): Promise<RunReport[]> {
+/** `notes`: this execution's notes, the plan's first; what running finds (an original that fails at a length) is added. */
+export async function execute(setup: Setup, factory: SessionFactory, units: CheckUnit[], notes: string[],
+  progress: (line: string) => void): Promise<RunReport[]> {
   const runs = setup.plan.runs;
   const readers = (run: RunSpec, key: SessionKey): CheckUnit[] => readersOf(setup, units, run, key);
   const reports = new Map<string, RunReport>();
@@ -45,7 +47,7 @@ export async function execute(setup: Setup, factory: SessionFactory, units: Chec
           if (dropped.has(run.id)) continue;
           const checks = [...new Set(readers(run, key).map((u) => u.id))].join(', ');
           progress(`verify: ${SESSION_LABELS[key]} model, run ${k + 1} of ${todo.length} (${run.id}) for ${checks}`);
-          const bytes = await step(setup, runner, key, run, { reports, store, dropped, readers: readers(run, key), factory });
+          const bytes = await step(setup, runner, key, run, { reports, store, dropped, notes, readers: readers(run, key), factory });
           // This run's outputs are dropped (the original's large ones are on disk): free large ones before the next run.
           if (bytes >= SPILL_BYTES) await collectGarbage();
         }
@@ -59,14 +61,21 @@ export async function execute(setup: Setup, factory: SessionFactory, units: Chec
   return runs.filter((r) => reports.has(r.id)).map((r) => reports.get(r.id)!);
 }
 
-interface StepState { reports: Map<string, RunReport>; store: OriginalOutputs; dropped: Set<string>; readers: CheckUnit[]; factory: SessionFactory }
+interface StepState {
+  reports: Map<string, RunReport>;
+  store: OriginalOutputs;
+  dropped: Set<string>;
+  notes: string[];
+  readers: CheckUnit[];
+  factory: SessionFactory;
+}
 
 /** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
 async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
   let outcome = await runOnce(setup, runner, run, st.reports);
   if (key === 'original' && 'error' in outcome && run === setup.plan.runs[0] && outcome.error.includes(PREFIX)) outcome = await bareOriginal(setup, run, st);
   const bytes = 'outputs' in outcome ? Object.values(outcome.outputs).reduce((n, t) => n + t.data.byteLength, 0) : 0;
-  if (key === 'original') original(setup, run, outcome, st.store, st.dropped);
+  if (key === 'original') original(setup, run, outcome, st);
   else for (const u of st.readers) u.observe(run, key, outcome, st.store.get(run.id));
   return bytes;
 }
@@ -118,7 +127,7 @@ const UNSUPPORTED = /\bnot (?:supported|implemented)\b|NOT_IMPLEMENTED/i;
  * The original's outcome: kept for the variants' runs. An original that fails on the first run cannot be
  * verified (an input error); failing at a sweep length ends the sweep there.
  */
-function original(setup: Setup, run: RunSpec, outcome: Outcome, store: OriginalOutputs, dropped: Set<string>): void {
+function original(setup: Setup, run: RunSpec, outcome: Outcome, { store, dropped, notes }: StepState): void {
   if ('outputs' in outcome) {
     store.set(run.id, outcome.outputs);
     return;
@@ -133,9 +142,9 @@ function original(setup: Setup, run: RunSpec, outcome: Outcome, store: OriginalO
   dropped.add(run.id);
   if (run.kind === 'sweep') {
     for (const r of setup.plan.runs) if (r.kind === 'sweep' && r.seq + r.past >= run.seq + run.past) dropped.add(r.id);
-    setup.plan.notes.push(`the original model fails at length ${run.seq + run.past}, so it and longer lengths were not compared: ${outcome.error}`);
+    notes.push(`the original model fails at length ${run.seq + run.past}, so it and longer lengths were not compared: ${outcome.error}`);
   } else {
-    setup.plan.notes.push(`the original model fails at ${run.id}, so that run was not compared: ${outcome.error}`);
+    notes.push(`the original model fails at ${run.id}, so that run was not compared: ${outcome.error}`);
   }
 }
 

@@ -34,7 +34,7 @@ export function rng(seed: number): () => number {
   };
 }
 
-export function synthesize(graph: Graph, specs: InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
+export function synthesize(graph: Graph, specs: readonly InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
   const feeds: Feeds = {};
   const random = rng(options.seed ?? 1);
   const fixed = options.fixed ?? new Map<string, number>();
@@ -66,7 +66,7 @@ function keyCount(k: HostTensor | undefined, shape: RunShape): number {
  * past_sequence_length of MultiHeadAttention and DecoderMaskedMultiHeadAttention; a plain-op model's past length by
  * its name; per-item lengths beside the one input they describe.
  */
-function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
+function lengths(graph: Graph, spec: InputSpec, specs: readonly InputSpec[], dims: number[], shape: RunShape, feeds: Feeds): HostTensor {
   const type = hostTypeOf(spec.elemType, spec.name);
   const count = elementCount(dims);
   const fill = (v: number): HostTensor => makeHost(type, dims, new Array<number>(count).fill(v));
@@ -95,7 +95,7 @@ function lengths(graph: Graph, spec: InputSpec, specs: InputSpec[], dims: number
  * Emformer take `lengths` so): a waveform's samples, else a float [B, T, D] input's frames. Every item is whole,
  * its length the axis's size, the one value a length can have without knowing how the model pads.
  */
-function itemLength(specs: InputSpec[], spec: InputSpec, feeds: Feeds): number | undefined {
+function itemLength(specs: readonly InputSpec[], spec: InputSpec, feeds: Feeds): number | undefined {
   if (spec.dims.length !== 1) return undefined;
   const waveform = specs.find((s) => s.dims.some((d) => 'rule' in d && d.rule?.frames));
   const frames = specs.filter((s) => s.role === 'values' && s.dims.length === 3);
@@ -127,7 +127,7 @@ function slotValue(graph: Graph, spec: InputSpec, shape: RunShape): number | und
  * An operator's beam inputs (its spec's `contracts.beams`): the width is the cache indirection's beam axis, and
  * the indirection holds beam 0 everywhere (every beam reads its own cache). Undefined for any other input.
  */
-function beamValue(graph: Graph, spec: InputSpec, specs: InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>): number | undefined {
+function beamValue(graph: Graph, spec: InputSpec, specs: readonly InputSpec[], shape: RunShape, fixed: ReadonlyMap<string, number>): number | undefined {
   for (const node of readersThroughCasts(graph, spec.name)) {
     const op = specOf(node);
     const beams = op?.contracts.beams;
@@ -152,7 +152,7 @@ function readersThroughCasts(graph: Graph, name: string): NodeProto[] {
 }
 
 /** Which run sizes the synthesised inputs depend on: tells whether the sequence and past lengths can vary. */
-export function dimSources(specs: InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds): Set<DimSource> {
+export function dimSources(specs: readonly InputSpec[], fixed: ReadonlyMap<string, number>, given: Feeds): Set<DimSource> {
   const out = new Set<DimSource>();
   const probe: RunShape = { batch: 2, seq: 5, past: 3 };
   for (const spec of specs) {

@@ -2,7 +2,9 @@
  * Which runs verification makes: short runs (batch 2: plain, a padded batch, KV-cache prefill and decoding with
  * past > 0) for wiring and the probe, and a sweep of context lengths L/4 … 16·L (batch 1) for retrofit parity,
  * liveness and sharpness, capped by the model's position table, by --max-len (by default also by the size of one
- * attention matrix), and by what the inputs allow.
+ * attention matrix), and by what the inputs allow. Where the model takes a KV cache, the sweep's runs are a few
+ * query tokens over a synthesised cache (CACHE_QUERY), so a run's memory grows with the cache and its time with
+ * one decode step, not with heads × length².
  */
 import { LengthLimit } from '../analysis/limits';
 import { RunShape } from '../analysis/signature';
@@ -36,6 +38,8 @@ export interface PlanInput {
   minPast?: number;
   /** The most heads of any attention site, when detection knows them: bounds the default longest length. */
   heads?: number;
+  /** Sweep whole prompts even over a cache (calibration reads a curve off every row of one causal run). */
+  wholePrompts?: boolean;
 }
 
 export interface Plan {
@@ -47,6 +51,13 @@ export interface Plan {
   capReason: string;
 }
 
+/** A plan once verification has prepared it: the executor and the checks read it; none of them adds to it. */
+export type FrozenPlan = Readonly<Omit<Plan, 'runs' | 'sweep' | 'notes'>> & {
+  readonly runs: readonly RunSpec[];
+  readonly sweep: readonly number[];
+  readonly notes: readonly string[];
+};
+
 export const SHORT_SEQ = 12;
 const SECOND_SEQ = 7;
 
@@ -57,6 +68,18 @@ const SECOND_SEQ = 7;
 export const DEFAULT_MAX_LEN = 4096;
 
 /**
+ * Query tokens of a sweep run over a cache: the rows liveness and sharpness read, each seeing t − 3 … t keys.
+ * Four, not one, so a causal site's rows still see more than one n.
+ */
+export const CACHE_QUERY = 4;
+
+/**
+ * Longest run over a cache by default (cached keys + query tokens): its attention is [heads, CACHE_QUERY, T], so
+ * the cache itself (layers · 2 · kv heads · T · head size values) is what grows; the memory budget bounds that.
+ */
+export const DEFAULT_CACHE_LEN = 131072;
+
+/**
  * Values in one attention matrix [B, H, T, T] the default plan allows (2^27: 512 MiB in float32). The peak of a
  * run is about two such matrices (a Softmax's input and output) plus the weights, so this bounds the default
  * plan's memory for any head count.
@@ -64,19 +87,46 @@ export const DEFAULT_MAX_LEN = 4096;
 export const ATTENTION_BUDGET = 2 ** 27;
 
 /**
- * The default longest length: DEFAULT_MAX_LEN, lowered to keep one attention matrix within the budget. It does
- * not stretch to reach beyond L: a run that exhausts memory is killed without a report, while a plan with no run
- * beyond L ends in a skipped check that says which flag raises the longest length (--max-len).
+ * The default longest length: DEFAULT_MAX_LEN for whole prompts, DEFAULT_CACHE_LEN for runs over a cache, lowered
+ * to keep one attention matrix [heads, query rows, keys] within the budget. It does not stretch to reach beyond L:
+ * a plan with no run beyond L ends in a skipped check that says which flag raises the longest length (--max-len).
  */
-function defaultCap(p: PlanInput): { cap: number; reason: string } {
-  const usual = { cap: DEFAULT_MAX_LEN, reason: `the default longest length ${DEFAULT_MAX_LEN}; ${opt('maxLen', 'N')} runs longer` };
-  const rows = (p.pinned.batch ?? 1) * (p.heads ?? 0);
+export function defaultCap(p: PlanInput): { cap: number; reason: string } {
+  const query = cacheQuery(p);
+  const heads = p.heads ?? 0;
+  const usual = (n: number): { cap: number; reason: string } => ({ cap: n, reason: `the default longest length ${n}${query ? ' of runs over a cache' : ''}; ${opt('maxLen', 'N')} runs longer` });
+  // Heads unknown: no estimate of a run's memory, so runs over a cache stop where whole prompts do.
+  if (!heads) return usual(DEFAULT_MAX_LEN);
+  const batch = p.pinned.batch ?? 1;
   // Lengths asked for by name are run up to the usual default.
-  if (!rows || p.lengths) return usual;
-  const fits = Math.floor(Math.sqrt(ATTENTION_BUDGET / rows));
-  if (fits >= DEFAULT_MAX_LEN) return usual;
-  const shape = `[${rows > p.heads! ? `${p.pinned.batch}, ` : ''}${p.heads}, T, T]`;
+  if (p.lengths) return usual(query ? DEFAULT_CACHE_LEN : DEFAULT_MAX_LEN);
+  const rows = batch * heads;
+  const fits = query ? Math.floor(ATTENTION_BUDGET / (rows * query)) : Math.floor(Math.sqrt(ATTENTION_BUDGET / rows));
+  const most = query ? DEFAULT_CACHE_LEN : DEFAULT_MAX_LEN;
+  if (fits >= most) return usual(most);
+  const shape = `[${batch > 1 ? `${batch}, ` : ''}${heads}, ${query ?? 'T'}, T]`;
   return { cap: fits, reason: `the default plan keeps one attention matrix ${shape} within ${ATTENTION_BUDGET / 2 ** 20} Mi values; ${opt('maxLen', 'N')} runs longer` };
+}
+
+/**
+ * The query tokens of a sweep run when the sweep runs over a cache (the past can grow): the model's own fixed
+ * token count, else CACHE_QUERY; undefined when the sweep runs whole prompts.
+ */
+function cacheQuery(p: Pick<PlanInput, 'pastFree' | 'seqFree' | 'pinned' | 'fixedSeq' | 'wholePrompts'>): number | undefined {
+  if (!p.pastFree) return undefined;
+  if (p.pinned.seq !== undefined || p.fixedSeq !== undefined) return p.pinned.seq ?? p.fixedSeq;
+  return p.seqFree && !p.wholePrompts ? CACHE_QUERY : p.seqFree ? undefined : 1;
+}
+
+/** The shape of the sweep's run of `total` keys: whole prompts, or the query tokens after a cache of the rest. */
+export function sweepShape(p: Pick<PlanInput, 'pastFree' | 'seqFree' | 'pinned' | 'fixedSeq' | 'wholePrompts' | 'minPast'>, total: number): RunShape {
+  const batch = p.pinned.batch ?? 1;
+  const query = cacheQuery(p);
+  const minPast = p.pastFree ? p.minPast ?? 0 : 0;
+  if (query === undefined) return { batch, seq: total, past: p.pinned.past ?? minPast };
+  // Fewer keys than the fixed tokens (a length the memory budget tries): those tokens alone.
+  const seq = p.seqFree ? Math.max(1, Math.min(query, total - minPast)) : Math.min(query, total);
+  return { batch, seq, past: Math.max(0, total - seq) };
 }
 
 export function defaultSweep(L: number): number[] {
@@ -106,9 +156,13 @@ export function makePlan(p: PlanInput): Plan {
     addRun(runs, 'short', batch, seqOf(1), Math.min(8, cap - seqOf(1)));
   }
   const sweep = sweepOf(p, cap, capReason, notes);
-  // Without a free sequence axis, a cache still sweeps the context: the fixed tokens after a longer past.
-  const fixed = !p.seqFree ? seqOf(1) : 0;
-  for (const t of sweep) addRun(runs, 'sweep', p.pinned.batch ?? 1, p.seqFree ? t : fixed, p.seqFree ? pastOf(0) : t - fixed);
+  // Over a cache (a free past), each length is a few query tokens after the rest cached; else the whole prompt.
+  for (const t of sweep) {
+    const r = sweepShape(p, t);
+    addRun(runs, 'sweep', r.batch, r.seq, r.past);
+  }
+  const query = cacheQuery(p);
+  if (sweep.length && p.seqFree && query !== undefined) notes.push(`the model takes a KV cache: each length of the sweep is ${query} query tokens after the rest cached`);
   return { runs, sweep, notes, cap, capReason };
 }
 
@@ -129,13 +183,16 @@ function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]):
   }
   const fixed = p.seqFree ? 0 : p.pinned.seq ?? p.fixedSeq ?? 1;
   if (!p.seqFree) notes.push(`the sequence length is fixed at ${fixed}: the sweep grows the cache instead`);
+  const query = cacheQuery(p);
   const wanted = p.lengths ?? defaultSweep(p.trainLen);
-  const least = fixed + (p.minPast ?? 0);
+  // A run over a cache has at least one query token after the cached ones it must have.
+  const least = (p.seqFree && query !== undefined ? 1 : fixed) + (p.minPast ?? 0);
   const sweep = wanted.filter((t) => t <= cap && t >= least);
   const dropped = wanted.filter((t) => t > cap);
   if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
   const short = wanted.filter((t) => t < least);
-  if (short.length && p.lengths) notes.push(`lengths ${short.join(', ')} not run: every run has at least ${least} keys (the fixed ${fixed} tokens${least > fixed ? ` after ${p.minPast} cached` : ''})`);
+  const tokens = p.seqFree ? 'a query token' : `the fixed ${fixed} tokens`;
+  if (short.length && p.lengths) notes.push(`lengths ${short.join(', ')} not run: every run has at least ${least} keys (${tokens}${p.minPast ? ` after ${p.minPast} cached` : ''})`);
   if (sweep.length >= 2 || p.seqFree) return sweep;
   // Fixed tokens beyond the lengths asked for: the cache grows on top of them, by L, 4L and 16L.
   const grown = [least, ...[1, 4, 16].map((k) => least + k * p.trainLen)].filter((t) => t <= cap);
@@ -153,7 +210,8 @@ export function retrofitRuns(plan: Plan, identity: { from: number; upTo: number 
   const ids: string[] = [];
   const top = Math.min(identity.upTo, plan.cap);
   if (top < identity.from) return `n = ${identity.from} is beyond the longest runnable length ${plan.cap} (${plan.capReason})`;
-  if ((o.seqFree || o.pinned.seq === top) && !o.minPast) ids.push(addRun(plan.runs, 'retrofit', o.batch, top, 0));
+  // Over a cache, one token after top − 1 cached ones puts its row at n = top: no whole prompt of top tokens.
+  if ((o.seqFree || o.pinned.seq === top) && !o.minPast && !o.pastFree) ids.push(addRun(plan.runs, 'retrofit', o.batch, top, 0));
   const seq = o.pinned.seq ?? 1;
   if (o.pastFree && seq < top) ids.push(addRun(plan.runs, 'retrofit', o.batch, seq, top - seq));
   // More fixed tokens than L: causal rows still count up through L, and where the cache can grow, a cache of L

@@ -43,7 +43,7 @@ export interface ProbeOutputs {
 /** Per site: its outputs, why the site cannot be seen (`unprobed`), or what is wrong with it (`problem`). */
 export type ProbeWiring = ProbeOutputs | { unprobed: string } | { problem: string };
 
-export function addProbeOutputs(model: ModelProto, sites: VerifySite[], rows: 'all' | 'last'): ProbeWiring[] {
+export function addProbeOutputs(model: ModelProto, sites: readonly VerifySite[], rows: 'all' | 'last'): ProbeWiring[] {
   const x = new Exposer(model);
   const wirings = sites.map((site) => wire(x, site, rows));
   x.finish();

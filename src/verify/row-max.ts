@@ -36,7 +36,7 @@ export interface RowMaxOutputs {
   keys: Map<number, string>;
 }
 
-export function addRowMaxOutputs(model: ModelProto, sites: VerifySite[], stat: RowStatistic = 'max', rows: RowReading['rows'] = 'last'): RowMaxOutputs {
+export function addRowMaxOutputs(model: ModelProto, sites: readonly VerifySite[], stat: RowStatistic = 'max', rows: RowReading['rows'] = 'last'): RowMaxOutputs {
   const x = new Exposer(model);
   const reading: RowReading = { stat, rows };
   const result: RowMaxOutputs = { outputs: new Map(), unseen: new Map(), keys: new Map() };

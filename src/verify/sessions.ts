@@ -53,7 +53,7 @@ export class SessionFactory {
    * `optimization`: onnxruntime's graph optimisation level for the model variants ('basic' where the original's own
    * outputs depend on it, see optimisationChanges).
    */
-  constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: VerifySite[],
+  constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: readonly VerifySite[],
     private readonly sharpness: boolean, readonly optimization: Optimization = 'all') {
     this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
   }

@@ -14,7 +14,7 @@ import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto 
 import { Preset } from '../policy/factor';
 import { RECORD_KEY } from '../identity';
 import { PatchRecord, readRecord, recordedNode, recordedPreset } from '../rewrite/record';
-import { CHECK_IDS, CheckId, DEFAULT_MAX_LEN, defaultSweep, makePlan, Plan } from './plan';
+import { CHECK_IDS, CheckId, defaultCap, defaultSweep, FrozenPlan, makePlan, Plan, PlanInput, retrofitRuns, sweepShape } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { LengthLimit, positionLimit } from '../analysis/limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
@@ -36,7 +36,8 @@ export interface Identity {
   text: string;
 }
 
-export interface Setup {
+/** A setup as prepare builds it; once returned (Setup), nothing changes it. */
+interface SetupDraft {
   record: PatchRecord;
   preset: Preset;
   sites: VerifySite[];
@@ -74,9 +75,29 @@ export interface Setup {
   integerOutputs: boolean;
   /** What a run's peak memory is estimated from. */
   memory: MemoryModel;
+  /**
+   * The runs retrofit parity reads (added to the plan's runs), or why no run can reach where the factor is 1; null
+   * when retrofit is not selected or the preset promises no factor of 1.
+   */
+  retrofitRuns: string[] | string | null;
 }
 
-export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions): Setup {
+/** What verification decided before any run: read by the checks and the executor, changed by neither. */
+export type Setup = Readonly<Omit<SetupDraft, 'plan' | 'sites' | 'refused' | 'specs' | 'checks' | 'fixed' | 'lowPrecisionOutputs' | 'modelOutputs'>> & {
+  readonly plan: FrozenPlan;
+  readonly sites: readonly VerifySite[];
+  readonly refused: readonly string[];
+  readonly specs: readonly InputSpec[];
+  readonly checks: ReadonlySet<CheckId>;
+  readonly fixed: ReadonlyMap<string, number>;
+  readonly lowPrecisionOutputs: ReadonlySet<string>;
+  readonly modelOutputs: readonly string[];
+};
+
+/** How the sweep runs: whole prompts even over a cache, for calibration (it reads every row of one causal run). */
+export interface SweepForm { wholePrompts?: boolean }
+
+export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, form: SweepForm = {}): Setup {
   const record = readRecord(patched);
   if (!record && readRecord(original)) {
     throw new InputError(`the patched model has no ssmax-patch record (metadata_props '${RECORD_KEY}'), but the original has one: the two models are likely swapped (give the original first, then the model ssmax-patch wrote)`, 'wrong-original');
@@ -107,16 +128,16 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const identity = identityOf(preset, L, known, sites);
   const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection), specs, outputs: original.graph!.output, fixed };
   const table = positionLimit(graph, specs);
-  const budget = memoryCap(memory, options, { L, seqFree, pinned, fixedSeq }, table);
-  const plan = makePlan({
-    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned,
-    limit: budget && (!table || budget.length < table.length) ? budget : table,
-    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads,
-  });
+  const input: PlanInput = {
+    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned, limit: null,
+    canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads, wholePrompts: form.wholePrompts,
+  };
+  const budget = memoryCap(memory, options, input, table);
+  const plan = makePlan({ ...input, limit: budget && (!table || budget.length < table.length) ? budget : table });
   const lengths = modelLengths(analysis.scopes, detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
-  const setup: Setup = {
+  const setup: SetupDraft = {
     record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenSource: source,
     identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
@@ -124,33 +145,40 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,
     keysOf: (run) => runKeys(lengths, specs, fixed, run),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
-    memory,
+    memory, retrofitRuns: null,
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
   }
   noteScaleDrift(setup);
+  if (checks.has('retrofit') && identity) setup.retrofitRuns = retrofitRunsOf(setup, identity);
   // The first run's inputs, synthesised before any session exists, so input errors come first and fast.
   const first = plan.runs[0];
   if (first) synthesize(graph, specs, first, { fixed, given, padded: first.padded });
   return setup;
 }
 
+/** The retrofit runs, planned last: a "no run reaches" reason quotes the plan's first note. */
+function retrofitRunsOf(setup: SetupDraft, identity: Identity): string[] | string {
+  return retrofitRuns(setup.plan, identity, {
+    seqFree: setup.seqFree, pastFree: setup.pastFree, pinned: { ...setup.pinned, seq: setup.pinned.seq ?? setup.fixedSeq }, batch: setup.pinned.batch ?? 1,
+    minPast: setup.minPast,
+  });
+}
+
 /**
  * The memory budget as a cap on the sweep's lengths (memory.ts): the longest length the plan would run, if its run
  * would pass the budget, is cut to the longest that fits. Its run is the sweep's (batch 1, the whole sequence, or
- * the fixed tokens after a cache).
+ * the query tokens after a cache).
  */
-function memoryCap(m: MemoryModel, options: FileVerifyOptions, o: { L: number; seqFree: boolean; pinned: Partial<RunShape>; fixedSeq?: number },
-  table: LengthLimit | null): LengthLimit | null {
-  const want = Math.min(Math.max(o.L, ...(options.lengths ?? defaultSweep(o.L))), options.maxLen ?? DEFAULT_MAX_LEN, table?.length ?? Infinity);
+function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, table: LengthLimit | null): LengthLimit | null {
+  const longest = options.maxLen ?? defaultCap(p).cap;
+  const want = Math.min(Math.max(p.trainLen, ...(options.lengths ?? defaultSweep(p.trainLen))), longest, table?.length ?? Infinity);
   const budget = options.maxMemory !== undefined ? { bytes: options.maxMemory, why: `given with ${opt('maxMemory')}` } : defaultBudget();
-  const batch = o.pinned.batch ?? 1, seq = o.pinned.seq ?? o.fixedSeq ?? 1;
-  const shape = (t: number): RunShape => (o.seqFree ? { batch, seq: t, past: 0 } : { batch, seq: Math.min(seq, t), past: Math.max(0, t - seq) });
-  return memoryLimit(m, want, shape, budget);
+  return memoryLimit(m, want, (t) => sweepShape(p, t), budget);
 }
 
-function runKeys(lengths: ModelLengths, specs: InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {
+function runKeys(lengths: ModelLengths, specs: readonly InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {
   // Value inputs as synthesis fills them: a past length, or a total.
   const values = (name: string): number | undefined => (/total/i.test(name) ? run.seq + run.past : /past/i.test(name) ? run.past : undefined);
   const keys = lengths.sites.map((s) => (s.keys ? evaluate(s.keys, specs, run, fixed, values) : undefined)).filter((k): k is number => k !== undefined);
@@ -161,7 +189,7 @@ function runKeys(lengths: ModelLengths, specs: InputSpec[], fixed: ReadonlyMap<s
  * A --dim the model cannot honour is an error, never a run that only pretends to have that size: the name must be
  * an input's dim, or an alias (seq, past, batch) of an axis some input has.
  */
-function checkDimNames(specs: InputSpec[], dims: Record<string, number>, given: Feeds): void {
+function checkDimNames(specs: readonly InputSpec[], dims: Record<string, number>, given: Feeds): void {
   const open = dimSources(specs, new Map(), given);
   for (const name of Object.keys(dims)) {
     if (specs.some((s) => s.dims.some((d) => 'param' in d && d.param === name))) continue;
@@ -174,7 +202,7 @@ function checkDimNames(specs: InputSpec[], dims: Record<string, number>, given: 
 }
 
 /** The token count the model's inputs fix (axis 1 of its ids, or of a float input [B, S, D]), if any. */
-function fixedTokens(specs: InputSpec[]): number | undefined {
+function fixedTokens(specs: readonly InputSpec[]): number | undefined {
   const tokens = specs.find((s) => ['ids', 'positions', 'token-types', 'values'].includes(s.role) && s.dims.length >= 2 && 'value' in s.dims[1]);
   const d = tokens?.dims[1];
   return d && 'value' in d ? d.value : undefined;
@@ -192,7 +220,7 @@ function minCachedTokens(scopes: Scope[]): number {
  * A cache indirection [B, beams, max length] is synthesised for one beam (beam 0 everywhere), so its beam axis
  * is 1 whatever its name says (a name like num_beams would otherwise be sized by position).
  */
-function oneBeam(graph: Graph, specs: InputSpec[]): void {
+function oneBeam(graph: Graph, specs: readonly InputSpec[]): void {
   for (const { op, node, contract } of contractNodes([graph], (c) => c.beams)) {
     contractRule(specs, inputOf(op, node, contract.indirection), 1, { source: 'fixed', size: 1, why: `the beams of ${op.opType}'s cache indirection: one` });
   }
@@ -203,7 +231,7 @@ function oneBeam(graph: Graph, specs: InputSpec[]): void {
  * tokens: its length axis is sized past + sequence, whatever its name says (max_sequence_length would be sized as
  * the sequence, leaving no room for a cache).
  */
-function sharedBuffers(graph: Graph, specs: InputSpec[]): void {
+function sharedBuffers(graph: Graph, specs: readonly InputSpec[]): void {
   for (const { op, node, contract: shared } of contractNodes([graph], (c) => c.sharedBuffer)) {
     if (attrInt(node, shared.attribute) !== 1 && !(shared.given && inputOf(op, node, shared.given))) continue;
     const axes: [string, number, string][] = shared.caches.map((role) => [role, shared.axis, 'shared past/present buffer: past + current tokens']);
@@ -214,7 +242,7 @@ function sharedBuffers(graph: Graph, specs: InputSpec[]): void {
 }
 
 /** An operator's contract sizes this axis of the input `name` (when the model does not give it as a number). */
-function contractRule(specs: InputSpec[], name: string, axis: number, rule: Omit<DimRule, 'contract'>): void {
+function contractRule(specs: readonly InputSpec[], name: string, axis: number, rule: Omit<DimRule, 'contract'>): void {
   const d = specs.find((s) => s.name === name)?.dims[axis];
   if (d && !('value' in d)) d.rule = { ...rule, contract: true };
 }
@@ -300,7 +328,7 @@ function compareSets(what: string, original: Map<string, string>, patched: Map<s
 }
 
 /** Tensors given by value: each of an input the model has, in the host type of its element type. */
-function checkGivenTensors(specs: InputSpec[], tensors: Record<string, HostTensor>): Feeds {
+function checkGivenTensors(specs: readonly InputSpec[], tensors: Record<string, HostTensor>): Feeds {
   for (const [name, t] of Object.entries(tensors)) {
     const spec = specs.find((s) => s.name === name);
     if (!spec) throw new InputError(`${opt('inputs', name)}: the model has no input '${name}' (inputs: ${specs.map((s) => s.name).join(', ')})`, 'usage');
@@ -311,7 +339,7 @@ function checkGivenTensors(specs: InputSpec[], tensors: Record<string, HostTenso
   return tensors;
 }
 
-function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Feeds {
+function readGivenInputs(specs: readonly InputSpec[], files: Record<string, string>): Feeds {
   const given: Feeds = {};
   for (const [name, file] of Object.entries(files)) {
     const spec = specs.find((s) => s.name === name);
@@ -325,7 +353,8 @@ function readGivenInputs(specs: InputSpec[], files: Record<string, string>): Fee
  * L per preset: the given train length, else the record's; for ssmax without one, the length where the mean s
  * gives factor 1 (e^(1/s)); for llama4, floor_scale (its factor is 1 below it).
  */
-function trainLength(option: number | undefined, record: PatchRecord, preset: Preset, sites: VerifySite[]): { L: number; known: boolean; source: string } {
+function trainLength(option: number | undefined, record: PatchRecord, preset: Preset, sites: readonly VerifySite[]):
+  { L: number; known: boolean; source: string } {
   if (option !== undefined) {
     if (!Number.isInteger(option) || option < 2) throw new InputError(`${opt('trainLen')} must be an integer ≥ 2, got ${option}`, 'usage');
     return { L: option, known: true, source: 'the given train length' };
@@ -341,7 +370,7 @@ function trainLength(option: number | undefined, record: PatchRecord, preset: Pr
 }
 
 /** Rows where the preset's factor is 1 by promise: none without a train length, or with the bias variant. */
-function identityOf(p: Preset, L: number, known: boolean, sites: VerifySite[]): Identity | null {
+function identityOf(p: Preset, L: number, known: boolean, sites: readonly VerifySite[]): Identity | null {
   // A prior that varies with position (θβ ≠ 0 at some head) changes the logits at every length.
   if (p.kind === 'none' || sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return null;
   if (p.kind === 'llama4') return { from: 1, upTo: p.floorScale - 1, text: `n < floor_scale = ${p.floorScale}` };
@@ -352,7 +381,7 @@ function identityOf(p: Preset, L: number, known: boolean, sites: VerifySite[]): 
 }
 
 /** Where the model's s differs from the record's (fine-tuned, say): a note, and the probe expects the model's. */
-function noteScaleDrift(setup: Setup): void {
+function noteScaleDrift(setup: SetupDraft): void {
   for (const site of setup.sites) {
     if (site.record.s === undefined) continue;
     const recorded = Array.isArray(site.record.s) ? site.record.s : [site.record.s];

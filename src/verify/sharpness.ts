@@ -49,13 +49,14 @@ export function isUniform(meanMax: number, n: number): boolean {
 export const NO_FADE = 0.95;
 
 /**
- * Mean of a row-max tensor [..., r] holding the last r rows of logits with `tq` rows: the last quarter of the
- * rows, at most ROW_SAMPLE, count. In causal attention these are the rows that see close to n keys; in
- * bidirectional attention every row sees n keys and the last ones are as good as any.
+ * Mean of a row-max tensor [..., r] holding the last r rows of logits with `tq` query rows after `past` cached
+ * keys: the rows that see the last quarter of the keys (at least 3/4 of them), at most ROW_SAMPLE, count. In a
+ * causal prompt these are its last quarter; over a long cache every query row; in bidirectional attention every
+ * row sees all keys and the last ones are as good as any.
  */
-export function meanOf(t: OutputTensor, tq: number): number {
+export function meanOf(t: OutputTensor, tq: number, past = 0): number {
   const r = t.dims.length ? t.dims[t.dims.length - 1] : 1;
-  const want = Math.max(1, Math.min(r, ROW_SAMPLE, Math.floor(tq / 4)));
+  const want = Math.max(1, Math.min(r, ROW_SAMPLE, tq, Math.floor((tq + past) / 4)));
   let sum = 0, count = 0;
   for (let i = 0; i < t.data.length; i++) {
     if (i % r < r - want) continue;
@@ -66,8 +67,8 @@ export function meanOf(t: OutputTensor, tq: number): number {
 }
 
 /** Per site, in site order; sites whose graph did not run in this run (an If branch not taken) are left out. */
-export function layerMeans(rowMax: Map<number, OutputTensor | undefined>, tq: number): number[] {
-  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).filter(([, t]) => t && t.data.length > 0).map(([, t]) => meanOf(t!, tq));
+export function layerMeans(rowMax: Map<number, OutputTensor | undefined>, tq: number, past = 0): number[] {
+  return [...rowMax.entries()].sort((a, b) => a[0] - b[0]).filter(([, t]) => t && t.data.length > 0).map(([, t]) => meanOf(t!, tq, past));
 }
 
 const average = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;

@@ -4,9 +4,11 @@
  * read which session. `verify --dry-run` prints it; runVerification executes the same units.
  */
 import type { ModelProto } from '../io/onnx';
-import { InputError } from '../errors';
+import { InputError, rendered } from '../errors';
 import { LIFTED_CHECKS, LiftedPair, liftedPairs } from './lift';
 import type { FileVerifyOptions, VerifyOptions } from './options';
+import type { RunShape } from '../analysis/signature';
+import { estimatePeak } from './memory';
 import { CHECK_IDS, CheckId } from './plan';
 import type { RunIdentity } from './report';
 import { SESSION_LABELS, SESSION_ORDER, SessionFactory } from './sessions';
@@ -18,7 +20,7 @@ import { SharpnessCheck } from './checks/sharpness';
 import { CheckUnit, readersOf, UnitContext } from './checks/unit';
 import { WiringCheck } from './checks/wiring';
 
-/** The five checks as units. Retrofit is made first: it adds its runs to the plan before the others look at the runs. */
+/** The five checks as units, in the order the executor hands each run's outputs to them. */
 export function checkUnits(ctx: UnitContext): { units: CheckUnit[]; sharpness: SharpnessCheck } {
   const sharpness = new SharpnessCheck(ctx);
   return { units: [new RetrofitCheck(ctx), new WiringCheck(ctx), new ProbeCheck(ctx), new LivenessCheck(ctx), sharpness], sharpness };
@@ -27,6 +29,8 @@ export function checkUnits(ctx: UnitContext): { units: CheckUnit[]; sharpness: S
 export interface PlannedRun extends RunIdentity {
   /** The most keys a row of this run sees. */
   keys: number;
+  /** The run's peak memory as estimated before it runs (src/verify/memory.ts), when the attention's heads are known. */
+  estimatedPeakBytes?: number;
   /** Per session it runs in (in the order sessions run), the checks that read its outputs. */
   reads: { session: string; checks: CheckId[] }[];
 }
@@ -53,19 +57,25 @@ export interface VerificationPlan { subjects: SubjectPlan[] }
 export function plannedRuns(setup: Setup, units: CheckUnit[]): PlannedRun[] {
   return setup.plan.runs.map((r) => ({
     id: r.id, kind: r.kind, batch: r.batch, seq: r.seq, past: r.past, padded: r.padded, keys: setup.keysOf(r),
+    ...peakOf(setup, r),
     reads: SESSION_ORDER.map((key) => ({ session: SESSION_LABELS[key], checks: readersOf(setup, units, r, key).map((u) => u.id) }))
       .filter((x) => x.checks.length > 0),
   })).filter((r) => r.reads.length > 0);
+}
+
+function peakOf(setup: Setup, run: RunShape): { estimatedPeakBytes?: number } {
+  const peak = estimatePeak(setup.memory, run);
+  return peak ? { estimatedPeakBytes: peak.total } : {};
 }
 
 function subjectPlan(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, subject: string): SubjectPlan {
   const setup = prepare(original, patched, options);
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
   try {
-    const { units } = checkUnits({ setup, factory });
+    const { units } = checkUnits({ setup, factory, notes: setup.plan.notes });
     return {
-      subject, trainLen: setup.L, trainLenSource: setup.trainLenSource, checks: CHECK_IDS.filter((c) => setup.checks.has(c)), sweep: setup.plan.sweep,
-      cap: setup.plan.cap, capReason: setup.plan.capReason, runs: plannedRuns(setup, units), notes: setup.plan.notes,
+      subject, trainLen: setup.L, trainLenSource: setup.trainLenSource, checks: CHECK_IDS.filter((c) => setup.checks.has(c)), sweep: [...setup.plan.sweep],
+      cap: setup.plan.cap, capReason: setup.plan.capReason, runs: plannedRuns(setup, units), notes: [...setup.plan.notes],
     };
   } finally {
     factory.cleanup();
@@ -78,10 +88,15 @@ function subjectPlan(original: ModelProto, patched: ModelProto, options: FileVer
  * verifyPatch throws them.
  */
 export function planVerification(original: ModelProto, patched: ModelProto, options: VerifyOptions = {}): VerificationPlan {
+  return planFor(original, patched, options, 'api');
+}
+
+/** planVerification with its messages naming options for `audience` (the command line names flags). */
+export function planFor(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli'): VerificationPlan {
   const main = subjectPlan(original, patched, options, 'the main pair');
   const checks = main.checks.filter((c) => LIFTED_CHECKS.includes(c));
   const lifted = checks.length ? liftedPairs(original, patched) : [];
-  return { subjects: [main, ...lifted.map((l) => liftedPlan(l, checks, options))] };
+  return rendered({ subjects: [main, ...lifted.map((l) => liftedPlan(l, checks, options))] }, audience);
 }
 
 /** A lifted graph's plan, with the outer verification's L and lengths (its dims and inputs name the outer model's inputs). */

@@ -9,18 +9,19 @@
  * The sites come from the patch record and its journal. With `strict`, anything left unverified (a skipped
  * check, a site that could not be seen, attention the patch refused) fails the verification.
  */
-import { InputError, opt, render } from '../errors';
+import { InputError, opt, rendered } from '../errors';
 import { ModelProto } from '../io/onnx';
 import { runtimeReport } from '../onnxruntime';
 import { CheckId, CHECK_IDS } from './plan';
 import type { FileVerifyOptions, VerifyOptions } from './options';
-import { CheckResult, InputReport, RunReport, VerifyReport } from './report';
+import { CheckResult, InputReport, RunReport, SessionReport, VerifyReport } from './report';
 import { SessionFactory } from './sessions';
 import { prepare, Setup } from './setup';
 import { ruledDims } from '../analysis/signature';
+import { SharpnessCurve } from './sharpness';
 import { elemTypeName } from './tensors';
 import { execute } from './execute';
-import { liftedChecks } from './lift';
+import { Lifted, liftedChecks } from './lift';
 import { failedParityRun, optimisationChanges } from './optimisation';
 import { Optimization } from './run';
 import { skippedCheck } from './checks/common';
@@ -61,41 +62,66 @@ async function prepareOrLoadError(original: ModelProto, patched: ModelProto, opt
   }
 }
 
-/** `optimization`: 'basic' once the original's outputs turned out to depend on onnxruntime's optimisations (`why`). */
-async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli',
-  optimization: Optimization = 'all', why?: string): Promise<VerifyReport> {
+/**
+ * Prepares the plan once and executes it at onnxruntime's default optimisation level; where the original's own
+ * outputs turn out to depend on that level, the same plan is executed again with every model at 'basic'.
+ */
+async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli'): Promise<VerifyReport> {
   const started = performance.now();
   const setup = await prepareOrLoadError(original, patched, options);
-  if (why) setup.plan.notes.push(why);
   const progress = options.progress ?? ((): void => undefined);
-  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization);
-  const labels = setup.sites.map((s) => s.label);
   const again = (o: ModelProto, p: ModelProto, opts: FileVerifyOptions): Promise<VerifyReport> => runVerification(o, p, opts, audience);
-  const lifted = await liftedChecks(original, patched, options, again, labels, setup.checks);
-  const { units, sharpness } = checkUnits({ setup, factory, lifted });
-  progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
-  let runs: RunReport[];
-  let checks: CheckResult[];
-  try {
-    runs = await execute(setup, factory, units, progress);
-    checks = judged(setup, units);
-    const failed = optimization === 'all' ? failedParityRun(setup, checks) : undefined;
-    const changed = failed ? await optimisationChanges(setup, factory, failed) : null;
-    if (changed) {
-      progress('verify: the original\'s outputs depend on onnxruntime\'s optimisation level: verifying again at \'basic\'');
-      return await runVerification(original, patched, options, audience, 'basic', changed);
-    }
-  } finally {
-    factory.cleanup();
+  const lifted = await liftedChecks(original, patched, options, again, setup.sites.map((s) => s.label), setup.checks);
+  const pair = { original, patched, setup, lifted, progress };
+  let done = await executePlan(pair, 'all');
+  if (done.changed) {
+    progress('verify: the original\'s outputs depend on onnxruntime\'s optimisation level: verifying again at \'basic\'');
+    done = await executePlan(pair, 'basic', done.changed);
   }
+  const { runs, checks, notes } = done;
   const report: VerifyReport = {
-    passed: false, strictMode: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refusedAttention: setup.refused,
-    trainLen: setup.L, trainLenSource: setup.trainLenSource, tolerance: setup.tolerance, inputs: inputReports(setup), sweep: setup.plan.sweep,
-    notes: setup.plan.notes, runs, checks, sharpness: sharpness.curve, sessions: factory.reports, totalMs: Math.round(performance.now() - started),
+    passed: false, strictMode: setup.strict, unverified: unverified(setup, checks), preset: setup.record.preset, refusedAttention: [...setup.refused],
+    trainLen: setup.L, trainLenSource: setup.trainLenSource, tolerance: setup.tolerance, inputs: inputReports(setup), sweep: [...setup.plan.sweep],
+    notes, runs, checks, sharpness: done.curve, sessions: done.sessions, totalMs: Math.round(performance.now() - started),
     runtime: runtimeReport(),
   };
   report.passed = checks.every((c) => c.status !== 'FAILED') && (!setup.strict || report.unverified.length === 0);
   return rendered(report, audience);
+}
+
+interface PlanSubject {
+  original: ModelProto;
+  patched: ModelProto;
+  setup: Setup;
+  lifted: Lifted;
+  progress: (line: string) => void;
+}
+
+/** One execution of the plan: its runs, the checks' verdicts, and why to run it again at 'basic' (null: no need). */
+interface Execution {
+  runs: RunReport[];
+  checks: CheckResult[];
+  curve: SharpnessCurve | undefined;
+  sessions: SessionReport[];
+  notes: string[];
+  changed: string | null;
+}
+
+/** Runs the plan with every model at `optimization`; `why` says why it is not the default level. */
+async function executePlan({ original, patched, setup, lifted, progress }: PlanSubject, optimization: Optimization, why?: string): Promise<Execution> {
+  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization);
+  const notes = why ? [...setup.plan.notes, why] : [...setup.plan.notes];
+  const { units, sharpness } = checkUnits({ setup, factory, lifted, notes });
+  progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
+  try {
+    const runs = await execute(setup, factory, units, notes, progress);
+    const checks = judged(setup, units);
+    const failed = optimization === 'all' ? failedParityRun(setup, checks) : undefined;
+    const changed = failed ? await optimisationChanges(setup, factory, failed) : null;
+    return { runs, checks, curve: sharpness.curve, sessions: factory.reports, notes, changed };
+  } finally {
+    factory.cleanup();
+  }
 }
 
 /** Each check's verdict, in check order (a check reads the verdicts before it); checks not selected are skipped. */
@@ -131,12 +157,3 @@ function inputReports(setup: Setup): InputReport[] {
   });
 }
 
-/** Every message of the report with options named for its reader. */
-function rendered<T>(value: T, audience: 'api' | 'cli'): T {
-  if (typeof value === 'string') return render(value, audience) as T;
-  if (Array.isArray(value)) return value.map((v) => rendered(v, audience)) as T;
-  if (value && typeof value === 'object' && !(value instanceof Map) && !(value instanceof Set) && !ArrayBuffer.isView(value)) {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, rendered(v, audience)])) as T;
-  }
-  return value;
-}

@@ -64,7 +64,7 @@ export class LivenessCheck implements CheckUnit {
   private saturated(run: RunSpec, original: Outputs): boolean {
     const rowMax = this.ctx.factory.rowMax.original?.outputs;
     if (!rowMax?.size) return false;
-    const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq);
+    const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq, run.past);
     const mean = means.reduce((a, b) => a + b, 0) / means.length;
     return means.length > 0 && (mean >= 0.99 || isUniform(mean, run.seq + run.past));
   }
@@ -93,7 +93,7 @@ export class LivenessCheck implements CheckUnit {
     if (longRuns.length === 0 && bound?.kind === 'fixed' && !setup.seqFree && !setup.pastFree) {
       return skippedCheck('liveness', this.criterion, `the model's inputs fix every length (${bound.why}) and its one run is not beyond ${this.beyond}; re-export it with dynamic axes to check SSMax beyond L (${finite})`, 'not applicable');
     }
-    if (longRuns.length === 0) return skippedCheck('liveness', this.criterion, `no run longer than ${this.beyond} (${finite}); ${noLongRun(setup)}`);
+    if (longRuns.length === 0) return skippedCheck('liveness', this.criterion, `no run longer than ${this.beyond} (${finite}); ${noLongRun(this.ctx)}`);
     const dead = longRuns.find((r) => !r.passed && !this.saturatedRuns.has(r.run));
     if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond ${this.beyond}`, this.criterion, longRuns);
     const alive = longRuns.filter((r) => r.passed);
@@ -107,10 +107,10 @@ export class LivenessCheck implements CheckUnit {
 }
 
 /** What to do when no run went beyond L although the model can: the cap that stopped the plan, or the lengths asked for. */
-function noLongRun(setup: UnitContext['setup']): string {
+function noLongRun({ setup, notes }: UnitContext): string {
   const { plan } = setup;
   if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
   if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;
-  if (!plan.sweep.length && plan.notes[0]) return plan.notes[0];
+  if (!plan.sweep.length && notes[0]) return notes[0];
   return `give ${opt('lengths')} beyond L to check`;
 }

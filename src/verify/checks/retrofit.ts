@@ -10,7 +10,7 @@
  */
 import { factorValue } from '../../policy/factor';
 import { countsMasks, withMasksOfOnes } from '../../policy/n-mode';
-import { CheckId, retrofitRuns, RunSpec } from '../plan';
+import { CheckId, RunSpec } from '../plan';
 import { fmt, ProbeView } from '../probe';
 import { CheckResult, RunResult, SkipKind } from '../report';
 import { Outputs } from '../run';
@@ -58,10 +58,7 @@ export class RetrofitCheck implements CheckUnit {
 
   private plan(setup: Setup): { why: string; kind: SkipKind } | null {
     if (!setup.identity) return { why: noIdentity(setup), kind: 'not applicable' };
-    const runs = retrofitRuns(setup.plan, setup.identity, {
-      seqFree: setup.seqFree, pastFree: setup.pastFree, pinned: { ...setup.pinned, seq: setup.pinned.seq ?? setup.fixedSeq }, batch: setup.pinned.batch ?? 1,
-      minPast: setup.minPast,
-    });
+    const runs = setup.retrofitRuns!;
     const bound = setup.bound;
     if (typeof runs === 'string' && bound?.longest !== undefined && bound.longest < setup.identity.from) {
       return { why: `no attention row of this model can see ${setup.identity.text} keys: at most ${bound.longest} (${bound.why}); ${bound.kind === 'fixed' ? 're-export it with dynamic axes, or patch' : 'the model\'s own cap, which no option lifts; patch'} with --train-len ${bound.longest}`, kind: 'not applicable' };

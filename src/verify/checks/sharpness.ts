@@ -32,7 +32,7 @@ export class SharpnessCheck implements CheckUnit {
     if (key !== 'patched' || 'error' in outcome || !original || !rows.original || !rows.patched) return;
     const seen = [...rows.patched.outputs.keys()].filter((i) => rows.original!.outputs.has(i));
     const means = (out: Outputs, names: Map<number, string>): number[] =>
-      layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq);
+      layerMeans(new Map(seen.map((i) => [i, out[names.get(i)!]])), run.seq, run.past);
     const point = sharpnessPoint(this.ctx.setup.keysOf(run), means(original, rows.original.outputs), means(outcome.outputs, rows.patched.outputs));
     // An original with no finite attention (a run whose rows see no key: a cross-attention cache left empty) has no sharpness to keep.
     if (Number.isFinite(point.original)) this.points.push(point);
@@ -71,7 +71,7 @@ export class SharpnessCheck implements CheckUnit {
     if (broken) {
       return check('sharpness', 'FAILED', `the patched model's attention probabilities are not finite at ${broken.length} (NaN or Inf where the original's are finite): the factor overflows or divides by zero`, this.criterion);
     }
-    if (this.points.length < 2) return skippedCheck('sharpness', this.criterion, `needs two or more lengths (${setup.plan.notes[0] ?? `ran ${this.points.length}`})`);
+    if (this.points.length < 2) return skippedCheck('sharpness', this.criterion, `needs two or more lengths (${this.ctx.notes[0] ?? `ran ${this.points.length}`})`);
     const curve = sharpnessCurve(setup.L, this.points);
     // Reported (and plotted) even when no length reaches where the factor must show: the curves are still what ran.
     this.curve = curve;
@@ -80,7 +80,7 @@ export class SharpnessCheck implements CheckUnit {
       return skippedCheck('sharpness', this.criterion, `no attention row of this model can see more than ${setup.bound.longest} keys (${setup.bound.why}), never beyond L = ${setup.liveFrom}; ${longerAdvice(setup.bound, 'to check it')}`, 'not applicable');
     }
     if (last.length <= setup.liveFrom) {
-      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${setup.plan.notes[0] ?? `give ${opt('lengths')} beyond L`})`);
+      return skippedCheck('sharpness', this.criterion, `no length beyond ${setup.liveFrom} ran (${this.ctx.notes[0] ?? `give ${opt('lengths')} beyond L`})`);
     }
     const p = (x: number): string => x.toPrecision(3);
     const keeps = (fall: number): string => `keeps ${Math.round(Math.exp(-fall) * 100)} %`;

@@ -32,6 +32,8 @@ export interface UnitContext {
   factory: SessionFactory;
   /** Sites in graphs lifted out of an operator (lift.ts): their probe results and their graphs' verdicts, by site index. */
   lifted?: Lifted;
+  /** The notes of this execution: the plan's, then what running found (the executor adds to them). */
+  notes: readonly string[];
 }
 
 /** The selected checks that read `key`'s outputs on `run`: what the executor hands them, and what the plan prints. */

@@ -1,0 +1,86 @@
+/**
+ * Verification over a KV cache at a real training length (issue 33): where a model takes a cache, the sweep runs
+ * 4 query tokens over a synthesised cache and retrofit parity one token after L − 1 cached keys, so L = 8192 runs
+ * on onnxruntime in seconds and a fraction of the memory a whole prompt of that length needs; and wrong patches
+ * still fail there.
+ */
+import assert from 'node:assert/strict';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { readModel } from '../src/io/model-file';
+import { ModelProto } from '../src/io/onnx';
+import { cloneModel, patchModel } from '../src/rewrite/patch';
+import { estimatePeak } from '../src/verify/memory';
+import { prepare } from '../src/verify/setup';
+import { verifyPatch, VerifyOptions, VerifyReport, withUnitFactor } from '../src/verify/verify';
+import { TORCH } from './support/ref';
+import { doubleN, nPlusOne } from './support/tamper';
+import * as models from './support/verify-models';
+
+const L = 8192;
+const explain = (r: VerifyReport): string => [...r.checks.map((c) => `${c.status} ${c.name}: ${c.summary}`), ...r.unverified.map((u) => `unverified: ${u}`)].join('\n');
+
+const decoders: [string, () => ModelProto][] = [
+  ['com.microsoft MultiHeadAttention with a cache', models.mhaCacheModel],
+  ['plain-op SDPA decoder with a cache (torch)', () => readModel(path.join(TORCH, 'sdpa_cache.onnx'))],
+];
+
+describe(`verification over a KV cache at L = ${L}`, () => {
+  for (const [name, make] of decoders) {
+    it(`${name}: passes strictly, its sweep over a cache at far less memory than whole prompts`, async () => {
+      const original = make();
+      const { model: patched } = patchModel(original, { trainLen: L });
+      const options: VerifyOptions = { strict: true, lengths: [L / 4, L, 4 * L] };
+      const r = await verifyPatch(original, patched, options);
+      assert.equal(r.passed, true, explain(r));
+      const sweep = r.runs.filter((x) => x.kind === 'sweep');
+      assert.deepEqual(sweep.map((x) => [x.seq, x.past]), [[4, L / 4 - 4], [4, L - 4], [4, 4 * L - 4]]);
+      // Retrofit parity compared every output on one row at exactly n = L.
+      const retrofit = r.checks.find((c) => c.id === 'retrofit')!;
+      assert.equal(retrofit.status, 'PASSED', retrofit.summary);
+      assert.deepEqual(retrofit.runs.map((x) => x.length), [{ batch: 1, seq: 1, past: L - 1 }]);
+      assert.match(retrofit.summary, /every output equals the original's in 1 run/);
+      for (const id of ['liveness', 'sharpness']) assert.equal(r.checks.find((c) => c.id === id)!.status, 'PASSED', explain(r));
+      // Each cache run's attention is 4 rows of what a whole prompt of its length holds; the longest run's
+      // estimate (weights and the process included) a small fraction of that prompt's.
+      const setup = prepare(original, patched, options);
+      for (const x of sweep) {
+        const cache = estimatePeak(setup.memory, x)!, whole = estimatePeak(setup.memory, { batch: 1, seq: x.seq + x.past, past: 0 })!;
+        assert.equal(x.estimatedPeakBytes, cache.total, x.id);
+        assert.equal(cache.attention * (x.seq + x.past), whole.attention * 4, x.id);
+      }
+      const longest = sweep[sweep.length - 1];
+      const whole = estimatePeak(setup.memory, { batch: 1, seq: 4 * L, past: 0 })!.total;
+      assert.ok(longest.estimatedPeakBytes! * 20 < whole, `${longest.id}: ${longest.estimatedPeakBytes} against ${whole} for a whole prompt`);
+    });
+  }
+
+  const mha = models.mhaCacheModel();
+  const right = patchModel(mha, { trainLen: L }).model;
+  const tampered = (edit: (m: ModelProto) => void): ModelProto => {
+    const m = cloneModel(right);
+    edit(m);
+    return m;
+  };
+
+  it('n doubled fails retrofit parity at n = L, on its one cached row, naming the site', async () => {
+    const r = await verifyPatch(mha, tampered((m) => assert.ok(doubleN(m) > 0)), { checks: ['retrofit'], lengths: [L] });
+    const retrofit = r.checks.find((c) => c.id === 'retrofit')!;
+    assert.equal(retrofit.status, 'FAILED', retrofit.summary);
+    assert.match(retrofit.summary, /layer 0 \(MultiHeadAttention.*n = 8192/);
+    assert.equal(r.passed, false);
+  });
+
+  it('n off by one fails the probe and a strict verification at this length', async () => {
+    const r = await verifyPatch(mha, tampered((m) => assert.ok(nPlusOne(m) > 0)), { strict: true, lengths: [L / 4, L, 4 * L] });
+    assert.equal(r.passed, false);
+    assert.equal(r.checks.find((c) => c.id === 'probe')!.status, 'FAILED', explain(r));
+  });
+
+  it('a factor that is 1 everywhere fails liveness on the cache runs beyond L', async () => {
+    const r = await verifyPatch(mha, withUnitFactor(right), { checks: ['liveness'], lengths: [L, 4 * L] });
+    const liveness = r.checks.find((c) => c.id === 'liveness')!;
+    assert.equal(liveness.status, 'FAILED', liveness.summary);
+    assert.match(liveness.summary, /batch=1 seq=4 past=32764: outputs equal the original's within tolerance/);
+  });
+});
