@@ -42,6 +42,7 @@ const TOLERANCE_FP16 = { abs: 1e-2, rel: 1e-2 };
 
 /** Classes known to fail, not fixed yet: class → why (the test reports them as todo; delete a line once it passes). */
 const KNOWN: Record<string, string> = {
+  'local-function': 'nearly fixed (94 of 95 sites at SSMAX_VARIANT_SITES=1000): torch/t5_decoder.onnx with block 0 wrapped gets n=mask instead of causal at block 1 (unwrapped, in main, reading the call\'s outputs) since call outputs have shapes (scopes.ts callShapes); not yet diagnosed',
   'expand-same-logits': 'not fixed: Expand is not a logits carrier, since n is read before it and an Expand may broadcast the key axis; it can carry logits once n comes from the logits\' shape at the Softmax',
 };
 
