@@ -58,7 +58,9 @@ export class Runner {
     }
     const start = performance.now();
     try {
-      const result = fetches ? await this.session.run(ortFeeds, [...fetches]) : await this.session.run(ortFeeds);
+      // A kernel's failure is thrown with its status and reported by the checks: the run's own log would print it on stderr again.
+      const quiet = { logSeverityLevel: 4 as const };
+      const result = fetches ? await this.session.run(ortFeeds, [...fetches], quiet) : await this.session.run(ortFeeds, quiet);
       const out: Outputs = {};
       for (const [name, t] of Object.entries(result)) {
         out[name] = { dims: [...t.dims], data: hostValues(t.type, t.data as ArrayLike<number | bigint>) };

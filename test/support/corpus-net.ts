@@ -223,13 +223,24 @@ export function onnxCheckerAvailable(): boolean {
 /** A name for a written model: the corpus path flattened, with the option set. */
 const outName = (file: string, set: string): string => `${file.replace(/[/\\]/g, '__')}.${set.replace(/\s+/g, '_')}.onnx`;
 
+/**
+ * Where one set's patch of `file` is written: a folder of its own, because a patch keeps its original's external data
+ * file name (model.onnx.data), which two corpus folders share: written side by side, with --force, the later file's
+ * data replaced the earlier's, and onnx.checker then read one model with the other's weights (a flaky outcome).
+ */
+function outPath(dir: string, file: string, set: string): string {
+  const folder = path.join(dir, outName(file, set).replace(/\.onnx$/, ''));
+  fs.mkdirSync(folder);
+  return path.join(folder, outName(file, set));
+}
+
 /** Every outcome of one corpus file (models written into `dir`). */
 async function fileOutcome(file: string, dir: string): Promise<{ outcome: FileOutcome; written: Record<string, string> }> {
   const sets: Record<string, SetOutcome> = {};
   const written: Record<string, string> = {};
   const original = readModel(sourceOf(file));
   for (const [set, args] of Object.entries(OPTION_SETS)) {
-    const out = path.join(dir, outName(file, set));
+    const out = outPath(dir, file, set);
     const o = await patchOutcome(file, args, out);
     if (o.exit === 0 && fs.existsSync(out)) {
       written[set] = out;

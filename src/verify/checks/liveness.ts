@@ -109,6 +109,9 @@ export class LivenessCheck implements CheckUnit {
 /** What to do when no run went beyond L although the model can: the cap that stopped the plan, or the lengths asked for. */
 function noLongRun({ setup, notes }: UnitContext): string {
   const { plan } = setup;
+  // The original itself failing at the first length beyond L ended the sweep there: that, not a longer cap, is why.
+  const failed = notes.find((n) => n.startsWith('the original model fails at length'));
+  if (failed) return failed;
   if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
   if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;
   if (!plan.sweep.length && notes[0]) return notes[0];
