@@ -100,7 +100,8 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
 function agreedAcrossCalls(model: ModelProto, scope: Scope, entries: Entry[], using: { force: Set<string>; rules: readonly Rule[] }): Entry[] {
   const calls = scope.calls!;
   const views = scope.perCall!().map((s) => {
-    const found = new Map(scanScope(model, s, using, { sites: [], fused: [], calls: [], skipped: [], traces: [] }).map((e) => [entryNode(e), describeEntry(s, e)]));
+    const entries = scanScope(model, s, using, { sites: [], fused: [], calls: [], skipped: [], traces: [] });
+    const found = new Map(entries.map((e) => [entryNode(e), describeEntry(s, e)]));
     return (node: string): Facts => found.get(node) ?? [['kind', 'not attention']];
   });
   return entries.map((e) => {
