@@ -6,6 +6,8 @@
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
+import { findAttentionSoftmax } from '../src/detect/find-attention';
+import { modelScopes } from '../src/graph/scopes';
 import { readModel } from '../src/io/model-file';
 import { DataType, FunctionProto, GraphProto, ModelProto, NodeProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
@@ -222,5 +224,62 @@ describe('attention inside model-local functions', () => {
     const { report } = patchModel(m, { s: 0.4 });
     assert.match(report.skipped.find((x) => x.node === 'fn_Softmax' && /Unused/.test(x.reason))?.reason ?? '', /which no graph calls/);
     assert.match(report.skipped.find((x) => x.node === 'inner_call')?.reason ?? '', /nested calls are not patched/);
+  });
+});
+
+describe('a function body read through its calls', () => {
+  /** local:MaskedAttn(q, k, v, mask): attention with an additive mask that comes in as an input. */
+  const body = (tag: string, mask: string, sqrt: NodeProto): NodeProto[] => [sqrt,
+    node('Transpose', ['k'], [`${tag}kt`], { perm: [0, 1, 3, 2] }, `${tag}Transpose`), node('MatMul', ['q', `${tag}kt`], [`${tag}mm`], {}, `${tag}MatMul`),
+    node('Div', [`${tag}mm`, `${tag}sqrt_d`], [`${tag}scores`], {}, `${tag}Div`), node('Add', [`${tag}scores`, mask], [`${tag}masked`], {}, `${tag}Add`),
+    node('Softmax', [`${tag}masked`], [`${tag}p`], { axis: -1 }, `${tag}Softmax`), node('MatMul', [`${tag}p`, 'v'], [`${tag}out`], {}, `${tag}MatMulV`)];
+  const sqrtNode = (tag: string): NodeProto => node('Constant', [], [`${tag}sqrt_d`], { value: f32Init('', [], [Math.sqrt(H)]) }, `${tag}c_sqrt`);
+  const fn = (): FunctionProto => ({ name: 'MaskedAttn', domain: 'local', input: ['q', 'k', 'v', 'mask'], output: ['f_out'], opsetImport: [{ domain: '', version: 17 }],
+    node: body('f_', 'mask', sqrtNode('f_')) });
+  const causal = (name: string) => f32Init(name, [S, S], Array.from({ length: S * S }, (_, i) => (i % S <= Math.floor(i / S) ? 0 : -10000)));
+  const qkv = ['q', 'k', 'v'].map((n) => value(n, DataType.FLOAT, [B, N, S, H]));
+  const pad = value('pad', DataType.FLOAT, [B, 1, 1, S]);
+  const call = (name: string, mask: string, out: string, q = 'q'): NodeProto => ({ ...node('MaskedAttn', [q, 'k', 'v', mask], [out], {}, name), domain: 'local' });
+
+  function withCalls(nodes: NodeProto[], outputs: string[], initializers = [causal('causal')], inputs = qkv): ModelProto {
+    const m = model({ nodes, inputs, outputs: outputs.map((o) => value(o, DataType.FLOAT, [])), initializers });
+    m.opsetImport.push({ domain: 'local', version: 1 });
+    m.functions.push(fn());
+    return m;
+  }
+  const sites = (m: ModelProto): string[] => patchModel(m, { s: 0.4 }).report.sites.map((x) => `${x.node} n=${x.n} heads=${x.heads ?? '?'}`);
+
+  it('a causal mask passed in is causal inside the body, as it is written inline: the same n, heads and outputs', async () => {
+    const inline = model({ nodes: body('i_', 'causal', sqrtNode('i_')).map((n) => ({ ...n, input: n.input.map((x) => (x === 'q' || x === 'k' || x === 'v' ? x : x)) })),
+      inputs: qkv, outputs: [value('i_out', DataType.FLOAT, [])], initializers: [causal('causal')] });
+    const wrapped = withCalls([call('call0', 'causal', 'out')], ['out']);
+    assert.deepEqual(sites(inline), ['i_Softmax n=causal heads=2']);
+    assert.deepEqual(sites(wrapped), ['call0 → f_Softmax n=causal heads=2']);
+    const { feeds } = qkvFeeds(31);
+    const want = await runOnce(patchModel(inline, { s: 0.4 }).model, feeds, 'i_out');
+    assert.ok(maxDiff(await runOnce(patchModel(wrapped, { s: 0.4 }).model, feeds, 'out'), want) < TOL);
+  });
+
+  it('calls that pass masks of different kinds (causal, padding) refuse the body\'s site with both, rather than pick one', () => {
+    const m = withCalls([call('call0', 'causal', 'h'), call('call1', 'pad', 'out', 'h')], ['out'], [causal('causal')], [...qkv, pad]);
+    const d = findAttentionSoftmax(m);
+    assert.equal(d.calls.length, 0);
+    const refused = d.skipped.find((x) => x.node === 'f_Softmax')!;
+    assert.match(refused.reason, /^calls 'call0' and 'call1' of function 'MaskedAttn' see this attention differently \(.*causal mask.*; against .*padding mask.*\)/);
+    assert.equal(refused.attention, true);
+    assert.throws(() => patchModel(m, { s: 0.4 }), /see this attention differently/);
+  });
+
+  it('calls that agree (each its own causal constant) patch the body once, causal for both', async () => {
+    const m = withCalls([call('call0', 'causal', 'h'), call('call1', 'causal2', 'out', 'h')], ['out'], [causal('causal'), causal('causal2')]);
+    assert.deepEqual(sites(m), ['call0 → f_Softmax n=causal heads=2', 'call1 → f_Softmax n=causal heads=2']);
+    const { feeds } = qkvFeeds(41);
+    assert.ok((await runOnce(patchModel(m, { s: 0.4 }).model, feeds, 'out')).every(Number.isFinite));
+  });
+
+  it('caller names the body also uses (q, and f_p on the mask\'s path) are read as the caller\'s: still causal', () => {
+    const m = withCalls([node('Identity', ['causal'], ['f_p'], {}, 'caller_id'), call('call0', 'f_p', 'h'), call('call1', 'f_p', 'out', 'h')], ['out']);
+    assert.equal(modelScopes(m).find((x) => x.kind === 'function')!.calls?.length, 2);
+    assert.deepEqual(sites(m), ['call0 → f_Softmax n=causal heads=2', 'call1 → f_Softmax n=causal heads=2']);
   });
 });

@@ -31,6 +31,9 @@ const SEED = Number(process.env.SSMAX_VARIANT_SEED ?? 32);
 /** Sites sampled (seeded) from every site of the fixtures and the corpus, and random chains per site. */
 const SAMPLE = Number(process.env.SSMAX_VARIANT_SITES ?? 8);
 const CHAINS = 2;
+/** Classes to run (SSMAX_VARIANT_CLASSES=a,b): all when unset; random chains are drawn from these only. */
+const CLASSES = process.env.SSMAX_VARIANT_CLASSES?.split(',').map((c) => c.trim()).filter(Boolean);
+const SELECTED = CLASSES ? REWRITES.filter((r) => CLASSES.includes(r.name)) : REWRITES;
 /** Models with more nodes than this (over every graph and function) are left out of the sample: each variant re-patches and reloads the whole model. */
 const MAX_NODES = 400;
 /** Outputs of a variant's patch against the unrewritten patch: |a − b| ≤ abs + rel·|b| (fp16 outputs: 1e-2 each). */
@@ -39,8 +42,8 @@ const TOLERANCE_FP16 = { abs: 1e-2, rel: 1e-2 };
 
 /** Classes known to fail, not fixed yet: class → why (the test reports them as todo; delete a line once it passes). */
 const KNOWN: Record<string, string> = {
+  'local-function': 'nearly fixed (94 of 95 sites at SSMAX_VARIANT_SITES=1000): torch/t5_decoder.onnx with block 0 wrapped gets n=mask instead of causal at block 1 (unwrapped, in main, reading the call\'s outputs) since call outputs have shapes (scopes.ts callShapes); not yet diagnosed',
   'expand-same-logits': 'not fixed: Expand is not a logits carrier, since n is read before it and an Expand may broadcast the key axis; it can carry logits once n comes from the logits\' shape at the Softmax',
-  'local-function': 'not fixed: inside a model-local function the mask comes in as a function input, so n becomes keys where the unwrapped site has causal or padding (and heads unknown)',
 };
 
 interface Unit {
@@ -206,14 +209,14 @@ describe(`exporter variants (seed ${SEED}, ${SAMPLE} sampled sites, ${CHAINS} ra
       if (typeof u === 'string') process.stdout.write(`# variants: ${short(c.file)} ${c.label} not used: ${u}\n`);
       else units.push(u);
     }
-    for (const r of REWRITES) results.set(r.name, []);
+    for (const r of SELECTED) results.set(r.name, []);
     for (const u of units) {
       const name = `${short(u.file)} ${u.label}`;
-      for (const r of REWRITES) {
+      for (const r of SELECTED) {
         if (r.site && !u.anchor) continue;
         results.get(r.name)!.push({ unit: name, verdict: await check(u, [r], SEED) });
       }
-      const pool = REWRITES.filter((r) => (!r.site || u.anchor) && results.get(r.name)!.some((x) => x.unit === name && !('na' in x.verdict)));
+      const pool = SELECTED.filter((r) => (!r.site || u.anchor) && results.get(r.name)!.some((x) => x.unit === name && !('na' in x.verdict)));
       for (let k = 0; k < CHAINS && pool.length > 1; k++) {
         const chain = sample(pool, 2 + Math.floor(rnd() * 2), rnd);
         const v = await check(u, chain, SEED + k);
@@ -238,7 +241,11 @@ describe(`exporter variants (seed ${SEED}, ${SAMPLE} sampled sites, ${CHAINS} ra
     assert.ok(units.length > 0, 'no site of the fixtures could be used');
   });
 
-  for (const r of REWRITES) {
+  it('selects known classes', () => {
+    assert.deepEqual(CLASSES?.filter((c) => !REWRITES.some((r) => r.name === c)) ?? [], [], 'SSMAX_VARIANT_CLASSES names no such class');
+  });
+
+  for (const r of SELECTED) {
     const todo = KNOWN[r.name];
     it(`class ${r.name}${todo ? ` (known: ${todo})` : ''}`, { todo: todo ?? false }, () => {
       const rows = results.get(r.name) ?? [];

@@ -6,11 +6,13 @@
  */
 import { InputError } from '../errors';
 import { nodeLabel } from '../graph/graph';
+import { constantOf } from '../graph/poly';
 import { defaultOpsetOf, modelScopes, Scope } from '../graph/scopes';
 import { topoOrder } from '../graph/toposort';
 import { validateGraph } from '../graph/validate';
 import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto } from '../io/onnx';
 import { isPatchNode } from '../identity';
+import { maskUses } from './mask-uses';
 import { CandidateTrace, RULES, runRules } from './rules';
 import type { AttentionSite, CallSite, FusedSite, Found, Rule } from './site';
 import { siteNodeLabel } from './site';
@@ -64,7 +66,8 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
     const fn = scope.fn;
     const inner: (AttentionSite | FusedSite)[] = [];
     let layer = 0;
-    for (const e of scanScope(model, scope, { force, rules }, out)) {
+    const entries = scanScope(model, scope, { force, rules }, out);
+    for (const e of scope.perCall ? agreedAcrossCalls(model, scope, entries, { force, rules }) : entries) {
       if (e.kind === 'refused') out.skipped.push(fn ? e.skip : { ...e.skip, layer: layer++ });
       else if (e.kind === 'softmax') (fn ? inner : out.sites).push({ ...e.site, rule: e.rule, scope: scope.path, layer: fn ? inner.length : layer++ });
       else if (e.kind === 'fused') (fn ? inner : out.fused).push({ ...e.site, rule: e.rule, scope: scope.path, layer: fn ? inner.length : layer++ });
@@ -86,6 +89,72 @@ export function detectAttention(model: ModelProto, scopes: Scope[], options: Det
     }
   }
   return out;
+}
+
+/**
+ * A function body called several times is patched once for all its calls, but each call binds its inputs to its
+ * own arguments: a site is kept only where no two calls see it differently (its rule, its masks and their kinds,
+ * heads, ranks; what one call cannot tell, as the shape of an earlier call's output, disagrees with nothing).
+ * Where two calls differ (one passes a causal mask, another a padding mask), it is refused naming both.
+ */
+function agreedAcrossCalls(model: ModelProto, scope: Scope, entries: Entry[], using: { force: Set<string>; rules: readonly Rule[] }): Entry[] {
+  const calls = scope.calls!;
+  const views = scope.perCall!().map((s) => {
+    const entries = scanScope(model, s, using, { sites: [], fused: [], calls: [], skipped: [], traces: [] });
+    const found = new Map(entries.map((e) => [entryNode(e), describeEntry(s, e)]));
+    return (node: string): Facts => found.get(node) ?? [['kind', 'not attention']];
+  });
+  return entries.map((e) => {
+    if (e.kind !== 'softmax' && e.kind !== 'fused') return e;
+    const node = entryNode(e);
+    const seen = views.map((v) => v(node));
+    const pair = firstDisagreement(seen);
+    if (!pair) return e;
+    const [i, j] = pair;
+    const call = (k: number): string => `'${nodeLabel(calls[k].node)}'${calls[k].scope.kind === 'main' ? '' : ` (${calls[k].scope.path})`}`;
+    const reason = `calls ${call(i)} and ${call(j)} of function '${scope.fn!.name}' see this attention differently (${said(seen[i])}; against ${said(seen[j])}): `
+      + 'the body is patched once for all its calls, so no one n fits them; not patched';
+    return { kind: 'refused', skip: { node, reason, scope: scope.path, attention: true, rule: e.rule, stoppedAt: node } };
+  });
+}
+
+/** What one binding of a body tells of a candidate, fact by fact; `?` where it cannot tell. */
+type Facts = [string, string][];
+
+const said = (f: Facts): string => f.filter(([, v]) => v !== '?').map(([k, v]) => `${k} ${v}`).join(', ');
+
+/** Two bindings disagree when they tell different facts, or both know a fact and differ on it. */
+function disagree(a: Facts, b: Facts): boolean {
+  if (a.length !== b.length) return true;
+  return a.some(([k, v], i) => k !== b[i][0] || (v !== '?' && b[i][1] !== '?' && v !== b[i][1]));
+}
+
+function firstDisagreement(seen: Facts[]): [number, number] | null {
+  for (let i = 0; i < seen.length; i++) for (let j = i + 1; j < seen.length; j++) if (disagree(seen[i], seen[j])) return [i, j];
+  return null;
+}
+
+const entryNode = (e: Entry): string => (e.kind === 'refused' ? e.skip.node : e.kind === 'call' ? nodeLabel(e.node) : e.kind === 'softmax' ? nodeLabel(e.site.softmax) : nodeLabel(e.site.node));
+
+/** What detection makes of a candidate in one binding of a body: what decides n and the heads, no tensor names. */
+function describeEntry(scope: Scope, e: Entry): Facts {
+  if (e.kind === 'refused') return [['kind', 'refused'], ['reason', e.skip.reason]];
+  if (e.kind === 'call') return [['kind', 'a call']];
+  const heads: Facts = [['heads', String(e.site.heads.heads ?? '?')], ['head axis', String(e.site.heads.axis ?? '?')]];
+  if (e.kind === 'fused') {
+    return [['rule', e.rule], ...heads, ['mask', e.site.mask.causal ? 'causal' : 'not causal'],
+      ['plan', JSON.stringify({ n: e.site.n, query: e.site.query, deviation: e.site.deviation, expand: e.site.expand })]];
+  }
+  const site = e.site;
+  const uses = maskUses(scope.graph, { steps: site.afterLogits, qk: site.qkMatMul.output[0] }, scope.shapes);
+  const shape = (t: string): string => {
+    const dims = scope.shapes.shape(t);
+    return dims ? `[${dims.map((d) => constantOf(d) ?? '?').join(',')}]` : '?';
+  };
+  const terms = uses.flatMap((u, i): Facts => [[`term ${i}`, `${u.role} ${u.kind} (${u.rule})`], [`term ${i} shape`, shape(u.tensor)],
+    [`term ${i} view rank`, String(u.viewRank ?? '?')], [`term ${i} view`, u.viewShape ? 'of known dims' : '?']]);
+  return [['rule', e.rule], ['mask', site.mask.causal ? 'causal' : 'not causal'], ...terms, ...heads, ['logits rank', String(site.logitsRank ?? '?')],
+    ['group axis', String(site.groupAxis ?? 'none')], ['forced', site.forced ?? 'no']];
 }
 
 /** True for a graph held by a node the patch inserted (at any depth). */

@@ -48,7 +48,8 @@ export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProt
     const { name, path } = stack.pop()!;
     if (seen.has(name)) continue;
     seen.add(name);
-    const node = graph.producer.get(name);
+    // Logits that come into a function body through an input were made by the caller: the site is not the body's.
+    const node = graph.isBound(name) ? undefined : graph.producer.get(name);
     const info = node ? opInfo(node) : {};
     if (node && info.product) {
       if (graph.query.isStatic(node.input[0]) || graph.query.isStatic(node.input[1])) {

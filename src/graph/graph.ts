@@ -5,10 +5,15 @@
  * A subgraph (If/Loop/Scan body, contrib-op graph attribute) or function body sees the names of its enclosing
  * scope: lookups of a name it does not define fall back to the parent Graph. All graphs of one model share one
  * name registry, because ONNX forbids a subgraph to reuse a name of an enclosing scope.
+ *
+ * A function body bound to a call (scopes.ts) has the calling graph as its parent, and its inputs stand for what
+ * the call passes: a lookup of a bound input is a lookup of the call's argument there, so detection reads through
+ * the call (the mask's producers, its constants, its shapes) as if the body were written inline.
  */
 import { GraphProto, NodeProto, TensorProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { memo } from '../memo';
 import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './duplicates';
+import { subgraphsOf } from './node';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
 
@@ -32,30 +37,51 @@ export interface GraphOptions {
   registry?: NameRegistry;
   /** Graph inputs known to be bound to constants (function inputs fed by initializers at every call site). */
   constantInputs?: Set<string>;
+  /**
+   * Function inputs bound to the names the call passes in `parent` (input → argument): they are no inputs of this
+   * graph, and every lookup of one is a lookup of its argument in the parent.
+   */
+  bound?: ReadonlyMap<string, string>;
 }
 
-/** A Map whose lookups fall back to the enclosing scope's map; iteration sees local entries only. */
-class ScopedMap<K, V> extends Map<K, V> {
-  constructor(private readonly outer?: ReadonlyMap<K, V>) {
+/** A name as the enclosing scope spells it: a bound function input's argument, any other name itself. */
+type OuterName = (name: string) => string;
+const same: OuterName = (name) => name;
+
+/**
+ * Marks a caller's name that the function body also defines, as the body's walks see it (see Graph.callerNode):
+ * no ONNX name holds a NUL character.
+ */
+const CALLER = '\u0000caller';
+
+/**
+ * A Map whose lookups fall back to the enclosing scope's map (by the name it has there, the value as `view` shows
+ * it); iteration sees local entries only.
+ */
+class ScopedMap<V> extends Map<string, V> {
+  constructor(private readonly outer?: ReadonlyMap<string, V>, private readonly outerName: OuterName = same,
+    private readonly view: (v: V) => V = (v) => v) {
     super();
   }
 
-  override get(key: K): V | undefined {
-    return super.has(key) ? super.get(key) : this.outer?.get(key);
+  override get(key: string): V | undefined {
+    if (super.has(key)) return super.get(key);
+    const v = this.outer?.get(this.outerName(key));
+    return v === undefined ? v : this.view(v);
   }
 
-  override has(key: K): boolean {
-    return super.has(key) || (this.outer?.has(key) ?? false);
+  override has(key: string): boolean {
+    return super.has(key) || (this.outer?.has(this.outerName(key)) ?? false);
   }
 }
 
-class ScopedSet<T> extends Set<T> {
-  constructor(values: Iterable<T>, private readonly outer?: ReadonlySet<T>) {
+class ScopedSet extends Set<string> {
+  constructor(values: Iterable<string>, private readonly outer?: ReadonlySet<string>, private readonly outerName: OuterName = same) {
     super(values);
   }
 
-  override has(value: T): boolean {
-    return super.has(value) || (this.outer?.has(value) ?? false);
+  override has(value: string): boolean {
+    return super.has(value) || (this.outer?.has(this.outerName(value)) ?? false);
   }
 }
 
@@ -70,6 +96,10 @@ export class Graph {
   private readonly valueInfoIndex: Map<string, ValueInfoProto>;
   private readonly registry: NameRegistry;
   private readonly constantInputs: Set<string>;
+  private readonly bound: ReadonlyMap<string, string>;
+  /** For a bound function body: every name it defines itself (those of its subgraphs too), and its unbound inputs. */
+  private readonly own: ReadonlySet<string>;
+  private readonly callerViews = new WeakMap<NodeProto, NodeProto>();
   private constCache = new Map<string, ConstTensor | null>();
   /** Names defined several times: the definition onnxruntime uses (duplicates.ts). */
   private repeated = new Map<string, ConstantDef>();
@@ -83,9 +113,12 @@ export class Graph {
 
   constructor(readonly proto: GraphProto, options: GraphOptions = {}) {
     this.parent = options.parent;
-    this.producerIndex = new ScopedMap(this.parent?.producer);
-    this.initializerIndex = new ScopedMap(this.parent?.initializers);
-    this.valueInfoIndex = new ScopedMap(this.parent?.valueInfo);
+    this.bound = options.bound ?? new Map();
+    this.own = this.bound.size ? ownNames(proto, this.bound) : new Set();
+    const outerName = (name: string): string => this.outerName(name);
+    this.producerIndex = new ScopedMap(this.parent?.producer, outerName, (n) => this.callerNode(n));
+    this.initializerIndex = new ScopedMap(this.parent?.initializers, outerName);
+    this.valueInfoIndex = new ScopedMap(this.parent?.valueInfo, outerName);
     this.registry = options.registry ?? { tensors: new Set<string>(), nodes: new Set<string>() };
     this.constantInputs = options.constantInputs ?? new Set();
     this.reindex();
@@ -128,7 +161,8 @@ export class Graph {
     this.constCache.clear();
     this.query.forget();
     // Names are never released: a name once used stays taken, which is all uniqueName needs.
-    this.inputNames = new ScopedSet(this.proto.input.map((v) => v.name), this.parent?.inputs);
+    this.inputNames = new ScopedSet(this.proto.input.map((v) => v.name).filter((n) => !this.bound.has(n)), this.parent?.inputs,
+      (name) => this.outerName(name));
     this.outputNames = new Set(this.proto.output.map((v) => v.name));
     for (const t of this.proto.initializer) this.initializerIndex.set(t.name, t);
     for (const v of this.declarations()) this.valueInfoIndex.set(v.name, v);
@@ -147,6 +181,7 @@ export class Graph {
 
   /** The tensor a constant name holds: the definition onnxruntime uses when there are several. */
   constantTensor(name: string): TensorProto | undefined {
+    if (this.throughCall(name)) return this.parent!.constantTensor(this.outerName(name));
     const def = this.repeated.get(name);
     if (def) return defTensor(def);
     const node = this.producerIndex.get(name);
@@ -286,7 +321,8 @@ export class Graph {
 
   /** Inputs, outputs and value_info, in the order in which a later declaration of a name overrides an earlier one. */
   private declarations(): ValueInfoProto[] {
-    return [...this.proto.input, ...this.proto.output, ...this.proto.valueInfo];
+    // A bound function input is declared where the call's argument is (its own entry has no type).
+    return [...this.proto.input.filter((v) => !this.bound.has(v.name)), ...this.proto.output, ...this.proto.valueInfo];
   }
 
   /** The declarations of these names in the index, as reindex() finds them. */
@@ -321,9 +357,55 @@ export class Graph {
     return name;
   }
 
+  /**
+   * The name a tensor has in the enclosing scope: the argument a bound function input stands for, else the name itself.
+   * @internal
+   */
+  outerName(name: string): string {
+    if (name.endsWith(CALLER)) return name.slice(0, -CALLER.length);
+    return this.bound.get(name) ?? name;
+  }
+
+  /**
+   * A caller's node as a bound body's walks see it: the body's names come first in every lookup, so a caller's
+   * input that has a name the body also defines (exporters reuse `x`, `q`, `_val_1` in every function and graph)
+   * is read under a marked name, which lookups take to the caller. The same copy every time, for the memos.
+   */
+  private callerNode(node: NodeProto): NodeProto {
+    if (!this.own.size || !node.input.some((i) => this.own.has(i))) return node;
+    let view = this.callerViews.get(node);
+    if (!view) {
+      view = { ...node, input: node.input.map((i) => (this.own.has(i) ? `${i}${CALLER}` : i)) };
+      this.callerViews.set(node, view);
+    }
+    return view;
+  }
+
+  /** True when a lookup of the name goes to the caller of a bound function body. */
+  private throughCall(name: string): boolean {
+    return this.bound.size > 0 && !this.definesLocally(name);
+  }
+
+  /**
+   * True when the graph's own input list declares the name (a function input bound to its call included).
+   * @internal
+   */
+  declaresInput(name: string): boolean {
+    return this.proto.input.some((v) => v.name === name);
+  }
+
+  /**
+   * True for a function input bound to what its call passes: a walk that must stay in the body stops there.
+   * @internal
+   */
+  isBound(name: string): boolean {
+    return this.bound.has(name);
+  }
+
   /** True when the tensor is fixed at load time: an initializer (not overridable by an input) or a Constant output. */
   isConstant(name: string): boolean {
     if (this.constantInputs.has(name)) return true;
+    if (this.throughCall(name)) return this.parent!.isConstant(this.outerName(name));
     if (this.initializerIndex.has(name) && !this.inputNames.has(name)) return true;
     if (this.producerIndex.get(name)?.opType === 'Constant') return true;
     return this.parent !== undefined && !this.definesLocally(name) && this.parent.isConstant(name);
@@ -340,6 +422,7 @@ export class Graph {
    * @internal
    */
   constValue(name: string): ConstTensor | null {
+    if (this.throughCall(name)) return this.parent!.constValue(this.outerName(name));
     return memo(this.constCache, name, () => {
       const def = this.repeated.get(name);
       const node = def ? ('node' in def ? def.node : undefined) : this.producerIndex.get(name);
@@ -355,6 +438,23 @@ export class Graph {
     if (init) return init.dataType;
     return this.valueInfoIndex.get(name)?.type?.tensorType?.elemType || undefined;
   }
+}
+
+/** The names a function body bound to a call defines itself: its nodes' outputs at any depth, its inputs not bound to their own name. */
+function ownNames(proto: GraphProto, bound: ReadonlyMap<string, string>): Set<string> {
+  const own = new Set<string>(proto.input.map((v) => v.name).filter((n) => bound.get(n) !== n));
+  const addNodes = (nodes: NodeProto[]): void => {
+    for (const n of nodes) {
+      for (const o of n.output) if (o) own.add(o);
+      for (const g of subgraphsOf(n)) addGraph(g);
+    }
+  };
+  const addGraph = (g: GraphProto): void => {
+    for (const v of [...g.input, ...g.initializer]) own.add(v.name);
+    addNodes(g.node);
+  };
+  addNodes(proto.node);
+  return own;
 }
 
 /** How reports and messages name a node: its name, or its op and first output when it has none. */

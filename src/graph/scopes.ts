@@ -3,10 +3,16 @@
  * (If branches, Loop/Scan bodies, GreedySearch/BeamSearch decoders, ...) at any depth, and the bodies of
  * model-local functions. Each scope gets a Graph index that sees its enclosing scope's names, and all of
  * them share one name registry so that inserted names are unique model-wide.
+ *
+ * A function body is read through its calls: its inputs are bound to what the first call passes (the caller's
+ * producers, constants and shapes), so a mask that comes in as an input is seen as the mask it is. Shapes are
+ * bound only where every call agrees on them; `perCall` gives the body bound to each call alone, for detection
+ * to check that every call sees the same attention (find-attention.ts).
  */
 import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Graph, NameRegistry, nodeLabel } from './graph';
-import { Shapes } from './shapes';
+import { Poly, show, sym } from './poly';
+import { CallShapes, Shapes } from './shapes';
 import { topoSort } from './toposort';
 
 export interface Scope {
@@ -22,6 +28,17 @@ export interface Scope {
   fn?: FunctionProto;
   /** For subgraphs: the node holding it, and that node's scope. */
   owner?: { node: NodeProto; scope: Scope };
+  /**
+   * For a function body bound to its calls (those from graphs, not from other functions' bodies): each call and its
+   * scope, in graph order; the body's inputs stand for the first call's arguments.
+   * @internal
+   */
+  calls?: FunctionCall[];
+  /**
+   * For a function body with several calls: the body bound to each call alone, in the order of `calls`.
+   * @internal
+   */
+  perCall?: () => Scope[];
   /** Puts the scope's nodes back in topological order after edits (and into the FunctionProto). */
   commit(): void;
 }
@@ -49,12 +66,19 @@ export function calledFunction(model: ModelProto, node: NodeProto): FunctionProt
   return model.functions.find((f) => f.name === node.opType && f.domain === node.domain);
 }
 
+/**
+ * A call of a model-local function from a graph (not from another function's body).
+ * @internal
+ */
+export interface FunctionCall { node: NodeProto; scope: Scope }
+
 /** @internal */
 export function modelScopes(model: ModelProto): Scope[] {
   const registry = collectNames(model);
   const opset = defaultOpsetOf(model.opsetImport);
-  const main = graphScope('main', model.graph!, opset, registry);
-  const scopes = [main, ...subScopes(main, registry)];
+  const calls = callShapes(model);
+  const main = graphScope('main', model.graph!, opset, registry, calls);
+  const scopes = [main, ...subScopes(main, registry, calls)];
   for (const fn of model.functions) {
     const fnScope = functionScope(model, fn, scopes, registry);
     scopes.push(fnScope, ...subScopes(fnScope, registry));
@@ -62,25 +86,25 @@ export function modelScopes(model: ModelProto): Scope[] {
   return scopes;
 }
 
-function graphScope(path: string, proto: GraphProto, opset: number, registry: NameRegistry,
+function graphScope(path: string, proto: GraphProto, opset: number, registry: NameRegistry, calls: CallShapes,
   owner?: { node: NodeProto; scope: Scope }): Scope {
   const parent = owner?.scope;
   const graph = new Graph(proto, { parent: parent?.graph, registry });
   return {
     path, kind: owner ? 'subgraph' : 'main', graph, opset, owner,
-    shapes: new Shapes(graph, parent?.shapes),
+    shapes: new Shapes(graph, parent?.shapes, { calls }),
     commit: () => topoSort(proto),
   };
 }
 
-function subScopes(scope: Scope, registry: NameRegistry): Scope[] {
+function subScopes(scope: Scope, registry: NameRegistry, calls?: CallShapes): Scope[] {
   const out: Scope[] = [];
   for (const node of scope.graph.nodes) {
     for (const a of node.attribute) {
       for (const [i, g] of graphsOf(a).entries()) {
         const suffix = a.graphs?.length ? `${a.name}[${i}]` : a.name;
-        const sub = graphScope(`${scope.path}/${nodeLabel(node)}.${suffix}`, g, scope.opset, registry, { node, scope });
-        out.push(sub, ...subScopes(sub, registry));
+        const sub = graphScope(`${scope.path}/${nodeLabel(node)}.${suffix}`, g, scope.opset, registry, calls ?? noCalls, { node, scope });
+        out.push(sub, ...subScopes(sub, registry, calls));
       }
     }
   }
@@ -91,25 +115,93 @@ function graphsOf(a: AttributeProto): GraphProto[] {
   return a.g ? [a.g] : a.graphs ?? [];
 }
 
-/** A function body as a graph: no initializers, inputs untyped, constants only through Constant nodes. */
+/**
+ * A function body as a graph: no initializers, inputs untyped, constants only through Constant nodes. Bound to its
+ * calls from graphs; a body only other functions call keeps its inputs as inputs, those fed by a constant at every
+ * call as constants.
+ */
 function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], registry: NameRegistry): Scope {
-  const valueInfo = (fn as FunctionProto & { valueInfo?: ValueInfoProto[] }).valueInfo ?? [];
-  const shim: GraphProto = {
-    node: fn.node, name: fn.name, initializer: [], valueInfo,
-    input: fn.input.map((name) => ({ name })), output: fn.output.map((name) => ({ name })),
-  };
-  const graph = new Graph(shim, { registry, constantInputs: constantArguments(model, fn, callers) });
+  const shim = bodyGraph(fn);
+  const calls = callsOf(model, fn, callers);
   const opset = defaultOpsetOf(fn.opsetImport, defaultOpsetOf(model.opsetImport));
-  return {
-    path: `function ${functionKey(fn.domain, fn.name)}`, kind: 'function', graph, opset, fn,
-    shapes: new Shapes(graph),
+  const bodyScope = (graph: Graph, shapes: Shapes): Scope => ({
+    path: `function ${functionKey(fn.domain, fn.name)}`, kind: 'function', graph, opset, fn, shapes,
     commit: () => {
       topoSort(shim);
       fn.node = shim.node;
       fn.input = shim.input.map((v) => v.name);
       fn.output = shim.output.map((v) => v.name);
     },
+  });
+  if (calls.length === 0) {
+    const graph = new Graph(shim, { registry, constantInputs: constantArguments(model, fn, callers) });
+    return bodyScope(graph, new Shapes(graph));
+  }
+  const boundTo = (call: FunctionCall, shapes: ReadonlyMap<string, Poly[] | undefined>): Scope => {
+    const graph = new Graph(shim, { registry, parent: call.scope.graph, bound: bindings(fn, call.node) });
+    return bodyScope(graph, new Shapes(graph, call.scope.shapes, { given: shapes }));
   };
+  const scope = { ...boundTo(calls[0], agreedShapes(fn, calls)), calls };
+  if (calls.length > 1) scope.perCall = () => calls.map((c) => boundTo(c, agreedShapes(fn, [c])));
+  return scope;
+}
+
+/** A function body as a GraphProto whose nodes are the body's (edits to one are edits to the other; commit writes back the lists). */
+function bodyGraph(fn: FunctionProto): GraphProto {
+  const valueInfo = (fn as FunctionProto & { valueInfo?: ValueInfoProto[] }).valueInfo ?? [];
+  return {
+    node: fn.node, name: fn.name, initializer: [], valueInfo,
+    input: fn.input.map((name) => ({ name })), output: fn.output.map((name) => ({ name })),
+  };
+}
+
+const noCalls: CallShapes = () => undefined;
+
+/**
+ * How a graph's shape pass reads a call of a model-local function: the body bound to the call (its inputs the
+ * caller's shapes), its outputs' shapes and types. So a second call's input, the first call's output, has a shape.
+ * The body's own unknown dims get symbols of this call (named after it), never shared with another call's.
+ */
+function callShapes(model: ModelProto): CallShapes {
+  if (model.functions.length === 0) return noCalls;
+  return (node, caller) => {
+    const fn = calledFunction(model, node);
+    if (!fn) return undefined;
+    const given = new Map(fn.input.flatMap((name, i) => (node.input[i] ? [[name, caller.shape(node.input[i])] as [string, Poly[] | undefined]] : [])));
+    const body = new Graph(bodyGraph(fn), { parent: caller.graphOf(), bound: bindings(fn, node) });
+    const shapes = new Shapes(body, caller, { given, prefix: `${nodeLabel(node)}/` });
+    return fn.output.map((o) => ({ shape: shapes.shape(o), type: shapes.type(o) }));
+  };
+}
+
+/** The calls of `fn` from the given graph scopes, in graph order. */
+function callsOf(model: ModelProto, fn: FunctionProto, callers: Scope[]): FunctionCall[] {
+  return callers.flatMap((scope) => scope.graph.nodes.filter((n) => calledFunction(model, n) === fn).map((node) => ({ node, scope })));
+}
+
+/** Each input of `fn` the call passes, to the name it passes (inputs it leaves out stay unbound inputs). */
+function bindings(fn: FunctionProto, call: NodeProto): Map<string, string> {
+  return new Map(fn.input.flatMap((name, i) => (call.input[i] ? [[name, call.input[i]] as [string, string]] : [])));
+}
+
+/**
+ * The shapes of the body's inputs as the calls pass them: each dim where every call gives the same (a fresh
+ * symbol where they differ), none where the ranks differ or one call's is unknown.
+ */
+function agreedShapes(fn: FunctionProto, calls: FunctionCall[]): Map<string, Poly[] | undefined> {
+  const out = new Map<string, Poly[] | undefined>();
+  fn.input.forEach((name, i) => {
+    const args = calls.map((c) => c.node.input[i]);
+    if (args.some((a) => !a)) return;
+    const shapes = calls.map((c, k) => c.scope.shapes.shape(args[k]));
+    const first = shapes[0];
+    if (!first || shapes.some((s) => !s || s.length !== first.length)) {
+      out.set(name, undefined);
+      return;
+    }
+    out.set(name, first.map((d, axis) => (shapes.every((s) => show(s![axis]) === show(d)) ? d : sym(`${name}:${axis}`))));
+  });
+  return out;
 }
 
 /**

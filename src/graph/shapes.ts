@@ -17,13 +17,34 @@ const INTEGERS = new Set<number>([
   DataType.INT64, DataType.INT32, DataType.INT16, DataType.INT8, DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
 ]);
 
+/**
+ * The outputs of a call of a model-local function, from its body read through the call (scopes.ts); undefined when
+ * the node calls none.
+ * @internal
+ */
+export type CallShapes = (node: NodeProto, caller: Shapes) => { shape?: Poly[]; type?: number }[] | undefined;
+
+/**
+ * `given`: the shapes of a bound function body's inputs (undefined: unknown). `calls`: how to read the calls of
+ * model-local functions. `prefix`: of the fresh symbols, so that a body's unknown dims at one call are not taken
+ * for the same dims at another.
+ * @internal
+ */
+export interface ShapeOptions { given?: ReadonlyMap<string, Poly[] | undefined>; calls?: CallShapes; prefix?: string }
+
 /** @internal */
 export class Shapes {
   private readonly syms = new Map<string, Sym>();
   private readonly types = new Map<string, number>();
 
-  /** `outer`: the enclosing scope's pass, for the names a subgraph reads from it. */
-  constructor(private readonly graph: Graph, private readonly outer?: Shapes) {
+  private readonly calls?: CallShapes;
+  private readonly prefix: string;
+
+  /** `outer`: the enclosing scope's pass, for the names a subgraph (or a function body bound to a call) reads from it. */
+  constructor(private readonly graph: Graph, private readonly outer?: Shapes, options: ShapeOptions = {}) {
+    this.calls = options.calls;
+    this.prefix = options.prefix ?? '';
+    for (const [name, shape] of options.given ?? []) this.syms.set(name, { shape });
     for (const v of graph.proto.input) {
       const dims = v.type?.tensorType?.shape?.dim;
       if (dims && !graph.initializers.has(v.name)) {
@@ -33,6 +54,14 @@ export class Shapes {
       }
     }
     for (const node of topoOrder(graph.proto)) this.visit(node);
+  }
+
+  /**
+   * The graph this pass is of.
+   * @internal
+   */
+  graphOf(): Graph {
+    return this.graph;
   }
 
   shape(name: string): Poly[] | undefined {
@@ -56,14 +85,14 @@ export class Shapes {
 
   /** The ONNX element type, declared or inferred. */
   type(name: string): number | undefined {
-    return this.graph.elemType(name) ?? this.types.get(name) ?? (this.graph.definesLocally(name) ? undefined : this.outer?.type(name));
+    return this.graph.elemType(name) ?? this.types.get(name) ?? (this.graph.definesLocally(name) ? undefined : this.outer?.type(this.graph.outerName(name)));
   }
 
   private get(name: string): Sym {
     if (!name) return {};
     const known = this.syms.get(name);
     if (known) return known;
-    if (!this.graph.definesLocally(name) && this.outer) return this.outer.get(name);
+    if (!this.graph.definesLocally(name) && this.outer) return this.outer.get(this.graph.outerName(name));
     const producer = this.graph.producer.get(name);
     const init = producer?.opType === 'Constant' || this.graph.initializers.has(name) ? this.graph.constantTensor(name) : undefined;
     // Values only of the small integer tensors shapes are built from: weights (maybe external data) stay unread.
@@ -79,6 +108,16 @@ export class Shapes {
   }
 
   private visit(node: NodeProto): void {
+    const called = this.calls?.(node, this);
+    if (called) {
+      node.output.forEach((o, i) => {
+        if (!o) return;
+        const shape = this.declaredOr(o, called[i]?.shape);
+        this.syms.set(o, { shape: shape?.map((d, a) => d ?? sym(`${this.prefix}${o}:${a}`)) });
+        if (called[i]?.type !== undefined) this.types.set(o, called[i].type!);
+      });
+      return;
+    }
     const info = opInfo(node);
     // A Constant's shape and values are read lazily from its tensor (get), like an initializer's.
     if (node.opType !== 'Constant') this.inferShapes(node, info);
@@ -102,7 +141,7 @@ export class Shapes {
     node.output.forEach((o, i) => {
       if (!o) return;
       const shape = this.declaredOr(o, out[i]?.shape);
-      this.syms.set(o, { shape: shape?.map((d, a) => d ?? sym(`${o}:${a}`)), value: out[i]?.value });
+      this.syms.set(o, { shape: shape?.map((d, a) => d ?? sym(`${this.prefix}${o}:${a}`)), value: out[i]?.value });
     });
   }
 

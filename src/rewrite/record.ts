@@ -135,7 +135,8 @@ export function findScaleTensor(graph: Graph, apply: NodeProto, factor = apply.i
     const init = graph.initializers.get(name);
     const node = graph.producer.get(name);
     if ((init || node?.opType === 'Constant') && isScaleName(name, 'constant')) return name;
-    if (graph.inputs.has(name) && isScaleName(name, 'input')) return name;
+    // A function's s input: bound to the call's s when the body is read through its call, so ask the input list itself.
+    if ((graph.inputs.has(name) || graph.declaresInput(name)) && isScaleName(name, 'input')) return name;
     if (init && [DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16].includes(init.dataType as 1)) floats.push(name);
     if (node) queue.push(...node.input);
   }
