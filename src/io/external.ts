@@ -111,13 +111,21 @@ export function readExternal(t: TensorProto): Uint8Array | null {
   const ctx = externalContext(t);
   if (!ctx || ctx.dir === null) return null;
   const ref = externalRef(t);
+  const key = `${ref.location}\u0000${ref.offset}\u0000${ref.length}`;
+  const known = ctx.reads?.get(key);
+  if (known) return known;
   const fd = fs.openSync(dataFile(ctx.dir, ref.location), 'r');
   try {
-    return readExact(fd, ref.offset, ref.length);
+    const bytes = readExact(fd, ref.offset, ref.length);
+    if (bytes.byteLength <= CACHED_READ_BYTES) (ctx.reads ??= new Map()).set(key, bytes);
+    return bytes;
   } finally {
     fs.closeSync(fd);
   }
 }
+
+/** The largest external tensor kept after its first read (masks and shape constants are far smaller). */
+const CACHED_READ_BYTES = 1 << 20;
 
 /** The external data files a model references, absolute, with the location that names each. */
 export function externalFiles(model: ModelProto): { file: string; location: string }[] {

@@ -12,6 +12,11 @@ export interface ModelContext {
   src: Source;
   /** Folder of the model file; null for bytes in memory without a known folder. */
   dir: string | null;
+  /**
+   * Small external tensors already read, by location, offset and length: a model and its copies (cloneTracked keeps
+   * the context) read each constant once, whichever of them asks.
+   */
+  reads?: Map<string, Uint8Array>;
 }
 
 /** A message kept field by field: the writer walks its original fields and re-emits or replaces each. */
