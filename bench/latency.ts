@@ -12,6 +12,7 @@ import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { node } from '../src/verify/nodes';
 import { buildDecoder, DecoderConfig, decoderFile } from './decoder';
 import { fusedGpt2File } from './fused-gpt2';
+import { BERT_BASE, bertFile } from './bert';
 
 export interface LatencyCase {
   label: string;
@@ -21,8 +22,11 @@ export interface LatencyCase {
   pairs: number;
   /** The patch (default: SSMax with --train-len 1024). */
   patch?: PatchOptions;
-  /** `plain`: the decoder of plain ops (decoder.ts); `fused`: GPT-2 with com.microsoft Attention (fused-gpt2.ts). */
-  model?: 'plain' | 'fused';
+  /**
+   * `plain`: the decoder of plain ops (decoder.ts); `fused`: GPT-2 with com.microsoft Attention (fused-gpt2.ts);
+   * `bert`: a BERT encoder of plain ops that onnxruntime fuses at session start (bert.ts).
+   */
+  model?: 'plain' | 'fused' | 'bert';
   /** Instead of a patch, the plain decoder with the least an exact prior must add (floorModel). */
   floor?: 'prior' | 'ssmax-prior';
 }
@@ -40,11 +44,16 @@ export interface LatencyResult {
   spread: [number, number];
 }
 
-function feeds(cfg: DecoderConfig, seq: number, past: number, fused: boolean): Record<string, ort.Tensor> {
+function feeds(cfg: DecoderConfig, seq: number, past: number, model: LatencyCase['model']): Record<string, ort.Tensor> {
+  const fused = model === 'fused';
   const hd = cfg.hidden / cfg.heads;
   const out: Record<string, ort.Tensor> = {
     input_ids: new ort.Tensor('int64', BigInt64Array.from({ length: seq }, (_, i) => BigInt((i * 7919) % cfg.vocab)), [1, seq]),
   };
+  if (model === 'bert') {
+    out.attention_mask = new ort.Tensor('int64', new BigInt64Array(seq).fill(1n), [1, seq]);
+    return out;
+  }
   if (fused) {
     out.position_ids = new ort.Tensor('int64', BigInt64Array.from({ length: seq }, (_, i) => BigInt(past + i)), [1, seq]);
     out.attention_mask = new ort.Tensor('int32', new Int32Array(past + seq).fill(1), [1, past + seq]);
@@ -75,14 +84,14 @@ async function timed(session: ort.InferenceSession, input: Record<string, ort.Te
 }
 
 export async function measureLatency(c: LatencyCase): Promise<LatencyResult> {
-  const file = c.model === 'fused' ? fusedGpt2File(c.config) : decoderFile(c.config);
+  const file = c.model === 'fused' ? fusedGpt2File(c.config) : c.model === 'bert' ? bertFile(c.config) : decoderFile(c.config);
   const original = fs.readFileSync(file);
   const patched = c.floor ? encodeModel(floorModel(c.config, c.floor === 'ssmax-prior'))
     : serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
   // Default session options (graph optimisations, threads); only warnings are silenced.
   const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
   const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
-  const input = feeds(c.config, c.seq, c.past, c.model === 'fused');
+  const input = feeds(c.config, c.seq, c.past, c.model);
   for (let i = 0; i < 2; i++) {
     await a.run(input);
     await b.run(input);
@@ -118,6 +127,10 @@ export const LATENCY_CASES: LatencyCase[] = [
   // GPT-2 as onnxruntime's optimizer fuses it: the causal com.microsoft Attention nodes are expanded by the patch.
   { label: 'GPT-2 fused Attention 12L×768, prompt 512', config: WIDE, seq: 512, past: 0, pairs: 16, model: 'fused' },
   { label: 'GPT-2 fused Attention 12L×768, decode 1 token, KV cache 1024', config: WIDE, seq: 1, past: 1024, pairs: 120, model: 'fused' },
+  // BERT-base in plain ops, which onnxruntime fuses into com.microsoft Attention: the patch writes MultiHeadAttention.
+  { label: 'BERT-base encoder 12L×768 (fused at session start), seq 128', config: BERT_BASE, seq: 128, past: 0, pairs: 40, model: 'bert' },
+  { label: 'BERT-base encoder 12L×768 (fused at session start), seq 512', config: BERT_BASE, seq: 512, past: 0, pairs: 16, model: 'bert' },
+  { label: 'BERT-base encoder 12L×768, --fused-attention off, seq 128', config: BERT_BASE, seq: 128, past: 0, pairs: 40, model: 'bert', patch: { trainLen: 1024, fusedAttention: 'off' } },
 ];
 
 /**
@@ -133,7 +146,7 @@ function trainedTheta(cfg: DecoderConfig): PatchOptions['theta'] {
 }
 
 /** The same cases with a positional prior (BAM's GGD, θ differing per layer and head) added to SSMax: the prior's cost. */
-LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model !== 'fused').map((c) => ({
+LATENCY_CASES.push(...LATENCY_CASES.filter((c) => c.model === undefined || c.model === 'plain').map((c) => ({
   ...c, label: `${c.label}, + ggd prior`, patch: { trainLen: 1024, prior: 'ggd' as const, theta: trainedTheta(c.config) },
 })));
 

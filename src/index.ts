@@ -59,6 +59,7 @@ export { patchModel } from './rewrite/patch';
 export type { PatchOptions, PatchReport, PatchResult, PatchedSite } from './rewrite/patch';
 export type { LengthReport } from './analysis/reach';
 export type { Target } from './rewrite/insert-scale';
+export type { FusedAttention } from './rewrite/sites';
 export type { PlanOptions } from './policy/plan';
 export type { ScaleOptions } from './policy/scale';
 export type { PriorOptions } from './policy/prior';

@@ -24,6 +24,7 @@ export function formatPatch(report: PatchReport, dryRun = false): string[] {
     lines.push(`  L${s.layer}  ${s.node}${kind}${where}  n=${s.n} (${s.nReason})  ${heads}  rank=${s.logitsRank ?? '?'}  s=${fmtS(s.s)}  on ${s.target}${s.rule ? `  rule ${s.rule}` : ''}`);
     if (s.deviation) lines.push(`      forced, deviation accepted: ${s.deviation}`);
     if (s.expanded) lines.push(`      ${s.expanded}`);
+    if (s.fused) lines.push(`      ${s.fused}`);
     if (s.prior) lines.push(`      prior θ: ${s.prior.alpha}, ${s.prior.beta}, ${s.prior.mu}`);
     for (const note of s.notes ?? []) lines.push(`      note: ${note}`);
   }

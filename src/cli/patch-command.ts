@@ -32,6 +32,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   sFile?: string;
   updateS?: boolean;
   allowNoOp?: boolean;
+  fusedAttention?: string;
   dryRun?: boolean;
   verify?: boolean;
   forceSite?: string[];
@@ -66,6 +67,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
     .option('--update-s', 'on an already patched model, replace s instead of refusing')
     .option('--allow-no-op', 'write a patch that changes no output at any length the model can run (fixed lengths where the factor is 1), refused otherwise')
+    .option('--fused-attention <mode>', 'auto: plain-op attention that onnxruntime fuses at session start is written as com.microsoft MultiHeadAttention, so it stays fused | off: keep plain ops (a model for another runtime)', 'auto')
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
@@ -181,8 +183,13 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
     n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: o.preset === undefined ? undefined : presetValue(o.preset),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-    layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
+    layers: layersValue(o.layers), allowNoOp: o.allowNoOp, fusedAttention: fusedAttentionValue(o.fusedAttention),
   };
+}
+
+function fusedAttentionValue(v: string | undefined): PatchOptions['fusedAttention'] {
+  if (v === undefined || v === 'auto' || v === 'off') return v;
+  throw new InputError(`--fused-attention ${v}: expected auto or off`, 'usage');
 }
 
 /**
@@ -207,6 +214,12 @@ function patchOrExplain(original: ModelProto, o: PatchCliOptions, plan: PatchPla
 /** Refuses to write a patch onnxruntime does not load (load-check.ts); warns where it refuses the original too. */
 async function loadsBeforeWriting(original: ModelProto, model: ModelProto): Promise<Warning[]> {
   const check = await checkLoads(original, model);
+  if (check.status === 'no-runtime') {
+    return [{
+      code: 'load-not-checked',
+      message: `the patched model was not loaded in onnxruntime before writing: that check runs on onnxruntime-node, and this run has ${check.reason} (docs/install.md installs onnxruntime-node)`,
+    }];
+  }
   if (check.status !== 'original-refused') return [];
   return [{
     code: 'original-does-not-load',

@@ -18,7 +18,8 @@ export interface Warning {
     | 'force-site-none'
     | 'fixed-lengths'
     | 'no-op'
-    | 'original-does-not-load';
+    | 'original-does-not-load'
+    | 'load-not-checked';
   /** One line, for stderr and CI logs. */
   message: string;
   /** The attention sites concerned (node names), when the warning is about sites. */

@@ -39,6 +39,8 @@ export interface ScopeEdits {
   removed?: string[];
   /** For the model-wide entry (scope `model`): the default-domain opset import raised from `from` to `to`. */
   opset?: { from: number; to: number };
+  /** For a model-wide entry (scope `model`): an opset import the patch added (a contrib domain its fused operators need). */
+  domain?: { domain: string; version: number };
   /**
    * The scope's original nodes in their original order (by first output), when the topological sort after the
    * patch had to move one of them (a factor reading a mask computed after the query, say).
@@ -110,6 +112,7 @@ export class Editor {
 export class Journal {
   private readonly scopes = new Map<string, Editor>();
   private opset?: ScopeEdits;
+  private readonly domains: ScopeEdits[] = [];
 
   editor(scope: string, graph: Graph, owner: string): Editor {
     return memo(this.scopes, `${owner}@${scope}`, () => new Editor(graph, emptyEdits(scope, owner)));
@@ -118,6 +121,11 @@ export class Journal {
   /** Notes that the model's default-domain opset import was raised, so revert can lower it again. */
   raiseOpset(from: number, to: number): void {
     this.opset = { ...emptyEdits('model', 'opset'), opset: { from, to } };
+  }
+
+  /** Notes an opset import the patch added, so revert can remove it. */
+  importDomain(domain: string, version: number): void {
+    this.domains.push({ ...emptyEdits('model', 'fused'), domain: { domain, version } });
   }
 
   /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */
@@ -131,8 +139,8 @@ export class Journal {
   record(): ScopeEdits[] {
     const edits = [...this.scopes.values()].map((e) => e.edits)
       .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length + (e.removed?.length ?? 0) > 0 || e.order);
-    // The opset goes first: revert replays in reverse, so it is lowered last.
-    return this.opset ? [this.opset, ...edits] : edits;
+    // The opset and imports go first: revert replays in reverse, so they are restored last.
+    return [...(this.opset ? [this.opset] : []), ...this.domains, ...edits];
   }
 }
 

@@ -19,7 +19,7 @@ import { isPatchNode } from '../identity';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchResult } from './report';
-import { AnySite, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
+import { AnySite, FusedAttention, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
 import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
 import { lengthReport, modelLengths } from '../analysis/reach';
@@ -45,6 +45,12 @@ export interface PatchOptions extends PlanOptions {
    * capped by a position table, where the factor is 1): refused otherwise. Its s stays trainable.
    */
   allowNoOp?: boolean;
+  /**
+   * Plain-op attention that onnxruntime fuses at session start (BERT and GPT-2 blocks below opset 17): 'auto'
+   * (default) writes it as com.microsoft MultiHeadAttention with the scaled query, so it runs fused after the patch
+   * too; 'off' keeps plain ops (a model for another runtime).
+   */
+  fusedAttention?: FusedAttention;
 }
 
 /**
@@ -82,7 +88,7 @@ function patchClone(out: ModelProto, scopes: Scope[], detection: Detection, plan
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`, 'not-patched');
   // Read before the factors go in: the shapes of the model as it was.
   const lengths = modelLengths(scopes, detection);
-  const report = insertFactors(out, scopes, detection, all, plan);
+  const report = insertFactors(out, scopes, detection, all, plan, fusionOption(options.fusedAttention));
   checkInsertedTypes(out);
   const reach = lengthReport(lengths, report.sites, plan.preset, plan.trainLen);
   if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message, 'cannot-patch');
@@ -136,12 +142,17 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 
-function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan): PatchResult['report'] {
+function fusionOption(value: unknown): FusedAttention {
+  if (value === undefined || value === 'auto' || value === 'off') return value ?? 'auto';
+  throw new InputError(`${opt('fusedAttention', String(value))}: expected auto or off`, 'usage');
+}
+
+function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan, fusion: FusedAttention): PatchResult['report'] {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
   const scales = plan.spec && scalesForSites(plan.spec, sites, skipped);
   const thetas = plan.prior && thetasForSites(plan.prior, sites, skipped);
   const irVersion = toNumber(out.irVersion);
-  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion);
+  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion, fusion);
   const results = sites.map((a, i) => patcher.patch(a, { s: scales?.[i], theta: thetas?.[i] }));
   const { journal, nSources, notes } = patcher.finish();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',

@@ -38,6 +38,8 @@ export interface PatchedSite {
   rule?: string;
   /** Set when the fused operator was replaced by the ops it is defined by: what replaced it and what that costs. */
   expanded?: string;
+  /** Set when a plain-op site was written as a fused operator (onnxruntime fuses the original there): what and why. */
+  fused?: string;
   /** What a user should know about how the patch sits with the model's own attention (one line each). */
   notes?: string[];
 }

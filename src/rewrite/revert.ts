@@ -15,7 +15,8 @@ import { Factor, findFactors } from './existing';
 import { APPLY_NAME } from '../identity';
 import { orderKeys, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
-import { findScaleTensor, PatchRecord, readRecord, recordedLabel, removeRecord } from './record';
+import { findScaleTensor, PatchRecord, readRecord, recordedLabel, removeRecord, writeRecord } from './record';
+import { isFusedOwner } from './fuse-attention';
 import { cloneModel } from './patch';
 
 
@@ -67,10 +68,30 @@ export function revertModel(model: ModelProto): RevertResult {
   }
 }
 
+/**
+ * The patch with the fused operators it wrote in place of plain-op attention taken out again: the same factors on
+ * plain ops, whose tensors verification reads at every site (fuse-attention.ts). Null when it wrote none.
+ */
+export function unfusedModel(model: ModelProto): ModelProto | null {
+  const record = readRecord(model);
+  const fused = record?.journal.filter((e) => isFusedOwner(e.owner)) ?? [];
+  if (!record || fused.length === 0) return null;
+  const out = cloneModel(model);
+  try {
+    undoJournal(out, record, fused, true);
+  } catch (e) {
+    if (e instanceof StaleJournal) return null;
+    throw e;
+  }
+  writeRecord(out, { ...record, journal: record.journal.filter((e) => !isFusedOwner(e.owner)) });
+  return out;
+}
+
 /** The journal names something the model no longer has: it was edited after patching. */
 class StaleJournal extends Error {}
 
-function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits[]): RevertedSite[] {
+/** `sort`: put every touched graph in topological order (a partial undo has no original order to go back to). */
+function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits[], sort = false): RevertedSite[] {
   const scopes = modelScopes(model);
   const byPath = new Map(scopes.map((s) => [s.path, s]));
   const scopeOf = (path: string): Scope => byPath.get(path) ?? stale(`the journal names scope '${path}', which the model does not have`);
@@ -88,6 +109,10 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
       lowerOpset(model, edits.opset.from);
       continue;
     }
+    if (edits.domain) {
+      removeImport(model, edits.domain.domain);
+      continue;
+    }
     const scope = scopeOf(edits.scope);
     undoEdits(scope.graph, edits);
     touched.add(scope);
@@ -98,9 +123,15 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
     }
   }
   for (const edits of journal.filter((e) => e.order)) restoreOrder(scopeOf(edits.scope).graph, edits.order!);
-  for (const scope of touched) if (scope.kind === 'function') scope.commit();
+  for (const scope of touched) if (sort || scope.kind === 'function') scope.commit();
   checkReads(model);
   return sites;
+}
+
+/** An opset import the patch added goes again. */
+function removeImport(model: ModelProto, domain: string): void {
+  const i = model.opsetImport.findIndex((o) => o.domain === domain);
+  if (i >= 0) model.opsetImport.splice(i, 1);
 }
 
 function stale(why: string): never {

@@ -21,6 +21,7 @@ import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFo
 import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
+import { FUSED_NOTE, fuseBlock, fusableBlock, FusableBlock, fusedOwner, onlyInside } from './fuse-attention';
 import { callInputName, namePrefix, PART } from '../identity';
 import { Journal, ScopeEdits } from './journal';
 import { memo } from '../memo';
@@ -29,6 +30,9 @@ import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
 import { callSiteLabel, SiteRecord } from './record';
 import { PatchedSite } from './report';
+
+/** Whether plain-op attention that onnxruntime fuses is written as a fused operator (auto) or kept in plain ops (off). */
+export type FusedAttention = 'auto' | 'off';
 
 export type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
 
@@ -56,8 +60,8 @@ export class SitePatcher {
   private readonly originals: Map<Scope, NodeProto[]>;
   private readonly opset: OpsetGuard;
 
-  constructor(model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
-    private readonly irVersion: number) {
+  constructor(private readonly model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
+    private readonly irVersion: number, private readonly fusion: FusedAttention = 'auto') {
     this.opset = new OpsetGuard(model, scopes, this.journal);
     this.byPath = new Map(scopes.map((s) => [s.path, s]));
     this.originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
@@ -82,11 +86,11 @@ export class SitePatcher {
     return { journal: this.journal.record(), nSources, notes: this.opset.notes };
   }
 
-  private builder(scope: Scope, layer: number | 'shared'): Builder {
+  private builder(scope: Scope, layer: number | 'shared', owner = layer === 'shared' ? layer : `L${layer}`): Builder {
     // Function bodies have no initializers; an IR < 4 subgraph would need each initializer declared as an input.
     const constantNodes = scope.kind === 'function' || (scope.kind === 'subgraph' && this.irVersion < 4);
     const prefix = namePrefix(layer);
-    const editor = this.journal.editor(scope.path, scope.graph, layer === 'shared' ? layer : `L${layer}`);
+    const editor = this.journal.editor(scope.path, scope.graph, owner);
     return new Builder(editor, prefix, scope.kind === 'main' ? this.irVersion : Math.max(this.irVersion, 4), () => scope.opset, constantNodes);
   }
 
@@ -119,10 +123,12 @@ export class SitePatcher {
           : chooseN(this.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
     if (n.mode === 'causal' || n.mode === 'causal-padding') this.opset.ensure(scope, `layer ${site.layer}: per-row n (Range, CumSum)`);
     const ctx = this.context(scope).ctx;
+    const block = this.fusion === 'auto' && !inputs.theta && n.mode !== 'none' && site.groupAxis === undefined ? fusableBlock(scope, site) : undefined;
     const inserted = n.mode === 'none' ? undefined : site.groupAxis !== undefined ? insertGroupScale(ctx, b, site, p.s!, inputs.s!)
       : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
     if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
     const target = inserted?.target ?? 'logits';
+    const fused = target === 'query' && block && typeof block !== 'string' ? this.fuse(scope, site, block) : undefined;
     const biases = uses.filter((u) => u.rule === 'additive' && (u.role === 'other' || gathersTable(scope.graph, u.tensor))).map((u) => `'${u.tensor}'`);
     const notes = inputs.theta && biases.length
       ? [`the model adds its own position bias (${biases.join(', ')}) after the content logits: the prior adds to it, and the factor scales content and prior only`] : [];
@@ -132,6 +138,7 @@ export class SitePatcher {
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
         logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
         ...(inputs.theta ? { prior: inputs.theta } : {}), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}),
+        ...(fused ? { fused } : {}),
       },
       record: {
         layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s: p.s, sInitializer: inputs.s,
@@ -139,6 +146,20 @@ export class SitePatcher {
         ...(inputs.theta ? { prior: inputs.theta } : {}),
       },
     };
+  }
+
+  /**
+   * The site's block as MultiHeadAttention (fuse-attention.ts), when nothing the factor added reads inside it; the
+   * model imports the com.microsoft domain for it (journalled, so revert removes an import it added).
+   */
+  private fuse(scope: Scope, site: AttentionSite, block: FusableBlock): string | undefined {
+    if (!onlyInside(scope.graph, block)) return undefined;
+    if (!this.model.opsetImport.some((o) => o.domain === 'com.microsoft')) {
+      this.model.opsetImport.push({ domain: 'com.microsoft', version: 1 });
+      this.journal.importDomain('com.microsoft', 1);
+    }
+    fuseBlock(this.builder(scope, site.layer, fusedOwner(site.layer)), site, block);
+    return FUSED_NOTE;
   }
 
   private fused(scope: Scope, b: Builder, site: FusedSite, p: SiteParams, inputs: BodyInputs): SiteResult {

@@ -12,6 +12,7 @@ import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { findFactors } from '../rewrite/existing';
 import { cloneModel } from '../rewrite/patch';
 import { readRecord } from '../rewrite/record';
+import { fusedOwner } from '../rewrite/fuse-attention';
 import { constant, node, PREFIX } from './nodes';
 import { findSites } from './sites';
 
@@ -30,8 +31,10 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
     // A site the model no longer has as its journal says is left as it is: the probe fails it, naming it.
     for (const site of findSites(model, scopes, record, null)) {
       const t = site.tensors;
-      // An expanded operator's factor is among the nodes that replaced it, in the site's own graph.
-      const scope = t ? byPath.get(t.scope) : site.record.expanded ? byPath.get(site.record.scope ?? 'main') : undefined;
+      // An expanded operator's factor is among the nodes that replaced it, in the site's own graph; so is the factor
+      // of a site written as a fused operator (fuse-attention.ts), whose product the journal's consumer no longer reads.
+      const fused = record.journal.some((e) => e.owner === fusedOwner(site.record.layer) && e.scope === (site.record.scope ?? 'main'));
+      const scope = t ? byPath.get(t.scope) : site.record.expanded || fused ? byPath.get(site.record.scope ?? 'main') : undefined;
       const name = t ? t.apply : site.record.apply;
       const apply = name ? scope?.graph.nodes.find((n) => n.name === name) : undefined;
       if (scope && apply) applies.push({ scope, apply });

@@ -53,8 +53,12 @@ export class SessionFactory {
    * `optimization`: onnxruntime's graph optimisation level for the model variants ('basic' where the original's own
    * outputs depend on it, see optimisationChanges).
    */
+  /**
+   * `written`: the patch as written when `patched` is its plain-op form (sites written as fused operators, which the
+   * probe cannot read): the factor-1 copy and the load check run it.
+   */
   constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: readonly VerifySite[],
-    private readonly sharpness: boolean, readonly optimization: Optimization = 'all') {
+    private readonly sharpness: boolean, readonly optimization: Optimization = 'all', private readonly written: ModelProto = patched) {
     this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
   }
 
@@ -77,7 +81,7 @@ export class SessionFactory {
 
   /** The patched model as it is (no outputs added) at an optimisation level: whether it loads (load-check.ts). */
   async openPatched(optimization: Optimization): Promise<Runner> {
-    const model = cloneModel(this.patched);
+    const model = cloneModel(this.written);
     carryBf16AsFloat(model);
     return this.create('patched', model, optimization, `patched-${optimization}`);
   }
@@ -121,7 +125,7 @@ export class SessionFactory {
     switch (key) {
       case 'original': return this.withRowMax('original', cloneModel(this.original));
       case 'patched': return this.withRowMax('patched', cloneModel(this.patched));
-      case 'unit': return withUnitFactor(this.patched);
+      case 'unit': return withUnitFactor(this.written);
       case 'probe': case 'probeLast': {
         const m = cloneModel(this.patched);
         this.probes[key] = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last');

@@ -11,6 +11,9 @@
  */
 import { InputError, opt, rendered } from '../errors';
 import { ModelProto } from '../io/onnx';
+import { readRecord } from '../rewrite/record';
+import { unfusedModel } from '../rewrite/revert';
+import { FUSED_DOMAIN_OWNER, isFusedOwner } from '../rewrite/fuse-attention';
 import { runtimeReport } from '../onnxruntime';
 import { CheckId, CHECK_IDS } from './plan';
 import type { FileVerifyOptions, VerifyOptions } from './options';
@@ -68,11 +71,13 @@ async function prepareOrLoadError(original: ModelProto, patched: ModelProto, opt
  */
 async function runVerification(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, audience: 'api' | 'cli'): Promise<VerifyReport> {
   const started = performance.now();
-  const setup = await prepareOrLoadError(original, patched, options);
+  // Sites written as fused operators are read on their plain-op form; wiring parity runs the model as written.
+  const plain = unfusedModel(patched);
+  const setup = await prepareOrLoadError(original, plain ?? patched, options);
   const progress = options.progress ?? ((): void => undefined);
   const again = (o: ModelProto, p: ModelProto, opts: FileVerifyOptions): Promise<VerifyReport> => runVerification(o, p, opts, audience);
-  const lifted = await liftedChecks(original, patched, options, again, setup.sites.map((s) => s.label), setup.checks);
-  const pair = { original, patched, setup, lifted, progress };
+  const lifted = await liftedChecks(original, plain ?? patched, options, again, setup.sites.map((s) => s.label), setup.checks);
+  const pair = { original, patched: plain ?? patched, written: patched, setup, lifted, progress, notes: plain ? [fusedNote(patched)] : [] };
   let done = await executePlan(pair, 'all');
   if (done.changed) {
     progress('verify: the original\'s outputs depend on onnxruntime\'s optimisation level: verifying again at \'basic\'');
@@ -91,7 +96,12 @@ async function runVerification(original: ModelProto, patched: ModelProto, option
 
 interface PlanSubject {
   original: ModelProto;
+  /** The patch the checks read (its plain-op form where it wrote fused operators). */
   patched: ModelProto;
+  /** The patch as written: what wiring parity runs. */
+  written: ModelProto;
+  /** Notes for the report beside the plan's. */
+  notes: string[];
   setup: Setup;
   lifted: Lifted;
   progress: (line: string) => void;
@@ -108,9 +118,10 @@ interface Execution {
 }
 
 /** Runs the plan with every model at `optimization`; `why` says why it is not the default level. */
-async function executePlan({ original, patched, setup, lifted, progress }: PlanSubject, optimization: Optimization, why?: string): Promise<Execution> {
-  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization);
-  const notes = why ? [...setup.plan.notes, why] : [...setup.plan.notes];
+async function executePlan(subject: PlanSubject, optimization: Optimization, why?: string): Promise<Execution> {
+  const { original, patched, written, setup, lifted, progress } = subject;
+  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization, written);
+  const notes = [...setup.plan.notes, ...subject.notes, ...(why ? [why] : [])];
   const { units, sharpness } = checkUnits({ setup, factory, lifted, notes });
   progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
   try {
@@ -122,6 +133,13 @@ async function executePlan({ original, patched, setup, lifted, progress }: PlanS
   } finally {
     factory.cleanup();
   }
+}
+
+/** What the report says of sites the patch wrote as fused operators: which model each check ran. */
+function fusedNote(written: ModelProto): string {
+  const count = readRecord(written)?.journal.filter((e) => isFusedOwner(e.owner) && e.owner !== FUSED_DOMAIN_OWNER).length ?? 0;
+  return `${count} site(s) are written as com.microsoft MultiHeadAttention (onnxruntime fuses them in the original): wiring parity ran the model as written `
+    + 'with factor 1, so the fused operators compute what the original\'s plain ops did; the other checks read the same factors on the plain-op form of those sites';
 }
 
 /** Each check's verdict, in check order (a check reads the verdicts before it); checks not selected are skipped. */

@@ -66,7 +66,7 @@ export type Outcomes = Record<string, FileOutcome>;
 interface ReportDoc {
   exitCode: number;
   error?: { code: string; message: string };
-  sites?: { layer: number; scope: string; node: string; rule: string; n: string; target: string; kind: string }[];
+  sites?: { layer: number; scope: string; node: string; rule: string; n: string; target: string; kind: string; fused?: string }[];
   skipped?: { node: string; reason: string; attention?: boolean; scope?: string }[];
   verification?: { checks: { id: string; status: string; summary: string }[] };
 }
@@ -116,7 +116,7 @@ async function patchOutcome(file: string, args: string[], out: string): Promise<
   }
   const o: SetOutcome = { exit: doc.exitCode ?? exit };
   if (doc.sites?.length) {
-    o.sites = doc.sites.map((s) => `L${s.layer}${s.scope === 'main' ? '' : ` [${s.scope}]`} ${s.node}: ${s.kind} ${s.rule} n=${s.n} on ${s.target}`);
+    o.sites = doc.sites.map((s) => `L${s.layer}${s.scope === 'main' ? '' : ` [${s.scope}]`} ${s.node}: ${s.kind} ${s.rule} n=${s.n} on ${s.target}${s.fused ? ', written as MultiHeadAttention' : ''}`);
   }
   const refused = (doc.skipped ?? []).filter((k) => k.attention);
   if (refused.length) o.refused = refused.map((k) => `${k.node}${k.scope && k.scope !== 'main' ? ` [${k.scope}]` : ''}: ${k.reason}`);
