@@ -131,6 +131,7 @@ export const LATENCY_CASES: LatencyCase[] = [
   { label: 'BERT-base encoder 12L×768 (fused at session start), seq 128', config: BERT_BASE, seq: 128, past: 0, pairs: 40, model: 'bert' },
   { label: 'BERT-base encoder 12L×768 (fused at session start), seq 512', config: BERT_BASE, seq: 512, past: 0, pairs: 16, model: 'bert' },
   { label: 'BERT-base encoder 12L×768, --fused-attention off, seq 128', config: BERT_BASE, seq: 128, past: 0, pairs: 40, model: 'bert', patch: { trainLen: 1024, fusedAttention: 'off' } },
+  { label: 'BERT-base encoder 12L×768, --fused-attention off, seq 512', config: BERT_BASE, seq: 512, past: 0, pairs: 16, model: 'bert', patch: { trainLen: 1024, fusedAttention: 'off' } },
 ];
 
 /**

@@ -158,7 +158,12 @@ function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, a
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
     ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
-  return { sites: results.map((r) => r.site), skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources, notes };
+  const fused = results.filter((r) => r.site.fused).length;
+  const fusedNote = fused ? [`${fused} site(s) written as com.microsoft MultiHeadAttention, so they stay fused on onnxruntime: the patched model now needs onnxruntime (--fused-attention off, or the option fusedAttention 'off', keeps plain ONNX ops for other runtimes)`] : [];
+  return {
+    sites: results.map((r) => r.site), skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources,
+    notes: [...notes, ...fusedNote],
+  };
 }
 
 /** The sites in the chosen layers; the others are reported as skipped. */
