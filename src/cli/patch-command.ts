@@ -67,7 +67,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--s-file <file>', 'JSON {"s": x | [per head] | [[per head] per layer]}')
     .option('--update-s', 'on an already patched model, replace s instead of refusing')
     .option('--allow-no-op', 'write a patch that changes no output at any length the model can run (fixed lengths where the factor is 1), refused otherwise')
-    .option('--fused-attention <mode>', 'auto: plain-op attention that onnxruntime fuses at session start is written as com.microsoft MultiHeadAttention, so it stays fused | off: keep plain ops (a model for another runtime)', 'auto')
+    .option('--fused-attention <m>', 'auto (default): plain-op attention that onnxruntime fuses at session start is written as com.microsoft MultiHeadAttention, so it stays fused | off: keep plain ops (a model for another runtime)')
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
