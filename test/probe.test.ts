@@ -14,6 +14,7 @@ import { readRecord, writeRecord } from '../src/rewrite/record';
 import { topoSort } from '../src/graph/toposort';
 import { CheckResult, verifyPatch } from '../src/verify/verify';
 import { TORCH } from './support/ref';
+import { buildBert } from '../bench/bert';
 import { moveFactorToLogits, reverseHeadsOfS, scaleS, useSOf } from './support/tamper';
 
 const fixture = (name: string): ModelProto => readModel(path.join(TORCH, `${name}.onnx`));
@@ -55,6 +56,20 @@ describe('semantic probe', () => {
     assert.ok(c.sites!.every((s) => s.maxRelError < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxRelError)));
     assert.ok(c.sites!.every((s) => s.maxScaledError < 1e-6), JSON.stringify(c.sites!.map((s) => s.maxScaledError)));
     assert.match(c.summary, /; max error \d\.\de[-+]\d+ of a row's largest value$/);
+  });
+
+  it('counts masked keys as the patch does when attention is peaked and the factor is on the query (logits 30 apart)', async () => {
+    // Q and K weights 4× a BERT's: content logits of one row spread over more than 30, which the masked logits alone
+    // would take for masked keys (the probe then expected n = 10 of 12 on an unpadded run); the masks' terms are
+    // read as masked − content instead, as the patch counts them.
+    const original = buildBert({ layers: 2, heads: 4, hidden: 64, vocab: 100, qkGain: 4 });
+    for (const fusedAttention of ['auto', 'off'] as const) {
+      const patched = patchModel(original, { trainLen: 64, fusedAttention });
+      assert.equal(patched.report.sites[0].n, 'padding');
+      const c = await probe(original, patched.model);
+      assert.equal(c.status, 'PASSED', `${fusedAttention}: ${c.summary}`);
+      assert.match(c.summary, /padded/);
+    }
   });
 
   it('passes on per-head s tiled over 3-D [B·H, Tq, Tk] logits (encoder_3d)', async () => {

@@ -32,7 +32,7 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const shape = w.keys ? out[w.keys] : undefined;
   const v = logitsView({
     run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, hidden: w.hidden ? out[w.hidden] : undefined,
-    mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+    content: w.content ? out[w.content] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
     ...(shape ? { keys: shape.data[shape.data.length - 1] } : {}),
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
@@ -44,6 +44,8 @@ export interface LogitsInput {
   after: OutputTensor;
   /** The logits the Softmax reads, for n counted from masks. */
   masked?: OutputTensor;
+  /** A factor on the query: the content logits the masks are added to, in the masked logits' layout. */
+  content?: OutputTensor;
   /** 1 where a mild Where fill hides a key, else 0, in the masked logits' layout: the counts come from it. */
   hidden?: OutputTensor;
   mode: string;
@@ -71,9 +73,10 @@ export function logitsView(x: LogitsInput): ProbeView | string {
   if (x.masked) {
     if (x.masked.data.length !== blocks * rows * tk) return `the masked logits [${x.masked.dims.join(', ')}] do not line up with the probed tensors (${x.run})`;
     counts = x.hidden?.data.length === x.masked.data.length ? shownCounts(x.hidden.data, tk)
-      : x.keys === undefined && x.after.data.length === x.masked.data.length
-        ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
-        : maskedCounts(x.masked.data, tk);
+      : x.content?.data.length === x.masked.data.length ? visibleCounts(termsOf(x.masked.data, x.content.data), tk)
+        : x.keys === undefined && x.after.data.length === x.masked.data.length
+          ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
+          : maskedCounts(x.masked.data, tk);
   }
   const causal = (i: number): number => tk - tq + row(i) + 1;
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
