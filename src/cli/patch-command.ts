@@ -217,7 +217,7 @@ async function loadsBeforeWriting(original: ModelProto, model: ModelProto): Prom
   if (check.status === 'no-runtime') {
     return [{
       code: 'load-not-checked',
-      message: `the patched model was not loaded in onnxruntime before writing: that check runs on onnxruntime-node, and this run has ${check.reason} (docs/install.md installs onnxruntime-node)`,
+      message: `the patched model was not loaded in onnxruntime before writing: that check needs onnxruntime-node (${check.reason}); docs/install.md installs it`,
     }];
   }
   if (check.status !== 'original-refused') return [];

@@ -63,7 +63,7 @@ async function loadError(open: () => Promise<Awaited<ReturnType<SessionFactory['
 function runtimeName(): string {
   try {
     const r = onnxruntime();
-    return r.name === 'onnxruntime-node' ? r.name : `onnxruntime-node is not the runtime here (${r.reason ?? r.name})`;
+    return r.name === 'onnxruntime-node' ? r.name : r.reason ?? `${r.name} runs here`;
   } catch (e) {
     return firstLine(e);
   }
