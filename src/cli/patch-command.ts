@@ -183,13 +183,10 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
     n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: o.preset === undefined ? undefined : presetValue(o.preset),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
-    layers: layersValue(o.layers), allowNoOp: o.allowNoOp, fusedAttention: fusedAttentionValue(o.fusedAttention),
+    layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
+    // patchModel checks the value (auto | off) and names the flag in its error.
+    fusedAttention: o.fusedAttention as PatchOptions['fusedAttention'],
   };
-}
-
-function fusedAttentionValue(v: string | undefined): PatchOptions['fusedAttention'] {
-  if (v === undefined || v === 'auto' || v === 'off') return v;
-  throw new InputError(`--fused-attention ${v}: expected auto or off`, 'usage');
 }
 
 /**

@@ -29,8 +29,8 @@ export const FUSED_DOMAIN_OWNER = 'fused';
 export const isFusedOwner = (owner: string): boolean => owner === FUSED_DOMAIN_OWNER || owner.endsWith('/fused');
 
 /** What the report says of a fused site. */
-export const FUSED_NOTE = 'written as com.microsoft MultiHeadAttention with the scaled query: onnxruntime fuses this block of plain ops at '
-  + 'session start, which the factor in plain ops would prevent (--fused-attention off keeps plain ops, for other runtimes)';
+export const FUSED_NOTE = 'written as com.microsoft MultiHeadAttention with the scaled query: a block of plain ops in the form onnxruntime '
+  + 'fuses at session start, which the factor in plain ops would prevent (--fused-attention off keeps plain ops, for other runtimes)';
 
 /** Below this opset onnxruntime's AttentionFusion finds its LayerNormalization anchor (the opset-1 form it registers). */
 const FUSION_MAX_OPSET = 16;

@@ -123,9 +123,9 @@ export class Journal {
     this.opset = { ...emptyEdits('model', 'opset'), opset: { from, to } };
   }
 
-  /** Notes an opset import the patch added, so revert can remove it. */
-  importDomain(domain: string, version: number): void {
-    this.domains.push({ ...emptyEdits('model', 'fused'), domain: { domain, version } });
+  /** Notes an opset import the patch added (for `owner`'s edits), so revert can remove it. */
+  importDomain(domain: string, version: number, owner: string): void {
+    this.domains.push({ ...emptyEdits('model', owner), domain: { domain, version } });
   }
 
   /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */

@@ -21,7 +21,7 @@ import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFo
 import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
 import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
-import { FUSED_NOTE, fuseBlock, fusableBlock, FusableBlock, fusedOwner, onlyInside } from './fuse-attention';
+import { FUSED_DOMAIN_OWNER, FUSED_NOTE, fuseBlock, fusableBlock, FusableBlock, fusedOwner, onlyInside } from './fuse-attention';
 import { callInputName, namePrefix, PART } from '../identity';
 import { Journal, ScopeEdits } from './journal';
 import { memo } from '../memo';
@@ -156,7 +156,7 @@ export class SitePatcher {
     if (!onlyInside(scope.graph, block)) return undefined;
     if (!this.model.opsetImport.some((o) => o.domain === 'com.microsoft')) {
       this.model.opsetImport.push({ domain: 'com.microsoft', version: 1 });
-      this.journal.importDomain('com.microsoft', 1);
+      this.journal.importDomain('com.microsoft', 1, FUSED_DOMAIN_OWNER);
     }
     fuseBlock(this.builder(scope, site.layer, fusedOwner(site.layer)), site, block);
     return FUSED_NOTE;

@@ -105,31 +105,12 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   if (t.softmax && !softmax) throw new Problem(`its Softmax '${t.softmax}' is not in the graph`);
   const wantMasked = countsMasks(site.record.n) && softmax;
   const hidden = wantMasked ? mildFill(x, scope, softmax.input) : undefined;
-  const content = wantMasked && site.record.target === 'query' ? contentLogits(g, consumer.output[0], softmax.input) : undefined;
   return {
     type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
     ...(wantMasked ? { masked: out(lastOf(softmax.input), 'masked') } : {}),
     ...(hidden ? { hidden: out(lastOf(hidden), 'hidden') } : {}),
-    ...(content ? { content: out(lastOf(content), 'content') } : {}),
+    ...(wantMasked && t.content ? { content: out(lastOf(t.content), 'content') } : {}),
   };
-}
-
-/**
- * The QK product after the constant scalings that follow it alone (Div or Mul by a constant, Cast, Identity): what
- * the masks are added to. Undefined when that chain does not lead on towards the Softmax's input.
- */
-function contentLogits(g: Scope['graph'], qk: string, softmaxInput: string): string | undefined {
-  let t = qk;
-  for (;;) {
-    // Shape readers (the probe's own key count among them) read no values.
-    const readers = g.consumersOf(t).filter((n) => n.opType !== 'Shape');
-    const next = readers.length === 1 ? readers[0] : undefined;
-    const other = next?.input.find((i) => i !== t);
-    const constantScale = (next?.opType === 'Div' && next.input[0] === t) || next?.opType === 'Mul' ? other !== undefined && g.constValue(other)?.values.length === 1 : false;
-    if (!next || !(constantScale || next.opType === 'Cast' || next.opType === 'Identity') || t === softmaxInput) break;
-    t = next.output[0];
-  }
-  return t === softmaxInput || g.query.dependsOn(softmaxInput, t) ? t : undefined;
 }
 
 /**

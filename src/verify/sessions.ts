@@ -52,8 +52,6 @@ export class SessionFactory {
   /**
    * `optimization`: onnxruntime's graph optimisation level for the model variants ('basic' where the original's own
    * outputs depend on it, see optimisationChanges).
-   */
-  /**
    * `written`: the patch as written when `patched` is its plain-op form (sites written as fused operators, which the
    * probe cannot read): the factor-1 copy and the load check run it.
    */

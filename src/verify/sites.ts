@@ -6,7 +6,7 @@
  * query layout and n plan from detection on the original model. Nothing here matches node names against
  * patterns: a journal entry that names something the model no longer has is a problem of that site.
  */
-import { Detection } from '../detect/find-attention';
+import { AttentionSite, Detection } from '../detect/find-attention';
 import { softmaxNamed } from '../detect/softmax';
 import { FusedSite } from '../detect/fused';
 import { MS_ATTENTION } from '../graph/attention-ops';
@@ -33,6 +33,11 @@ export interface SiteTensors {
   bias?: { input: number; from: string };
   /** The Softmax of a plain-op site (its input: the masked logits), by label. */
   softmax?: string;
+  /**
+   * A plain-op site with the factor on the query: the content logits its masks are added to (detection's
+   * AttentionSite.logits on the original), so the probe reads the masks' terms as masked − content.
+   */
+  content?: string;
   /** Where the factor's product is read when a positional prior was added after it (else the consumer's input). */
   after?: string;
   /**
@@ -71,6 +76,7 @@ export function findSites(model: ModelProto, scopes: Scope[], record: PatchRecor
       if (r.expanded) locateExpanded(scope, record, r, site);
       else locate(model, byPath, record, r, site);
       if (detection) site.fused = fusedSite(detection, r, site);
+      if (detection && site.tensors && !r.kind && r.target === 'query') site.tensors.content = plainSite(detection, r, site)?.logits;
     } catch (e) {
       if (!(e instanceof SiteProblem)) throw e;
       site.problem = `${site.label}: ${e.message}`;
@@ -245,6 +251,16 @@ function softmaxOf(scope: Scope, r: SiteRecord): string {
 }
 
 /** Detection's fused site for a fused record (or a call whose body holds a fused operator). */
+/** Detection's view of a plain-op site on the original model (in a call's function body, its inner site). */
+function plainSite(d: Detection, r: SiteRecord, site: VerifySite): AttentionSite | undefined {
+  const scope = r.scope ?? 'main';
+  if (site.call) {
+    const inner = d.calls.find((c) => c.scope === scope && c.layer === r.layer)?.inner;
+    return inner && 'softmax' in inner ? inner : undefined;
+  }
+  return d.sites.find((s) => s.scope === scope && nodeLabel(s.softmax) === r.softmax);
+}
+
 function fusedSite(d: Detection, r: SiteRecord, site: VerifySite): FusedSite | undefined {
   if (!r.kind) return undefined;
   const scope = r.scope ?? 'main';

@@ -138,7 +138,7 @@ async function executePlan(subject: PlanSubject, optimization: Optimization, why
 /** What the report says of sites the patch wrote as fused operators: which model each check ran. */
 function fusedNote(written: ModelProto): string {
   const count = readRecord(written)?.journal.filter((e) => isFusedOwner(e.owner) && e.owner !== FUSED_DOMAIN_OWNER).length ?? 0;
-  return `${count} site(s) are written as com.microsoft MultiHeadAttention (onnxruntime fuses them in the original): wiring parity ran the model as written `
+  return `${count} site(s) are written as com.microsoft MultiHeadAttention (blocks in the form onnxruntime fuses): wiring parity ran the model as written `
     + 'with factor 1, so the fused operators compute what the original\'s plain ops did; the other checks read the same factors on the plain-op form of those sites';
 }
 
