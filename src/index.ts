@@ -27,7 +27,7 @@ export type { CallShapes, ShapeOptions, Shapes } from './graph/shapes';
 export type { Query, Visit } from './graph/query';
 export type { ConstTensor } from './graph/tensor';
 export type { Poly } from './graph/poly';
-export type { AncestryReader, ConstantReader } from './graph/view';
+export type { AncestryReader, ConstantReader, ValueReads } from './graph/view';
 
 // What is known of a model before anything changes, computed once and handed to patch and verify.
 export { analyseModel } from './analysis/analyse';

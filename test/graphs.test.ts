@@ -161,6 +161,20 @@ describe('top-k attention', () => {
   });
 });
 
+describe('top-k attention over the kept scores', () => {
+  it('q·kᵀ → TopK → Softmax → MatMul with the gathered values: refused as attention naming the TopK, not "logits not produced by MatMul"', () => {
+    const m = model({
+      nodes: [node('MatMul', ['q', 'k'], ['scores']), node('TopK', ['scores', 'kk'], ['top_s', 'top_i'], { axis: -1 }, 'tk'),
+        node('Softmax', ['top_s'], ['p'], { axis: -1 }), node('Gather', ['v', 'top_i'], ['kept_v'], { axis: 0 }),
+        node('Squeeze', ['kept_v'], ['kept_v2']), node('MatMul', ['p', 'kept_v2'], ['out'])],
+      inputs: [value('q', DataType.FLOAT, [1, 8]), value('k', DataType.FLOAT, [8, 6]), value('v', DataType.FLOAT, [6, 4])],
+      outputs: [value('out', DataType.FLOAT, [])], initializers: [i64('kk', [3])], opset: 11,
+    });
+    assert.throws(() => patchModel(m, { s: 0.3 }), (e: unknown) => e instanceof InputError && e.code === 'attention-refused'
+      && /top-k attention: the Softmax normalises the scores TopK 'tk' kept/.test(e.message));
+  });
+});
+
 describe('Softmax nodes that are not attention', () => {
   it('classifier head over classes is skipped: logits from a constant weight', () => {
     const m = model({

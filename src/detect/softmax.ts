@@ -87,8 +87,11 @@ function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | un
   const passed = axisProblem ? 0 : 1;
   // An axis problem is the first failed check, whatever the later ones say.
   const stop = (at: NodeProto, reason: string, steps: number): Stop => (axisProblem ? { at: softmax, reason: axisProblem, steps } : { at, reason, steps });
-  const source = findLogitsMatMul(graph, written?.logits ?? softmax.input[0], written?.start ?? softmax);
-  if ('reason' in source) return stop(source.at, source.reason, passed);
+  const source = findLogitsMatMul(graph, shapes, written?.logits ?? softmax.input[0], written?.start ?? softmax);
+  if ('reason' in source) {
+    const kept = source.at.opType === 'TopK' && !axisProblem ? topKScores(graph, shapes, source.at, softmax) : null;
+    return kept ?? stop(source.at, source.reason, passed);
+  }
   const product = source.matmul;
   if (products && !products.includes(product.opType)) return stop(product, `logits come from ${product.opType}, not ${products.join(' or ')}`, passed);
   const ends: NodeProto[] = [];
@@ -142,7 +145,8 @@ function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits
   for (; offset < path.length - 1; offset++) {
     const { node, index } = path[offset];
     const scaling = ((node.opType === 'Div' && index === 0) || node.opType === 'Mul') && graph.query.isStatic(node.input[1 - index]);
-    if (!(scaling || ['Cast', 'Identity', 'Tanh'].includes(node.opType)) || isPatchNode(node)) break;
+    // Past an Expand too (one that keeps rows and keys: the walk checked): a mask may be built from its output's shape.
+    if (!(scaling || ['Cast', 'Identity', 'Tanh', 'Expand'].includes(node.opType)) || isPatchNode(node)) break;
   }
   return { logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset };
 }
@@ -153,6 +157,19 @@ function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits
  * rather than skipped as "no attention". (TopK before the Softmax is not matched: a MoE router's TopK → Softmax
  * over a projection is no attention.)
  */
+/**
+ * Top-k attention the other way round (q·kᵀ → TopK → Softmax over the kept scores → MatMul with the gathered
+ * values): the Softmax sees k keys TopK chose by value, and the key count this tool reads is every key's; refused as
+ * attention, naming the TopK, rather than skipped as "logits not produced by MatMul". (A MoE router's TopK over a
+ * projection with a constant weight is no attention: its walk stops at the weight.)
+ */
+function topKScores(graph: Graph, shapes: Shapes, node: NodeProto, softmax: NodeProto): Stop | null {
+  const scores = findLogitsMatMul(graph, shapes, node.input[0], node);
+  if ('reason' in scores || !findValueMatMul(graph, softmax.output[0], [])) return null;
+  return { at: node, steps: 1, attention: true,
+    reason: `top-k attention: the Softmax normalises the scores TopK '${nodeLabel(node)}' kept of q·kᵀ, keys chosen at run time by value; not patched` };
+}
+
 function topK(node: NodeProto, steps: number): Stop {
   return { at: node, steps, attention: true,
     reason: `top-k attention: the probabilities go through TopK '${nodeLabel(node)}' before the values, which keys they weight is chosen at run time; not patched` };

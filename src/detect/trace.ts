@@ -1,6 +1,6 @@
 /** Walks along the logits and probabilities of an attention candidate, op by op. */
 import { attrInt, attrString, Graph } from '../graph/graph';
-import { opInfo } from '../graph/ops';
+import { DimReader, opInfo } from '../graph/ops';
 import { NodeProto } from '../io/onnx';
 
 /** One step of the path from the QK MatMul to the Softmax: `node` reads the logits at input `index`. */
@@ -39,7 +39,7 @@ export interface WalkStop { at: NodeProto; reason: string }
  * Softmax. Otherwise it says where it stopped: at the last product that is not query·keyᵀ, else where the
  * logits' path first ended (an op that carries no logits, or a graph input).
  */
-export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProto): { matmul: NodeProto; path: Step[] } | WalkStop {
+export function findLogitsMatMul(graph: Graph, shapes: DimReader, tensor: string, softmax: NodeProto): { matmul: NodeProto; path: Step[] } | WalkStop {
   let stop: WalkStop | undefined;
   let end: NodeProto | undefined;
   const seen = new Set<string>();
@@ -57,7 +57,7 @@ export function findLogitsMatMul(graph: Graph, tensor: string, softmax: NodeProt
       } else if (node.opType === 'Einsum' && einsumQueryOperand(node) < 0) {
         stop = { at: node, reason: 'logits come from an Einsum that is not query·keyᵀ (rows from one operand, keys from the other)' };
       } else return { matmul: node, path };
-    } else if (node && info.logits) {
+    } else if (node && info.logits && (!info.logitsIf || info.logitsIf(node, shapes, graph.producer))) {
       const carried = info.logits.filter((i) => node.input[i] && !graph.query.isStatic(node.input[i]));
       for (const index of carried.reverse()) stack.push({ name: node.input[index], path: [{ node, index }, ...path] });
     } else end ??= node ?? path[0].node; // an op that carries no logits, or a graph input

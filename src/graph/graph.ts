@@ -16,6 +16,7 @@ import { chosenDefinition, ConstantDef, defTensor, repeatedConstants } from './d
 import { subgraphsOf } from './node';
 import { Query } from './query';
 import { ConstTensor, readTensor } from './tensor';
+import type { ValueReads } from './view';
 
 // Readers of a node that need no Graph live in node.ts, so that the modules this one loads can import them.
 export { attr, attrFloat, attrInt, attrInts, attrString, subgraphsOf } from './node';
@@ -42,6 +43,8 @@ export interface GraphOptions {
    * graph, and every lookup of one is a lookup of its argument in the parent.
    */
   bound?: ReadonlyMap<string, string>;
+  /** What a call of a model-local function computes each output from (scopes.ts, callValueReads). */
+  valueReads?: ValueReads;
 }
 
 /** A name as the enclosing scope spells it: a bound function input's argument, any other name itself. */
@@ -100,6 +103,7 @@ export class Graph {
   /** For a bound function body: every name it defines itself (those of its subgraphs too), and its unbound inputs. */
   private readonly own: ReadonlySet<string>;
   private readonly callerViews = new WeakMap<NodeProto, NodeProto>();
+  private readonly calls?: ValueReads;
   private constCache = new Map<string, ConstTensor | null>();
   /** Names defined several times: the definition onnxruntime uses (duplicates.ts). */
   private repeated = new Map<string, ConstantDef>();
@@ -121,7 +125,13 @@ export class Graph {
     this.valueInfoIndex = new ScopedMap(this.parent?.valueInfo, outerName);
     this.registry = options.registry ?? { tensors: new Set<string>(), nodes: new Set<string>() };
     this.constantInputs = options.constantInputs ?? new Set();
+    this.calls = options.valueReads;
     this.reindex();
+  }
+
+  /** @internal */
+  valueReads(node: NodeProto, output: string): string[] | undefined {
+    return this.calls?.(node, output) ?? this.parent?.valueReads(node, output);
   }
 
   get nodes(): NodeProto[] {

@@ -4,6 +4,7 @@
  *   type      the output element type when it is not input 0's (the dtype of inserted ops);
  *   typed     which outputs have that type (default: output 0; every output of Split);
  *   logits    inputs through which attention logits flow toward the Softmax (detection, finding a patch);
+ *   logitsIf  when the op carries logits only under a condition on its shapes (an Expand that keeps rows and keys);
  *   probs     carries attention probabilities on to the product with the values (detection);
  *   keepsAxes the output's axes are input 0's, element for element (tracing the head axis);
  *   position  a position index stays a position through it (the longest context a model can run);
@@ -22,6 +23,7 @@ import { DataType, NodeProto } from '../io/onnx';
 import { GROUP_QUERY_ATTENTION } from './attention-ops/group-query-attention';
 import type { ConstantReader } from './view';
 import { attr, attrInt } from './node';
+import { Poly, show } from './poly';
 import * as R from './shape-rules';
 
 export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: ConstantReader) => number | undefined);
@@ -31,6 +33,7 @@ export interface OpInfo {
   type?: TypeRule;
   typed?: number[] | 'all';
   logits?: number[];
+  logitsIf?: (node: NodeProto, shapes: DimReader, producer: ReadonlyMap<string, NodeProto>) => boolean;
   probs?: boolean;
   keepsAxes?: boolean;
   position?: boolean;
@@ -50,6 +53,25 @@ export interface PositionTable {
   what: string;
   positionIds?: number;
   when?: (node: NodeProto) => boolean;
+}
+
+/** What a condition of the table reads of the shape pass (Shapes): symbolic dims, and the values of shape tensors. */
+export interface DimReader { dim(name: string, axis: number): Poly | undefined; values(name: string): Poly[] | undefined }
+
+const sameDim = (a: Poly | undefined, b: Poly | undefined): boolean => a !== undefined && b !== undefined && show(a) === show(b);
+
+/**
+ * An Expand on the logits may broadcast over batch or heads (each row's keys unchanged); one that broadcast the
+ * rows or keys axis would change what n counts, so it carries logits only where both axes are known to be kept:
+ * the same symbolic dims in and out, a target of 1 on both, or a target that is the input's own Shape.
+ */
+function keepsRowsAndKeys(node: NodeProto, shapes: DimReader, producer: ReadonlyMap<string, NodeProto>): boolean {
+  const [x, target] = node.input;
+  const from = producer.get(target);
+  if (from?.opType === 'Shape' && from.input[0] === x && from.attribute.length === 0) return true;
+  const ones = shapes.values(target)?.slice(-2);
+  if (ones?.length === 2 && ones.every((d) => show(d) === '1')) return true;
+  return [-1, -2].every((axis) => sameDim(shapes.dim(x, axis), shapes.dim(node.output[0], axis)));
 }
 
 const unary: OpInfo = { shape: R.unary };
@@ -90,7 +112,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   Slice: { shape: R.slice, keepsAxes: true, position: true, inputsAt: { opset: 10, attrs: ['starts', 'ends', 'axes'] } },
   Gather: { shape: R.gather, position: true },
   // Probabilities broadcast over batch or heads are still each row's (torch's matmul lowering: Expand → Reshape → bmm).
-  Expand: { shape: R.expand, probs: true, position: true },
+  Expand: { shape: R.expand, logits: [0], logitsIf: keepsRowsAndKeys, probs: true, position: true },
   Tile: { shape: R.tile, position: true },
   CumSum: { shape: R.unary, position: true },
   Range: { shape: R.range, position: true },

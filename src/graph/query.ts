@@ -27,16 +27,28 @@ export class Query {
   private readonly tables = new Map<string, Map<string, unknown>>();
   /** What each node reads (readsOf), once: a node holding a subgraph would otherwise be scanned at every visit. */
   private readonly reads = new Map<NodeProto, string[]>();
+  private readonly callReads = new Map<string, string[]>();
 
   constructor(private readonly graph: AncestryReader) {}
 
   forget(): void {
     this.tables.clear();
     this.reads.clear();
+    this.callReads.clear();
   }
 
   private readsOf(node: NodeProto): string[] {
     return memo(this.reads, node, () => readsOf(node));
+  }
+
+  /**
+   * What `tensor` is computed from at its producer: for a call of a model-local function, the arguments its body
+   * computes that output's values from (a T5 position bias shared out of a wrapped block does not depend on the
+   * block's hidden states); every input otherwise, and always when the question is what runs before.
+   */
+  private readsFor(node: NodeProto, tensor: string, throughShapes: boolean): string[] {
+    if (throughShapes || !this.graph.valueReads) return this.readsOf(node);
+    return memo(this.callReads, tensor, () => this.graph.valueReads!(node, tensor) ?? this.readsOf(node));
   }
 
   /**
@@ -58,10 +70,10 @@ export class Query {
         if (v !== undefined || !p || (opInfo(p).shapeOnly && !throughShapes)) { answers.set(t, v ?? null); stack.pop(); continue; }
         open.add(t);
         // A name on the current path again would be a cycle: it adds nothing.
-        const pending = this.readsOf(p).filter((i) => !answers.has(i) && !open.has(i));
+        const pending = this.readsFor(p, t, throughShapes).filter((i) => !answers.has(i) && !open.has(i));
         if (pending.length) { stack.push(...pending.reverse()); continue; }
       }
-      const found = this.readsOf(p!).map((i) => answers.get(i)).find((r) => r !== undefined && r !== null);
+      const found = this.readsFor(p!, t, throughShapes).map((i) => answers.get(i)).find((r) => r !== undefined && r !== null);
       answers.set(t, found ?? null);
       open.delete(t);
       stack.pop();

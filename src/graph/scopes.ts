@@ -13,7 +13,9 @@ import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, toNum
 import { Graph, NameRegistry, nodeLabel } from './graph';
 import { Poly, show, sym } from './poly';
 import { CallShapes, Shapes } from './shapes';
-import { topoSort } from './toposort';
+import { opInfo } from './ops';
+import { readsOf, topoSort } from './toposort';
+import type { ValueReads } from './view';
 
 export interface Scope {
   /** Where the graph sits, for reports: `main`, `main/<node>.<attribute>`, `function <domain>:<name>`. */
@@ -77,19 +79,23 @@ export function modelScopes(model: ModelProto): Scope[] {
   const registry = collectNames(model);
   const opset = defaultOpsetOf(model.opsetImport);
   const calls = callShapes(model);
-  const main = graphScope('main', model.graph!, opset, registry, calls);
-  const scopes = [main, ...subScopes(main, registry, calls)];
+  const reads = callValueReads(model);
+  const main = graphScope('main', model.graph!, opset, { registry, valueReads: reads }, calls);
+  const scopes = [main, ...subScopes(main, { registry, valueReads: reads }, calls)];
   for (const fn of model.functions) {
-    const fnScope = functionScope(model, fn, scopes, registry);
-    scopes.push(fnScope, ...subScopes(fnScope, registry));
+    const fnScope = functionScope(model, fn, scopes, { registry, valueReads: reads });
+    scopes.push(fnScope, ...subScopes(fnScope, { registry, valueReads: reads }));
   }
   return scopes;
 }
 
-function graphScope(path: string, proto: GraphProto, opset: number, registry: NameRegistry, calls: CallShapes,
+/** What every graph of a model shares: the name registry, and what calls of its functions compute their outputs from. */
+interface ModelContext { registry: NameRegistry; valueReads?: ValueReads }
+
+function graphScope(path: string, proto: GraphProto, opset: number, ctx: ModelContext, calls: CallShapes,
   owner?: { node: NodeProto; scope: Scope }): Scope {
   const parent = owner?.scope;
-  const graph = new Graph(proto, { parent: parent?.graph, registry });
+  const graph = new Graph(proto, { parent: parent?.graph, ...ctx });
   return {
     path, kind: owner ? 'subgraph' : 'main', graph, opset, owner,
     shapes: new Shapes(graph, parent?.shapes, { calls }),
@@ -97,14 +103,14 @@ function graphScope(path: string, proto: GraphProto, opset: number, registry: Na
   };
 }
 
-function subScopes(scope: Scope, registry: NameRegistry, calls?: CallShapes): Scope[] {
+function subScopes(scope: Scope, ctx: ModelContext, calls?: CallShapes): Scope[] {
   const out: Scope[] = [];
   for (const node of scope.graph.nodes) {
     for (const a of node.attribute) {
       for (const [i, g] of graphsOf(a).entries()) {
         const suffix = a.graphs?.length ? `${a.name}[${i}]` : a.name;
-        const sub = graphScope(`${scope.path}/${nodeLabel(node)}.${suffix}`, g, scope.opset, registry, calls ?? noCalls, { node, scope });
-        out.push(sub, ...subScopes(sub, registry, calls));
+        const sub = graphScope(`${scope.path}/${nodeLabel(node)}.${suffix}`, g, scope.opset, ctx, calls ?? noCalls, { node, scope });
+        out.push(sub, ...subScopes(sub, ctx, calls));
       }
     }
   }
@@ -120,7 +126,7 @@ function graphsOf(a: AttributeProto): GraphProto[] {
  * calls from graphs; a body only other functions call keeps its inputs as inputs, those fed by a constant at every
  * call as constants.
  */
-function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], registry: NameRegistry): Scope {
+function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], ctx: ModelContext): Scope {
   const shim = bodyGraph(fn);
   const calls = callsOf(model, fn, callers);
   const opset = defaultOpsetOf(fn.opsetImport, defaultOpsetOf(model.opsetImport));
@@ -134,11 +140,11 @@ function functionScope(model: ModelProto, fn: FunctionProto, callers: Scope[], r
     },
   });
   if (calls.length === 0) {
-    const graph = new Graph(shim, { registry, constantInputs: constantArguments(model, fn, callers) });
+    const graph = new Graph(shim, { ...ctx, constantInputs: constantArguments(model, fn, callers) });
     return bodyScope(graph, new Shapes(graph));
   }
   const boundTo = (call: FunctionCall, shapes: ReadonlyMap<string, Poly[] | undefined>): Scope => {
-    const graph = new Graph(shim, { registry, parent: call.scope.graph, bound: bindings(fn, call.node) });
+    const graph = new Graph(shim, { ...ctx, parent: call.scope.graph, bound: bindings(fn, call.node) });
     return bodyScope(graph, new Shapes(graph, call.scope.shapes, { given: shapes }));
   };
   const scope = { ...boundTo(calls[0], agreedShapes(fn, calls)), calls };
@@ -172,6 +178,32 @@ function callShapes(model: ModelProto): CallShapes {
     const shapes = new Shapes(body, caller, { given, prefix: `${nodeLabel(node)}/` });
     return fn.output.map((o) => ({ shape: shapes.shape(o), type: shapes.type(o) }));
   };
+}
+
+/**
+ * For a call of a model-local function, the arguments each output's values are computed from in the body: not
+ * through a shape-only op (Shape, Size), as in the graph's own value walks (query.ts). Read from the body as it is
+ * when asked, since a patch may add inputs to a body.
+ */
+function callValueReads(model: ModelProto): ValueReads | undefined {
+  if (model.functions.length === 0) return undefined;
+  return (node, output) => {
+    const fn = calledFunction(model, node);
+    const k = node.output.indexOf(output);
+    if (!fn || k < 0 || !fn.output[k]) return undefined;
+    return [...bodyInputsOf(fn, fn.output[k])].map((i) => node.input[i]).filter(Boolean);
+  };
+}
+
+/** The indices of the body inputs a body tensor's values are computed from (body nodes are in topological order, as ONNX requires). */
+function bodyInputsOf(fn: FunctionProto, tensor: string): Set<number> {
+  const from = new Map<string, Set<number>>(fn.input.map((name, i) => [name, new Set([i])]));
+  for (const n of fn.node) {
+    const reads = opInfo(n).shapeOnly ? [] : readsOf(n);
+    const inputs = new Set(reads.flatMap((r) => [...(from.get(r) ?? [])]));
+    for (const o of n.output) if (o) from.set(o, inputs);
+  }
+  return from.get(tensor) ?? new Set();
 }
 
 /** The calls of `fn` from the given graph scopes, in graph order. */

@@ -22,4 +22,9 @@ export interface AncestryReader {
   readonly initializers: ReadonlyMap<string, TensorProto>;
   readonly inputs: ReadonlySet<string>;
   isConstant(name: string): boolean;
+  /** For a call of a model-local function: the arguments output `output`'s values are computed from (undefined: all it reads). */
+  valueReads?(node: NodeProto, output: string): string[] | undefined;
 }
+
+/** @internal */
+export type ValueReads = (node: NodeProto, output: string) => string[] | undefined;

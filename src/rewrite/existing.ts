@@ -7,6 +7,7 @@
  * query).
  */
 import { Graph } from '../graph/graph';
+import { opInfo } from '../graph/ops';
 import { NodeProto } from '../io/onnx';
 import { applyLayer, isApplyCast, isPatchNode } from '../identity';
 
@@ -29,7 +30,6 @@ export interface Factor {
 }
 
 const MAX_FACTOR_NODES = 64;
-const carriers = new Set(['Add', 'Sub', 'Where', 'Cast', 'Div', 'Mul', 'Reshape', 'Identity', 'Squeeze', 'Unsqueeze', 'Max', 'Min', 'Tanh']);
 
 /** @internal */
 export function findFactors(graph: Graph): Factor[] {
@@ -98,7 +98,7 @@ function reachedSoftmax(graph: Graph, name: string, depth: number): NodeProto | 
   for (const c of graph.consumersOf(name)) {
     if (c.opType === 'Softmax') return c;
     const query = c.opType === 'MatMul' && c.input[0] === name && depth === 0;
-    if (carriers.has(c.opType) || query) {
+    if (opInfo(c).logits || query) {
       const found = reachedSoftmax(graph, c.output[0], depth + 1);
       if (found) return found;
     }

@@ -39,7 +39,10 @@ export interface ScopeEdits {
   removed?: string[];
   /** For the model-wide entry (scope `model`): the default-domain opset import raised from `from` to `to`. */
   opset?: { from: number; to: number };
-  /** For a model-wide entry (scope `model`): an opset import the patch added (a contrib domain its fused operators need). */
+  /**
+   * An opset import the patch added (a contrib domain its fused operators need): the model's (scope `model`), or
+   * a function body's (its scope path), since onnxruntime resolves a body's ops by the body's own imports.
+   */
   domain?: { domain: string; version: number };
   /**
    * The scope's original nodes in their original order (by first output), when the topological sort after the
@@ -123,9 +126,9 @@ export class Journal {
     this.opset = { ...emptyEdits('model', 'opset'), opset: { from, to } };
   }
 
-  /** Notes an opset import the patch added (for `owner`'s edits), so revert can remove it. */
-  importDomain(domain: string, version: number, owner: string): void {
-    this.domains.push({ ...emptyEdits('model', owner), domain: { domain, version } });
+  /** Notes an opset import the patch added (for `owner`'s edits) to the model or to a function's body, so revert can remove it. */
+  importDomain(domain: string, version: number, owner: string, scope = 'model'): void {
+    this.domains.push({ ...emptyEdits(scope, owner), domain: { domain, version } });
   }
 
   /** Notes the original order of a scope whose original nodes the sort moved, so revert can restore it. */

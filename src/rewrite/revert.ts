@@ -110,7 +110,7 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
       continue;
     }
     if (edits.domain) {
-      removeImport(model, edits.domain.domain);
+      removeImport(edits.scope === 'model' ? model.opsetImport : scopeOf(edits.scope).fn?.opsetImport ?? stale(`the journal names an import of '${edits.scope}', not a function`), edits.domain.domain);
       continue;
     }
     const scope = scopeOf(edits.scope);
@@ -129,9 +129,9 @@ function undoJournal(model: ModelProto, record: PatchRecord, journal: ScopeEdits
 }
 
 /** An opset import the patch added goes again. */
-function removeImport(model: ModelProto, domain: string): void {
-  const i = model.opsetImport.findIndex((o) => o.domain === domain);
-  if (i >= 0) model.opsetImport.splice(i, 1);
+function removeImport(imports: { domain: string }[], domain: string): void {
+  const i = imports.findIndex((o) => o.domain === domain);
+  if (i >= 0) imports.splice(i, 1);
 }
 
 function stale(why: string): never {

@@ -11,7 +11,7 @@ import { HIDDEN_GAP, maskUses } from '../detect/mask-uses';
 import { InputError, opt, prefixed } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
 import { Scope } from '../graph/scopes';
-import { DataType, ModelProto, NodeProto } from '../io/onnx';
+import { DataType, ModelProto, NodeProto, OperatorSetId } from '../io/onnx';
 import { Preset, presetNeedsPositions } from '../policy/factor';
 import { chooseN, countsMasks, NChoice, NOption, positionN } from '../policy/n-mode';
 import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior';
@@ -154,12 +154,16 @@ export class SitePatcher {
    */
   private fuse(scope: Scope, site: AttentionSite, block: FusableBlock): string | undefined {
     if (!onlyInside(scope.graph, block)) return undefined;
-    if (!this.model.opsetImport.some((o) => o.domain === 'com.microsoft')) {
-      this.model.opsetImport.push({ domain: 'com.microsoft', version: 1 });
-      this.journal.importDomain('com.microsoft', 1, FUSED_DOMAIN_OWNER);
-    }
+    this.importFused(this.model.opsetImport, 'model');
+    if (scope.fn) this.importFused(scope.fn.opsetImport, scope.path);
     fuseBlock(this.builder(scope, site.layer, fusedOwner(site.layer)), site, block);
     return FUSED_NOTE;
+  }
+
+  private importFused(imports: OperatorSetId[], scope: string): void {
+    if (imports.some((o) => o.domain === 'com.microsoft')) return;
+    imports.push({ domain: 'com.microsoft', version: 1 });
+    this.journal.importDomain('com.microsoft', 1, FUSED_DOMAIN_OWNER, scope);
   }
 
   private fused(scope: Scope, b: Builder, site: FusedSite, p: SiteParams, inputs: BodyInputs): SiteResult {

@@ -31,6 +31,8 @@ export interface RewriteClass {
   site: boolean;
   /** Set when the rewrite is exact in real numbers but not always in floating point: why (the case is then n/a where the unpatched variant's outputs move). */
   inexact?: string;
+  /** As `inexact`, on fp16 models only. */
+  inexactFp16?: string;
   apply(m: ModelProto, a: Anchor | null, rnd: () => number): ModelProto | null;
 }
 
@@ -49,7 +51,8 @@ export function seeded(seed: number): () => number {
 
 const opsetOf = (m: ModelProto, domain = ''): number => {
   const versions = m.opsetImport.filter((o) => (o.domain || '') === domain || (domain === '' && o.domain === 'ai.onnx')).map((o) => toNumber(o.version));
-  return versions.length ? Math.max(...versions) : 0;
+  // onnxruntime reads the imports in order and the last of a domain wins (see duplicateImportVersions).
+  return versions.length ? versions[versions.length - 1] : 0;
 };
 
 let counter = 0;
@@ -277,6 +280,18 @@ const duplicateImport = (m: ModelProto): ModelProto | null => {
 };
 
 /**
+ * Another default-domain version ahead of the model's own, spelt 'ai.onnx' (deeploy's SleepViT imports 21 then 17):
+ * onnxruntime reads imports in order and the last wins, so the model keeps its meaning, and every node the patch
+ * and verify insert must take the form of the model's own version, not the first import's nor the highest.
+ */
+const duplicateImportVersions = (m: ModelProto): ModelProto | null => {
+  const v = opsetOf(m);
+  if (!v) return null;
+  m.opsetImport.unshift({ domain: 'ai.onnx', version: v + 4 <= 23 ? v + 4 : v - 4 });
+  return m;
+};
+
+/**
  * The block from the query·key product to the value product (with everything on the paths between) as a
  * model-local function called once: torch's dynamo writer and mobius make such functions.
  */
@@ -418,13 +433,20 @@ const SINCE: Record<string, number> = {
 const AXES_INPUT_FROM: Record<string, number> = { Unsqueeze: 13, Squeeze: 13, ReduceSum: 13, ReduceMax: 18, ReduceMean: 18 };
 
 /** Every rewrite class, one function each. */
+/**
+ * onnxruntime's CPU provider runs an fp16 model's attention ops that lack fp16 kernels (MatMul, Div, Softmax) in
+ * float32, with Casts around the run; an op inserted inside the run that has an fp16 kernel (Expand) splits it, and
+ * the logits are rounded to fp16 there (about 1e-3 relative), which moves peaked probabilities by more than 1e-2.
+ */
+const FP16_ROUNDING = 'an fp16 op inside the logits rounds them to fp16 where onnxruntime kept the run in float32';
+
 export const REWRITES: readonly RewriteClass[] = [
   { name: 'identity-probs', owner: 'detect', site: true, apply: identity('probs') },
   { name: 'identity-logits', owner: 'detect', site: true, apply: identity('logits') },
   { name: 'cast-same-probs', owner: 'detect', site: true, apply: castSame('probs') },
   { name: 'cast-same-logits', owner: 'detect', site: true, apply: castSame('logits') },
   { name: 'expand-same-probs', owner: 'detect', site: true, apply: expandSame('probs') },
-  { name: 'expand-same-logits', owner: 'detect', site: true, apply: expandSame('logits') },
+  { name: 'expand-same-logits', owner: 'detect', site: true, apply: expandSame('logits'), inexactFp16: FP16_ROUNDING },
   { name: 'reshape-roundtrip-probs', owner: 'detect', site: true, apply: reshapeRoundTrip('probs') },
   { name: 'reshape-roundtrip-logits', owner: 'detect', site: true, apply: reshapeRoundTrip('logits') },
   { name: 'unsqueeze-squeeze-probs', owner: 'detect', site: true, apply: unsqueezeSqueeze('probs') },
@@ -445,6 +467,7 @@ export const REWRITES: readonly RewriteClass[] = [
   { name: 'external-data', owner: 'detect', site: false, apply: external },
   { name: 'opset-retarget', owner: 'emit', site: false, apply: retarget(23) },
   { name: 'duplicate-opset-import', owner: 'emit', site: false, apply: duplicateImport },
+  { name: 'duplicate-opset-import-versions', owner: 'emit', site: false, apply: duplicateImportVersions },
   { name: 'qdq-probs', owner: 'qdq', site: true, apply: qdqProbs, inexact: `the int8 step of 1/127 moves the outputs beyond ${QDQ_TOLERANCE} on long rows` },
 ];
 
