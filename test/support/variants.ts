@@ -279,6 +279,12 @@ const duplicateImport = (m: ModelProto): ModelProto | null => {
   return m;
 };
 
+/** Each domain's import in force (the last; '' and 'ai.onnx' are one domain), as a function body's own imports. */
+const inForce = (imports: ModelProto['opsetImport']): ModelProto['opsetImport'] => {
+  const key = (d: string): string => (d === 'ai.onnx' ? '' : d);
+  return imports.filter((o, i) => !imports.slice(i + 1).some((p) => key(p.domain || '') === key(o.domain || ''))).map((o) => ({ ...o }));
+};
+
 /**
  * Another default-domain version ahead of the model's own, spelt 'ai.onnx' (deeploy's SleepViT imports 21 then 17):
  * onnxruntime reads imports in order and the last wins, so the model keeps its meaning, and every node the patch
@@ -311,7 +317,7 @@ const localFunction = (m: ModelProto, a: Anchor | null): ModelProto | null => {
   const domain = 'ssmax.variants';
   const fn: FunctionProto = {
     name: 'attention_block', domain, input: inputs, output: outputs, attribute: [], attributeProto: [], node: block,
-    opsetImport: m.opsetImport.filter((o) => o.domain !== domain).map((o) => ({ ...o })), docString: '', valueInfo: [], metadataProps: [],
+    opsetImport: inForce(m.opsetImport.filter((o) => o.domain !== domain)), docString: '', valueInfo: [], metadataProps: [],
   } as unknown as FunctionProto;
   const call: NodeProto = { opType: 'attention_block', domain, input: inputs, output: outputs, name: fresh('call'), attribute: [] };
   const first = g.node.indexOf(block[0]);
