@@ -154,9 +154,13 @@ function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits
 /**
  * Top-k attention (q·kᵀ → Softmax → TopK → Gather/MatMul of the kept values): which keys the value product sees is
  * chosen at run time by value, and no rule here proves the n it sees; refused as attention, naming the TopK,
- * rather than skipped as "no attention". (TopK before the Softmax is not matched: a MoE router's TopK → Softmax
- * over a projection is no attention.)
+ * rather than skipped as "no attention". (TopK before the Softmax: topKScores.)
  */
+function topK(node: NodeProto, steps: number): Stop {
+  return { at: node, steps, attention: true,
+    reason: `top-k attention: the probabilities go through TopK '${nodeLabel(node)}' before the values, which keys they weight is chosen at run time; not patched` };
+}
+
 /**
  * Top-k attention the other way round (q·kᵀ → TopK → Softmax over the kept scores → MatMul with the gathered
  * values): the Softmax sees k keys TopK chose by value, and the key count this tool reads is every key's; refused as
@@ -168,9 +172,4 @@ function topKScores(graph: Graph, shapes: Shapes, node: NodeProto, softmax: Node
   if ('reason' in scores || !findValueMatMul(graph, softmax.output[0], [])) return null;
   return { at: node, steps: 1, attention: true,
     reason: `top-k attention: the Softmax normalises the scores TopK '${nodeLabel(node)}' kept of q·kᵀ, keys chosen at run time by value; not patched` };
-}
-
-function topK(node: NodeProto, steps: number): Stop {
-  return { at: node, steps, attention: true,
-    reason: `top-k attention: the probabilities go through TopK '${nodeLabel(node)}' before the values, which keys they weight is chosen at run time; not patched` };
 }

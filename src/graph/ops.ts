@@ -23,7 +23,7 @@ import { DataType, NodeProto } from '../io/onnx';
 import { GROUP_QUERY_ATTENTION } from './attention-ops/group-query-attention';
 import type { ConstantReader } from './view';
 import { attr, attrInt } from './node';
-import { Poly, show } from './poly';
+import { constantOf, Poly, show } from './poly';
 import * as R from './shape-rules';
 
 export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: ConstantReader) => number | undefined);
@@ -70,7 +70,7 @@ function keepsRowsAndKeys(node: NodeProto, shapes: DimReader, producer: Readonly
   const from = producer.get(target);
   if (from?.opType === 'Shape' && from.input[0] === x && from.attribute.length === 0) return true;
   const ones = shapes.values(target)?.slice(-2);
-  if (ones?.length === 2 && ones.every((d) => show(d) === '1')) return true;
+  if (ones?.length === 2 && ones.every((d) => constantOf(d) === 1)) return true;
   return [-1, -2].every((axis) => sameDim(shapes.dim(x, axis), shapes.dim(node.output[0], axis)));
 }
 
