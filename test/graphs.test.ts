@@ -56,7 +56,7 @@ function attentionModel(shape: Shape): ModelProto {
 }
 
 /** SSMax attention in plain loops: probs = softmax(c_i·z + mask) with c_i = s_h·ln n_i, out = probs·v. */
-function reference(x: Record<string, Float32Array>, t: number, s: number[], n: 'keys' | 'causal', mask?: Float32Array, causal = false): Float32Array {
+function reference(x: Record<string, Float32Array>, t: number, s: number[], n: 'keys' | 'causal', mask?: Float32Array, causal = false, cap?: number): Float32Array {
   const out = new Float32Array(B * H * t * D);
   const at = (a: Float32Array, b: number, i: number, h: number, d: number): number => a[((b * t + i) * H + h) * D + d];
   for (let b = 0; b < B; b++) for (let h = 0; h < H; h++) for (let i = 0; i < t; i++) {
@@ -65,7 +65,8 @@ function reference(x: Record<string, Float32Array>, t: number, s: number[], n: '
     for (let j = 0; j < t; j++) {
       let z = 0;
       for (let d = 0; d < D; d++) z += at(x.x_q, b, i, h, d) * at(x.x_k, b, j, h, d);
-      let l = c * (z / Math.sqrt(D)) + (mask ? mask[b * t + j] : 0);
+      const scaled = z / Math.sqrt(D);
+      let l = c * (cap ? cap * Math.tanh(scaled / cap) : scaled) + (mask ? mask[b * t + j] : 0);
       if (causal && j > i) l = -Infinity;
       row.push(l);
     }
@@ -143,6 +144,49 @@ describe('tiny attention graphs against a loop reference', () => {
     assert.ok(got.every(Number.isFinite), 'NaN or Inf in patched output');
     const half = got.length / 2;
     assert.ok(maxDiff(got.slice(half), plain.slice(half)) < 1e-6, 'fully masked item must stay uniform as in the original');
+  });
+});
+
+/**
+ * attentionModel with a softcap (Div → Tanh → Mul, Gemma 2) on its scores, behind views of them: `roundTrip` puts a
+ * Reshape to 1-D and back between the product and the scaling (the cap then acts on the 4-D logits), `flat` caps the
+ * 1-D view and reshapes back after the cap.
+ */
+function softcapModel(t: number, form: 'roundTrip' | 'flat', cap: number): ModelProto {
+  const m = attentionModel({ t });
+  const g = m.graph!;
+  g.initializer.push(f32('cap', [], [cap]), i64('flat_shape', [-1]));
+  const div = g.node.findIndex((n) => n.output[0] === 'scores');
+  const capNodes = (x: string, y: string) => [node('Div', [x, 'cap'], [`${y}_d`]), node('Tanh', [`${y}_d`], [`${y}_t`], {}, 'cap_tanh'), node('Mul', [`${y}_t`, 'cap'], [y])];
+  const softmax = g.node.find((n) => n.opType === 'Softmax')!;
+  if (form === 'roundTrip') {
+    g.node[div].input[0] = 'qk_back';
+    g.node.splice(div, 0, node('Shape', ['qk'], ['qk_shape']), node('Reshape', ['qk', 'flat_shape'], ['qk_flat']), node('Reshape', ['qk_flat', 'qk_shape'], ['qk_back']));
+    g.node.splice(g.node.indexOf(softmax), 0, ...capNodes('scores', 'capped'));
+  } else {
+    g.node.splice(g.node.indexOf(softmax), 0, node('Shape', ['scores'], ['s_shape']), node('Reshape', ['scores', 'flat_shape'], ['s_flat']),
+      ...capNodes('s_flat', 'capped_flat'), node('Reshape', ['capped_flat', 's_shape'], ['capped']));
+  }
+  softmax.input[0] = 'capped';
+  return m;
+}
+
+describe('a softcap behind views of the logits', () => {
+  it('a Reshape round trip before the cap: the factor goes after the cap (exactly SSMax of what the Softmax sees)', async () => {
+    const t = 6, cap = 0.8;
+    const { model: patched, report } = patchModel(softcapModel(t, 'roundTrip', cap), { s: 0.5 });
+    assert.equal(report.sites.length, 1);
+    const x = inputs(t);
+    const feeds = Object.fromEntries(Object.entries(x).map(([k, v]) => [k, { data: v, dims: [B, t, HID] }]));
+    const got = await run(patched, feeds);
+    const want = reference(x, t, [0.5, 0.5, 0.5, 0.5], 'keys', undefined, false, cap);
+    // The factor before the cap (what this tool wrote before): c·cap·tanh(z/cap) ≠ cap·tanh(c·z/cap) at this small cap.
+    assert.ok(maxDiff(got, want) < 1e-5, `max diff ${maxDiff(got, want)}`);
+  });
+
+  it('a cap on a 1-D view of the logits: refused as attention naming the Tanh, not patched before the cap', () => {
+    assert.throws(() => patchModel(softcapModel(5, 'flat', 0.8), { s: 0.5 }), (e: unknown) => e instanceof InputError
+      && e.code === 'attention-refused' && /a softcap \(Tanh 'cap_tanh'\) on a view of the logits that does not keep their rows and keys/.test(e.message));
   });
 });
 

@@ -5,6 +5,7 @@
  * the rest matches, a failure there is a refusal --force-site accepts), the logits, the values.
  */
 import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import { show } from '../graph/poly';
 import type { Shapes } from '../graph/shapes';
 import { NodeProto } from '../io/onnx';
 import { isApplyNode, isPatchNode } from '../identity';
@@ -100,7 +101,8 @@ function matchSite(ctx: RuleContext, softmax: NodeProto, products: string[] | un
   if (!valueMatMul && topKEnd && !axisProblem) return topK(topKEnd, passed + 1);
   if (!valueMatMul) return stop(ends[0] ?? softmax, 'probabilities do not reach a MatMul with values', passed + 1);
   if (axisProblem && !ctx.forced) return { at: softmax, reason: axisProblem, steps: 2, attention: true, forcible: true };
-  const point = insertionPoint(graph, product, source.path);
+  const point = insertionPoint(graph, shapes, product, source.path);
+  if (typeof point === 'string') return { at: product, reason: point, steps: passed + 2, attention: true };
   const logitsRank = shapes.rank(point.logits) ?? rank;
   // An earlier patch multiplied either the query (the MatMul's left input) or the logits on the path.
   const patched = [graph.producer.get(product.input[0]), ...source.path.map((s) => s.node)]
@@ -139,16 +141,46 @@ function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined):
  * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final content
  * logits in the Softmax's precision, but stops before any mask or reshape. A softcap (Div → Tanh → Mul, Gemma 2) is
  * passed too: the capped logits are what the Softmax normalises, so the factor after the cap is exactly SSMax.
+ * A softcap behind views of the logits (a Reshape round trip, an Unsqueeze/Squeeze pair) is passed with them, where
+ * the capped tensor keeps the product's rows and keys: a factor before a Tanh would not be SSMax. Where it does not
+ * keep them, the site is refused (`softcapOutOfReach`) rather than patched before the cap.
  */
-function insertionPoint(graph: Graph, matmul: NodeProto, path: Step[]): { logits: string; consumer: Step; offset: number } {
-  let offset = 0;
-  for (; offset < path.length - 1; offset++) {
-    const { node, index } = path[offset];
+function insertionPoint(graph: Graph, shapes: Shapes, matmul: NodeProto, path: Step[]): Point | string {
+  const passes = (node: NodeProto, index: number): boolean => {
     const scaling = ((node.opType === 'Div' && index === 0) || node.opType === 'Mul') && graph.query.isStatic(node.input[1 - index]);
     // Past an Expand too (one that keeps rows and keys: the walk checked): a mask may be built from its output's shape.
-    if (!(scaling || ['Cast', 'Identity', 'Tanh', 'Expand'].includes(node.opType)) || isPatchNode(node)) break;
+    return (scaling || ['Cast', 'Identity', 'Tanh', 'Expand'].includes(node.opType)) && !isPatchNode(node);
+  };
+  const from = (start: number): number => {
+    let offset = start;
+    while (offset < path.length - 1 && passes(path[offset].node, path[offset].index)) offset++;
+    return offset;
+  };
+  const point = (offset: number): Point => ({ logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset });
+  const first = from(0);
+  const cap = lastTanhBehindViews(path, first, passes);
+  if (cap === undefined) return point(first);
+  const past = point(from(cap + 1));
+  const same = [-1, -2].every((axis) => {
+    const [a, b] = [shapes.dim(past.logits, axis), shapes.dim(matmul.output[0], axis)];
+    return a !== undefined && b !== undefined && show(a) === show(b);
+  });
+  return same ? past : `a softcap (Tanh '${nodeLabel(path[cap].node)}') on a view of the logits that does not keep their rows and keys: the factor cannot go after the cap; not patched`;
+}
+
+interface Point { logits: string; consumer: Step; offset: number }
+
+const VIEWS = new Set(['Reshape', 'Squeeze', 'Unsqueeze', 'Flatten']);
+
+/** The last Tanh reached from `start` through views of the logits and the ops insertionPoint passes, if any. */
+function lastTanhBehindViews(path: Step[], start: number, passes: (node: NodeProto, index: number) => boolean): number | undefined {
+  let cap: number | undefined;
+  for (let i = start; i < path.length - 1; i++) {
+    const { node, index } = path[i];
+    if (node.opType === 'Tanh') cap = i;
+    else if (!(index === 0 && VIEWS.has(node.opType)) && !passes(node, index)) break;
   }
-  return { logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset };
+  return cap;
 }
 
 /**

@@ -12,7 +12,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { modelScopes } from '../../src/graph/scopes';
-import { makeTensor } from '../../src/graph/tensor';
+import { makeTensor, readTensor } from '../../src/graph/tensor';
 import { cloneModel, readModel, serializeModel, writeModel } from '../../src/io/model-file';
 import { AttributeProto, DataType, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, toNumber } from '../../src/io/onnx';
 import { node } from './build';
@@ -76,14 +76,16 @@ function rankOf(m: ModelProto, name: string): number | undefined {
 
 /**
  * Puts `nodes` (computing `to` from `from`) on the edge after `from`: every node reading `from` reads `to` instead.
- * They go just before the first reader, so the graph stays in topological order.
+ * They go just before the first reader, so the graph stays in topological order. False where nothing reads `from`
+ * (the rewrite then does not apply: it is not a silent no-op).
  */
-function onEdge(g: GraphProto, from: string, to: string, nodes: NodeProto[]): void {
+function onEdge(g: GraphProto, from: string, to: string, nodes: NodeProto[]): boolean {
   const readers = consumers(g, from);
-  if (readers.length === 0) return;
+  if (readers.length === 0) return false;
   for (const r of readers) r.input = r.input.map((i) => (i === from ? to : i));
   const at = Math.min(...readers.map((r) => g.node.indexOf(r)));
   g.node.splice(at, 0, ...nodes);
+  return true;
 }
 
 function replaceNode(g: GraphProto, old: NodeProto, nodes: NodeProto[]): void {
@@ -110,8 +112,7 @@ const shapeOnly = (name: string, build: (m: ModelProto, g: GraphProto, t: string
     const out = fresh(`${t}_${name}`);
     const nodes = build(m, g, t, out);
     if (!nodes) return null;
-    onEdge(g, t, out, nodes);
-    return m;
+    return onEdge(g, t, out, nodes) ? m : null;
   };
 
 const identity = shapeOnly('id', (_m, _g, t, out) => [node('Identity', [t], [out], {}, fresh('Identity'))]);
@@ -178,6 +179,45 @@ const fused = (on: 'logits' | 'out', trans: 'none' | 'A' | 'B') => (m: ModelProt
   }
   needMs(m);
   replaceNode(g, mm.n, [...nodes, ms(node('FusedMatMul', inputs, mm.n.output, attrs, fresh('FusedMatMul')))]);
+  return m;
+};
+
+/** The scalar a constant tensor holds (an initializer or a Constant node's value), if it holds one. */
+function scalarOf(g: GraphProto, name: string): number | undefined {
+  const init = g.initializer.find((t) => t.name === name);
+  const c = g.node.find((n) => n.opType === 'Constant' && n.output[0] === name)?.attribute.find((at) => at.name === 'value')?.t;
+  const t = init ?? c;
+  const values = t && readTensor(t)?.values;
+  return values?.length === 1 ? Number(values[0]) : undefined;
+}
+
+/**
+ * The batched Gemm-like form alpha·op(A)·op(B), as onnxruntime's MatMulScaleFusion and TransposeMatMul fusion write
+ * it: the query·key MatMul and the constant scalar Div or Mul that follows it as one com.microsoft FusedMatMul with
+ * alpha (and transB reading k itself where kᵀ is a Transpose). ONNX's own Gemm is 2-D only, and no site of fixtures/
+ * or the corpus has a batch·heads product of 1, so this is the batched form. The product keeps the anchor's name;
+ * the scaling's readers read it instead.
+ */
+const fusedAlpha = (m: ModelProto, a: Anchor | null): ModelProto | null => {
+  const mm = a && plainMatMul(m, a.logits);
+  if (!mm) return null;
+  const g = m.graph!;
+  const readers = consumers(g, a.logits);
+  const scale = readers.length === 1 && ['Div', 'Mul'].includes(readers[0].opType) && readers[0].input[0] === a.logits ? readers[0] : undefined;
+  const c = scale && scalarOf(g, scale.input[1]);
+  if (!scale || !c || g.output.some((o) => o.name === scale.output[0])) return null;
+  const alpha = scale.opType === 'Div' ? 1 / c : c;
+  for (const n of consumers(g, scale.output[0])) n.input = n.input.map((i) => (i === scale.output[0] ? a.logits : i));
+  g.node.splice(g.node.indexOf(scale), 1);
+  const [x, y] = mm.n.input;
+  const p = g.node[producerIndex(g, y)];
+  const perm = p?.opType === 'Transpose' ? p.attribute.find((at) => at.name === 'perm')?.ints.map(Number) : undefined;
+  const transB = perm !== undefined && perm.join() === swapLast(mm.rank).join();
+  needMs(m);
+  const product = ms(node('FusedMatMul', [x, transB ? p.input[0] : y], mm.n.output, transB ? { transB: 1 } : {}, fresh('FusedMatMul')));
+  // A float attribute even where alpha is whole (1/0.125): node() would write an integer.
+  product.attribute.push({ name: 'alpha', type: 1, f: alpha, floats: [], ints: [], strings: [], tensors: [], graphs: [] });
+  replaceNode(g, mm.n, [product]);
   return m;
 };
 
@@ -353,7 +393,9 @@ function blockBetween(g: GraphProto, from: number, to: number): NodeProto[] {
 
 /**
  * A QuantizeLinear/DequantizeLinear pair (int8, scale 1/127, zero point 0) on the probabilities, as static
- * quantisation writes one on the Softmax output: not exact, so its outputs are compared at QDQ_TOLERANCE.
+ * quantisation writes one on the Softmax output. Not exact, so the variant is held to the original with the same
+ * pair, and its patch to the unrewritten patch with the pair on its probabilities (quantise-then-patch against
+ * patch-then-quantise: the factor goes before the Softmax, the pair is untouched).
  */
 const qdqProbs = (m: ModelProto, a: Anchor | null): ModelProto | null => {
   if (!a || opsetOf(m) < 13 || elemType(m, a.probs) !== DataType.FLOAT) return null;
@@ -361,12 +403,15 @@ const qdqProbs = (m: ModelProto, a: Anchor | null): ModelProto | null => {
   const scale = addInit(g, makeTensor(fresh('scale'), DataType.FLOAT, [], [1 / 127]));
   const zero = addInit(g, { ...makeTensor(fresh('zero'), DataType.FLOAT, [], [0]), dataType: DataType.INT8, rawData: undefined, floatData: [], int32Data: [0] });
   const [q, out] = [fresh('q'), fresh(`${a.probs}_dq`)];
-  onEdge(g, a.probs, out, [node('QuantizeLinear', [a.probs, scale, zero], [q], {}, fresh('QuantizeLinear')),
-    node('DequantizeLinear', [q, scale, zero], [out], {}, fresh('DequantizeLinear'))]);
-  return m;
+  const pair = [node('QuantizeLinear', [a.probs, scale, zero], [q], {}, fresh('QuantizeLinear')),
+    node('DequantizeLinear', [q, scale, zero], [out], {}, fresh('DequantizeLinear'))];
+  return onEdge(g, a.probs, out, pair) ? m : null;
 };
 
-/** Outputs of a QDQ variant against the float patch: the int8 step 1/127 of a probability, passed on through the values. */
+/**
+ * Outputs of a chain of a QDQ pair and classes that rewrite the float path: a float rounding of those can move a
+ * probability across an int8 step (1/127), passed on through the values. A QDQ pair alone is held to the exact tolerance.
+ */
 export const QDQ_TOLERANCE = 0.05;
 
 /**
@@ -441,7 +486,7 @@ const AXES_INPUT_FROM: Record<string, number> = { Unsqueeze: 13, Squeeze: 13, Re
 /** Every rewrite class, one function each. */
 /**
  * onnxruntime's CPU provider runs an fp16 model's attention ops that lack fp16 kernels (MatMul, Div, Softmax) in
- * float32, with Casts around the run; an op inserted inside the run that has an fp16 kernel (Expand) splits it, and
+ * float32, with Casts around the run; an op inserted inside the run that has an fp16 kernel (Expand, Reshape, Unsqueeze, Squeeze) splits it, and
  * the logits are rounded to fp16 there (about 1e-3 relative), which moves peaked probabilities by more than 1e-2.
  */
 const FP16_ROUNDING = 'an fp16 op inside the logits rounds them to fp16 where onnxruntime kept the run in float32';
@@ -454,16 +499,17 @@ export const REWRITES: readonly RewriteClass[] = [
   { name: 'expand-same-probs', owner: 'detect', site: true, apply: expandSame('probs') },
   { name: 'expand-same-logits', owner: 'detect', site: true, apply: expandSame('logits'), inexactFp16: FP16_ROUNDING },
   { name: 'reshape-roundtrip-probs', owner: 'detect', site: true, apply: reshapeRoundTrip('probs') },
-  { name: 'reshape-roundtrip-logits', owner: 'detect', site: true, apply: reshapeRoundTrip('logits') },
+  { name: 'reshape-roundtrip-logits', owner: 'detect', site: true, apply: reshapeRoundTrip('logits'), inexactFp16: FP16_ROUNDING },
   { name: 'unsqueeze-squeeze-probs', owner: 'detect', site: true, apply: unsqueezeSqueeze('probs') },
-  { name: 'unsqueeze-squeeze-logits', owner: 'detect', site: true, apply: unsqueezeSqueeze('logits') },
+  { name: 'unsqueeze-squeeze-logits', owner: 'detect', site: true, apply: unsqueezeSqueeze('logits'), inexactFp16: FP16_ROUNDING },
   { name: 'bh-view-probs', owner: 'detect', site: true, apply: bhView('probs') },
-  { name: 'bh-view-logits', owner: 'detect', site: true, apply: bhView('logits') },
+  { name: 'bh-view-logits', owner: 'detect', site: true, apply: bhView('logits'), inexactFp16: FP16_ROUNDING },
   { name: 'torch-bmm-values', owner: 'detect', site: true, apply: torchBmm },
   { name: 'fusedmatmul-qk', owner: 'detect', site: true, apply: fused('logits', 'none') },
   { name: 'fusedmatmul-qk-transB', owner: 'detect', site: true, apply: fused('logits', 'B') },
   { name: 'fusedmatmul-qk-transA', owner: 'detect', site: true, apply: fused('logits', 'A') },
   { name: 'fusedmatmul-values-transB', owner: 'detect', site: true, apply: fused('out', 'B') },
+  { name: 'fusedmatmul-qk-alpha', owner: 'detect', site: true, apply: fusedAlpha },
   { name: 'einsum-qk', owner: 'detect', site: true, apply: einsum('logits') },
   { name: 'einsum-values', owner: 'detect', site: true, apply: einsum('out') },
   { name: 'softmax-decomposed', owner: 'detect', site: true, apply: decomposed(false), inexact: 'Exp of unshifted logits overflows on large logits' },
@@ -474,7 +520,7 @@ export const REWRITES: readonly RewriteClass[] = [
   { name: 'opset-retarget', owner: 'emit', site: false, apply: retarget(23) },
   { name: 'duplicate-opset-import', owner: 'emit', site: false, apply: duplicateImport },
   { name: 'duplicate-opset-import-versions', owner: 'emit', site: false, apply: duplicateImportVersions },
-  { name: 'qdq-probs', owner: 'qdq', site: true, apply: qdqProbs, inexact: `the int8 step of 1/127 moves the outputs beyond ${QDQ_TOLERANCE} on long rows` },
+  { name: 'qdq-probs', owner: 'qdq', site: true, apply: qdqProbs },
 ];
 
 /** Applies the chain to a copy of `m`; null when a class of it does not apply. */
