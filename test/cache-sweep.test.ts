@@ -13,7 +13,7 @@ import { cloneModel, patchModel } from '../src/rewrite/patch';
 import { estimatePeak } from '../src/verify/memory';
 import { prepare } from '../src/verify/setup';
 import { verifyPatch, VerifyOptions, VerifyReport, withUnitFactor } from '../src/verify/verify';
-import { TORCH } from './support/ref';
+import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import { doubleN, nPlusOne } from './support/tamper';
 import * as models from './support/verify-models';
 
@@ -82,5 +82,29 @@ describe(`verification over a KV cache at L = ${L}`, () => {
     const liveness = r.checks.find((c) => c.id === 'liveness')!;
     assert.equal(liveness.status, 'FAILED', liveness.summary);
     assert.match(liveness.summary, /batch=1 seq=4 past=32764: outputs equal the original's within tolerance/);
+  });
+});
+
+describe('a decoder that takes a cache under one query token only', () => {
+  // onnxruntime-genai's MHA Llama builds its causal mask [S, S] and expands it to S + past keys: a prompt without a
+  // cache or one token over one runs, several tokens over a cache do not (the original's own Expand fails).
+  const llama = path.join(CORPUS, 'genai_tiny-random-LlamaForCausalLM-fp16', 'model.onnx');
+  const skip = corpusSkip('genai_tiny-random-LlamaForCausalLM-fp16');
+
+  it('the sweep decodes one token over each cache, and liveness and sharpness are judged there', { skip }, async () => {
+    const original = readModel(llama);
+    const right = patchModel(original, { trainLen: 64 }).model;
+    const r = await verifyPatch(original, right, { strict: true });
+    assert.equal(r.passed, true, explain(r));
+    assert.ok(r.notes.some((n) => /fails on several query tokens over a cache \(batch=2 seq=3 past=7: .*invalid expand shape\) and runs one \(batch=2 seq=1 past=8\)/.test(n)), r.notes.join('\n'));
+    const sweep = r.runs.filter((x) => x.kind === 'sweep');
+    assert.ok(sweep.every((x) => x.seq === 1), JSON.stringify(sweep.map((x) => [x.seq, x.past])));
+    for (const n of [16, 32, 64, 128, 256, 512, 1024]) assert.ok(sweep.some((x) => x.past === n - 1), `a run of ${n} keys`);
+    assert.equal(r.checks.find((c) => c.id === 'liveness')!.status, 'PASSED', explain(r));
+    // The factor held at 1 is still caught on those one-token runs.
+    const dead = await verifyPatch(original, withUnitFactor(right), { strict: true });
+    const liveness = dead.checks.find((c) => c.id === 'liveness')!;
+    assert.equal(liveness.status, 'FAILED', liveness.summary);
+    assert.match(liveness.summary, /seq=1 past=\d+: outputs equal the original's within tolerance/);
   });
 });

@@ -14,7 +14,9 @@ import { readRecord } from '../src/rewrite/record';
 import { verifyProgress } from '../src/cli/verify-command';
 import { aliveRuns } from '../src/verify/checks/common';
 import { compareOutputs } from '../src/verify/compare';
-import { verifyPatch } from '../src/verify/verify';
+import { verifyPatch, withUnitFactor } from '../src/verify/verify';
+import { OutputTensor } from '../src/verify/run';
+import { isTied } from '../src/verify/sharpness';
 import { originalLoadError } from '../src/verify/sessions';
 import { CORPUS, corpusSkip, TORCH } from './support/ref';
 import { doubleN, siteOf } from './support/tamper';
@@ -269,9 +271,7 @@ describe('an original whose outputs depend on onnxruntime\'s optimisation level'
   const gpt2 = path.join(CORPUS, 'ort_gpt2_attention_add_opt.onnx');
   it('the corpus GPT-2 fusion test: a correct patch passes --strict, compared at basic, with the note', { skip: corpusSkip(path.basename(gpt2)) }, async () => {
     const original = readModel(gpt2);
-    // Not liveness: every weight of this fixture is 1, so its output is LayerNorm(x + a constant per row), whatever
-    // the attention gives. Whole prompts of 128+ tokens used to differ by rounding (6e-4) and pass it; its runs over a
-    // cache are bit-equal, and liveness says the factor has no effect on the outputs, which is so.
+    // Not liveness: every weight of this fixture is 1 (the test below).
     // The 'basic' verification executes the same plan again: prepared once, not once per optimisation level.
     const setup = await import('../src/verify/setup');
     const prepared = mock.method(setup, 'prepare');
@@ -285,5 +285,29 @@ describe('an original whose outputs depend on onnxruntime\'s optimisation level'
     assert.equal(report.notes.filter((n) => /optimisations change the original's own outputs/.test(n)).length, 1, 'the note once');
     assert.deepEqual(report.checks.map((c) => `${c.id} ${c.status}`), ['wiring PASSED', 'probe PASSED', 'retrofit PASSED', 'liveness SKIPPED', 'sharpness SKIPPED']);
     assert.ok(report.notes.some((n) => /optimisations change the original's own outputs .*compared at the 'basic' optimisation level/.test(n)), report.notes.join('\n'));
+  });
+
+  it('the same all-ones model: liveness is not applicable (every row ties its keys), so --strict passes; a dead factor on a model that does not tie still fails', { skip: corpusSkip(path.basename(gpt2)) }, async () => {
+    // Every weight is 1: the keys of the current tokens are equal (logits about 1.7e4, far above the cached keys'), so
+    // each row spreads evenly over the tokens it sees (largest probability 1, 1/2, 1/3, 1/4) and no factor moves it.
+    const original = readModel(gpt2);
+    const report = await verifyPatch(original, patchModel(original, { trainLen: 64 }).model, { strict: true });
+    assert.equal(report.passed, true, report.checks.map((c) => `${c.id} ${c.status}: ${c.summary}`).join('\n'));
+    const liveness = report.checks.find((c) => c.id === 'liveness')!;
+    assert.equal(liveness.skip, 'not applicable', liveness.summary);
+    assert.match(liveness.summary, /saturated, uniform or tied at every length beyond L = 64 .*1\/m in every row/);
+    const own = readModel(path.join(TORCH, 'gpt2_decoder.onnx'));
+    const dead = await verifyPatch(own, withUnitFactor(patchModel(own, { trainLen: 16 }).model), { checks: ['liveness'], lengths: [64] });
+    assert.equal(dead.checks.find((c) => c.id === 'liveness')!.status, 'FAILED');
+  });
+});
+
+describe('isTied', () => {
+  it('holds where every row maximum is 1/m to 0.5 % (m ≤ 16), not for other maxima', () => {
+    const rows = (values: number[]): OutputTensor[] => [{ dims: [values.length], data: Float32Array.from(values) }];
+    assert.equal(isTied(rows([1, 0.5, 1 / 3, 0.25037])), true);
+    assert.equal(isTied(rows([1, 0.5, 0.26])), false, '4 × 0.26 = 1.04');
+    assert.equal(isTied(rows([1 / 20])), false, 'm = 20 > 16: not told from a spread row');
+    assert.equal(isTied(rows([])), false);
   });
 });

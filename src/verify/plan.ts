@@ -115,7 +115,9 @@ export function defaultCap(p: PlanInput): { cap: number; reason: string } {
 function cacheQuery(p: Pick<PlanInput, 'pastFree' | 'seqFree' | 'pinned' | 'fixedSeq' | 'wholePrompts'>): number | undefined {
   if (!p.pastFree) return undefined;
   if (p.pinned.seq !== undefined || p.fixedSeq !== undefined) return p.pinned.seq ?? p.fixedSeq;
-  return p.seqFree && !p.wholePrompts ? CACHE_QUERY : p.seqFree ? undefined : 1;
+  // A free sequence length: a few tokens over the cache, or whole prompts where asked; else the one token it takes.
+  if (!p.seqFree) return 1;
+  return p.wholePrompts ? undefined : CACHE_QUERY;
 }
 
 /** The shape of the sweep's run of `total` keys: whole prompts, or the query tokens after a cache of the rest. */

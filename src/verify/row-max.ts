@@ -221,6 +221,8 @@ function readQk(x: Exposer, scope: Scope, op: NodeProto, spec: PatchedOp, at: nu
  * of unidirectional), where the node uses nothing else (no mask_index, attention_bias, rotary or shared cache).
  */
 function attentionLogits(x: Exposer, scope: Scope, op: NodeProto, layer: number, reading: RowReading): Found {
+  // The recomputation slices by computed widths (Slice takes them as inputs from opset 10) and builds positions by Range (11).
+  if (scope.opset < 11) return { reason: `com.microsoft Attention in a graph of opset ${scope.opset}: the recomputation needs Slice by computed bounds and Range (opset 11), so its probabilities are not recomputed` };
   const mask = at(op, 'mask_index');
   const maskRank = mask ? scope.shapes.rank(mask) : undefined;
   if ((maskRank !== undefined && maskRank > 3) || (mask && maskRank === undefined) || at(op, 'past_sequence_length') || (attrInt(op, 'do_rotary') ?? 0) !== 0) {

@@ -45,6 +45,28 @@ export function isUniform(meanMax: number, n: number): boolean {
   return meanMax * n <= UNIFORM;
 }
 
+/**
+ * A row's largest probability p within this share of 1/m (m ≤ TIED_KEYS) counts as a tie among m keys: ties of
+ * logits in the thousands (all-equal weights) differ in float32 by about 1e-3, which moves p by about 0.1 %.
+ */
+const TIE = 5e-3;
+const TIED_KEYS = 16;
+
+/**
+ * Every sampled row's largest probability is 1/m for a whole m ≤ TIED_KEYS, taken as each row spread evenly over m
+ * keys whose logits tie, the rest at 0 (one-hot at m = 1; a model whose weights make the keys equal). A factor c ≥ 1
+ * keeps such a row as it is (its largest probability grows with c unless all its mass is on tied keys), so no factor
+ * changes it. Read from the original alone, so a dead patch cannot make a model look tied; over many rows and heads
+ * a trained model's maxima do not all fall within 0.5 % of such fractions.
+ */
+export function isTied(rowMaxima: readonly OutputTensor[]): boolean {
+  const values = rowMaxima.flatMap((t) => Array.from(t.data));
+  return values.length > 0 && values.every((p) => {
+    const m = Math.round(1 / p);
+    return m >= 1 && m <= TIED_KEYS && Math.abs(m * p - 1) <= TIE;
+  });
+}
+
 /** An original that keeps at least this share of its sharpness does not fade: nothing for SSMax to restore. */
 export const NO_FADE = 0.95;
 

@@ -6,16 +6,16 @@ import { CheckId, RunSpec } from '../plan';
 import { CheckResult, RunResult } from '../report';
 import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
-import { isUniform, layerMeans } from '../sharpness';
+import { isTied, isUniform, layerMeans } from '../sharpness';
 import { opt } from '../../errors';
 import { longerAdvice } from '../../analysis/reach';
 import { aliveRuns, check, e2, skippedCheck } from './common';
-import { CheckUnit, compareRun, Outcome, UnitContext } from './unit';
+import { CheckUnit, compareRun, Outcome, sweepEnd, UnitContext } from './unit';
 
 export class LivenessCheck implements CheckUnit {
   readonly id: CheckId = 'liveness';
   private readonly longRuns: RunResult[] = [];
-  /** Long runs whose original attention is saturated (mean largest probability ≥ 0.99): no factor can show there. */
+  /** Long runs where no factor can change the outputs (see saturated). */
   private readonly saturatedRuns = new Set<string>();
   private finiteRuns = 0;
   /** Runs where the original's own outputs hold NaN or Inf (the patched may match them there). */
@@ -53,20 +53,26 @@ export class LivenessCheck implements CheckUnit {
     // A short run past L counts too: a model fixed at one length beyond L has no other.
     if (this.ctx.setup.keysOf(run) > this.ctx.setup.liveFrom && (key === 'patched' || run.kind === 'short')) {
       this.longRuns.push(r);
-      if (this.saturated(run, original)) this.saturatedRuns.add(run.id);
+      if (this.saturated(run, original, key === 'patched' ? outcome.outputs : undefined)) this.saturatedRuns.add(run.id);
     }
   }
 
   /**
-   * The original's attention is saturated (mean largest probability ≥ 0.99) or uniform (≤ 1.25/n: logits near
-   * 0, as in small random models): no factor can change its outputs.
+   * No factor can change the outputs of this run: the original's attention is tied (every sampled row spread evenly
+   * over keys whose logits tie: isTied), or saturated (mean largest probability ≥ 0.99) or uniform (≤ 1.25/n: logits
+   * near 0, as in small random models) while the patched model's row maxima moved. A live factor moves even such
+   * rows a little, a dead one leaves them bit-equal: without that reading a dead factor on a uniform model would
+   * pass as "not applicable".
    */
-  private saturated(run: RunSpec, original: Outputs): boolean {
-    const rowMax = this.ctx.factory.rowMax.original?.outputs;
-    if (!rowMax?.size) return false;
-    const means = layerMeans(new Map([...rowMax].map(([i, name]) => [i, original[name]])), run.seq, run.past);
+  private saturated(run: RunSpec, original: Outputs, patched: Outputs | undefined): boolean {
+    const { original: ours, patched: theirs } = this.ctx.factory.rowMax;
+    if (!ours?.outputs.size) return false;
+    const rows = [...ours.outputs.values()].map((name) => original[name]).filter((t) => t !== undefined);
+    if (isTied(rows)) return true;
+    const means = layerMeans(new Map([...ours.outputs].map(([i, name]) => [i, original[name]])), run.seq, run.past);
     const mean = means.reduce((a, b) => a + b, 0) / means.length;
-    return means.length > 0 && (mean >= 0.99 || isUniform(mean, run.seq + run.past));
+    const flat = means.length > 0 && (mean >= 0.99 || isUniform(mean, run.seq + run.past));
+    return flat && (!patched || !theirs || attentionMoved(ours.outputs, theirs.outputs, original, patched));
   }
 
   judge(done: ReadonlyMap<CheckId, CheckResult>): CheckResult {
@@ -98,7 +104,7 @@ export class LivenessCheck implements CheckUnit {
     if (dead) return check('liveness', 'FAILED', `${dead.run}: outputs equal the original's within tolerance: the factor has no effect beyond ${this.beyond}`, this.criterion, longRuns);
     const alive = longRuns.filter((r) => r.passed);
     if (alive.length === 0) {
-      return skippedCheck('liveness', this.criterion, `the original's attention is saturated or uniform at every length beyond ${this.beyond} (mean largest probability ≥ 0.99, or about 1/n): no factor can change the outputs (${finite})`, 'not applicable', longRuns);
+      return skippedCheck('liveness', this.criterion, `the original's attention is saturated, uniform or tied at every length beyond ${this.beyond} (mean largest probability ≥ 0.99, about 1/n, or 1/m in every row: each row spread evenly over m equal keys): no factor can change the outputs (${finite})`, 'not applicable', longRuns);
     }
     const longest = alive[alive.length - 1];
     const o = longest.outputs.reduce((a, b) => (b.maxAbsFinite > a.maxAbsFinite ? b : a));
@@ -106,11 +112,24 @@ export class LivenessCheck implements CheckUnit {
   }
 }
 
+/**
+ * Some row maximum of some site differs between the patched run and the original's by more than float noise:
+ * 1e-3 of the smaller of p and 1 − p (a saturated row moves in its runner-up mass), and 1e-6.
+ */
+function attentionMoved(ours: ReadonlyMap<number, string>, theirs: ReadonlyMap<number, string>, original: Outputs, patched: Outputs): boolean {
+  for (const [site, name] of ours) {
+    const [a, b] = [original[name]?.data, patched[theirs.get(site) ?? '']?.data];
+    if (!a || !b || a.length !== b.length) continue;
+    for (let i = 0; i < a.length; i++) if (Math.abs(a[i] - b[i]) > 1e-6 + 1e-3 * Math.min(a[i], 1 - a[i])) return true;
+  }
+  return false;
+}
+
 /** What to do when no run went beyond L although the model can: the cap that stopped the plan, or the lengths asked for. */
 function noLongRun({ setup, notes }: UnitContext): string {
   const { plan } = setup;
   // The original itself failing at the first length beyond L ended the sweep there: that, not a longer cap, is why.
-  const failed = notes.find((n) => n.startsWith('the original model fails at length'));
+  const failed = sweepEnd(notes);
   if (failed) return failed;
   if (setup.bound) return `the model can run no longer than ${setup.bound.longest ?? '?'} (${setup.bound.why})`;
   if (plan.cap <= setup.liveFrom) return `the runs are capped at ${plan.cap} (${plan.capReason})`;

@@ -36,6 +36,18 @@ export interface UnitContext {
   notes: readonly string[];
 }
 
+/** The executor's note where the original failed at a length of the sweep, which ended the sweep there. */
+export function sweepEndNote(length: number, error: string): string {
+  return `${SWEEP_END} ${length}, so it and longer lengths were not compared: ${error}`;
+}
+
+/** The note sweepEndNote wrote, if the executor wrote one. */
+export function sweepEnd(notes: readonly string[]): string | undefined {
+  return notes.find((n) => n.startsWith(SWEEP_END));
+}
+
+const SWEEP_END = 'the original model fails at length';
+
 /** The selected checks that read `key`'s outputs on `run`: what the executor hands them, and what the plan prints. */
 export function readersOf(setup: Setup, units: readonly CheckUnit[], run: RunSpec, key: SessionKey): CheckUnit[] {
   return units.filter((u) => setup.checks.has(u.id) && u.sessions(run).includes(key));
