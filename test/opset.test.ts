@@ -8,7 +8,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { DataType, ModelProto, NodeProto, toNumber } from '../src/io/onnx';
-import { encodeModel, serializeModel } from '../src/io/model-file';
+import { encodeModel, readModel, serializeModel } from '../src/io/model-file';
+import { onnxruntime } from '../src/onnxruntime';
+import { TORCH } from './support/ref';
 import { patchModel } from '../src/rewrite/patch';
 import { revertModel } from '../src/rewrite/revert';
 import { f32, floats, maxDiff, runOnce } from './support/attention';
@@ -96,5 +98,21 @@ describe('a model importing the default domain twice', () => {
     const sharpness = report.checks.find((c) => c.id === 'sharpness')!;
     assert.ok(sharpness.status === 'PASSED' || sharpness.status === 'FAILED', `sharpness ${sharpness.status}: ${sharpness.summary}`);
     assert.equal(report.checks.find((c) => c.id === 'wiring')!.status, 'PASSED');
+  });
+});
+
+describe('an opset import without a domain field', () => {
+  it('is the default domain: no second default import is added, and the patch loads (a spread copy of a decoded import has none)', async () => {
+    // fairseq_decoder at opset 14 uses Unsqueeze with axes as an input: a second default import (11) in force would
+    // make its own nodes invalid, which is what the patch did when it missed this import.
+    const m = readModel(path.join(TORCH, 'fairseq_decoder.onnx'));
+    m.opsetImport = m.opsetImport.map((o) => ({ ...o }));
+    assert.equal(m.opsetImport[0].domain, undefined);
+    const { model: patched, report } = patchModel(m, { trainLen: 16 });
+    assert.deepEqual(report.notes.filter((n) => /opset import/.test(n)), []);
+    assert.equal(patched.opsetImport.filter((o) => !o.domain || o.domain === 'ai.onnx').length, 1);
+    const { ort } = onnxruntime();
+    const session = await ort.InferenceSession.create(serializeModel(patched), { logSeverityLevel: 4 });
+    await session.release();
   });
 });

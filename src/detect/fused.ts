@@ -10,7 +10,7 @@ import { FusedOp, inputAt, inputOf, isOp, NodeView, PATCHED_OPS, PatchedOp, quer
 import { attrFloat, attrInt, attrInts } from '../graph/graph';
 import { Scope } from '../graph/scopes';
 import { Shapes } from '../graph/shapes';
-import { NodeProto } from '../io/onnx';
+import { isDefaultDomain, NodeProto } from '../io/onnx';
 import { isApplyNode, isPatchNode } from '../identity';
 import { declaredDim } from './heads';
 import { classifyMasks } from './mask';
@@ -90,6 +90,6 @@ export const fusedRules: readonly Rule[] = PATCHED_OPS.map(fusedRule);
 /** Attention operators of other domains this tool recognises but cannot patch: refused with the reason. */
 export const unsupportedFused: Rule = {
   name: 'fused/unsupported',
-  applies: (node) => node.domain !== '' && node.domain !== 'ai.onnx' && node.opType in unsupported,
+  applies: (node) => !isDefaultDomain(node.domain) && node.opType in unsupported,
   match: (_ctx, node) => ({ at: node, reason: `fused ${node.opType}: not patched (${unsupported[node.opType]})`, steps: 0, attention: true }),
 };

@@ -6,7 +6,7 @@
  */
 import { nodeLabel } from '../graph/graph';
 import { calledFunction } from '../graph/scopes';
-import { NodeProto } from '../io/onnx';
+import { isDefaultDomain, NodeProto } from '../io/onnx';
 import { fusedRules, unsupportedFused } from './fused';
 import type { Found, Rule, RuleContext, Stop } from './site';
 import { decomposedSoftmax, einsumQk, matmulQk, opset11Reshape } from './softmax';
@@ -40,7 +40,7 @@ export interface CandidateTrace { node: string; op: string; scope: string; rule:
 export function runRules(rules: readonly Rule[], ctx: RuleContext, node: NodeProto): { trace: CandidateTrace; found?: Found; stop?: Stop } | null {
   const tried = rules.filter((r) => r.applies(node, ctx));
   if (tried.length === 0) return null;
-  const op = node.domain && node.domain !== 'ai.onnx' ? `${node.domain}.${node.opType}` : node.opType;
+  const op = isDefaultDomain(node.domain) ? node.opType : `${node.domain}.${node.opType}`;
   const trace: CandidateTrace = { node: nodeLabel(node), op, scope: ctx.scope.path, rule: '', matched: false, attempts: [] };
   let stop: Stop | undefined;
   for (const { name, match } of tried) {

@@ -7,7 +7,7 @@
 import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
 import { show } from '../graph/poly';
 import type { Shapes } from '../graph/shapes';
-import { NodeProto } from '../io/onnx';
+import { isDefaultDomain, NodeProto } from '../io/onnx';
 import { isApplyNode, isPatchNode } from '../identity';
 import { HeadInfo, inferHeads } from './heads';
 import { classifyMasks, maskOperands } from './mask';
@@ -17,7 +17,7 @@ import { einsumQueryOperand, einsumTerms, findLogitsMatMul, findValueMatMul, Ste
 /** `products`: the product ops the rule accepts (any when absent); `flat`: the opset < 13 form, whose axis ≠ −1. */
 const softmaxRule = (name: string, flat: boolean, products?: string[]): Rule => ({
   name, match: (ctx, node) => matchSite(ctx, node, products),
-  applies: (node, { scope }) => node.opType === 'Softmax' && (node.domain === '' || node.domain === 'ai.onnx')
+  applies: (node, { scope }) => node.opType === 'Softmax' && isDefaultDomain(node.domain)
     && (scope.opset < 13 && (attrInt(node, 'axis') ?? 1) !== -1) === flat,
 });
 
@@ -31,7 +31,7 @@ export const opset11Reshape = softmaxRule('softmax/opset11-reshape', true);
 /** Softmax written out over the last axis: Exp(x) / ReduceSum(Exp(x)), x optionally z − ReduceMax(z) (exporters, hand-written attention). */
 export const decomposedSoftmax: Rule = {
   name: 'softmax/decomposed',
-  applies: (node, { scope }) => node.opType === 'Div' && (node.domain === '' || node.domain === 'ai.onnx')
+  applies: (node, { scope }) => node.opType === 'Div' && isDefaultDomain(node.domain)
     && scope.graph.producer.get(node.input[0])?.opType === 'Exp' && scope.graph.producer.get(node.input[1])?.opType === 'ReduceSum',
   match: (ctx, div) => {
     const d = writtenOutSoftmax(ctx.scope.graph, ctx.scope.shapes, div);
@@ -159,7 +159,10 @@ function insertionPoint(graph: Graph, shapes: Shapes, matmul: NodeProto, path: S
   const point = (offset: number): Point => ({ logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset });
   const first = from(0);
   const cap = lastTanhBehindViews(path, first, passes);
-  if (cap === undefined) return point(first);
+  if (cap === undefined) {
+    const trip = roundTripEnd(shapes, path, first, point(first).logits, passes);
+    return point(trip === undefined ? first : from(trip));
+  }
   const past = point(from(cap + 1));
   const same = [-1, -2].every((axis) => {
     const [a, b] = [shapes.dim(past.logits, axis), shapes.dim(matmul.output[0], axis)];
@@ -171,6 +174,23 @@ function insertionPoint(graph: Graph, shapes: Shapes, matmul: NodeProto, path: S
 interface Point { logits: string; consumer: Step; offset: number }
 
 const VIEWS = new Set(['Reshape', 'Squeeze', 'Unsqueeze', 'Flatten']);
+
+/**
+ * Views of the logits that come back to their shape (a Reshape round trip, Unsqueeze then Squeeze, a [B·H, T, T]
+ * view and back) change nothing: the offset just past the last one, or undefined. The factor goes past them, since
+ * a mask may be built from the shape of what they give (a cycle otherwise).
+ */
+function roundTripEnd(shapes: Shapes, path: Step[], start: number, logits: string, passes: (node: NodeProto, index: number) => boolean): number | undefined {
+  const shape = shapes.shape(logits)?.map(show).join();
+  if (shape === undefined) return undefined;
+  let end: number | undefined;
+  for (let i = start; i < path.length - 1; i++) {
+    const { node, index } = path[i];
+    if (!(index === 0 && VIEWS.has(node.opType)) && !passes(node, index)) break;
+    if (shapes.shape(node.output[0])?.map(show).join() === shape) end = i + 1;
+  }
+  return end;
+}
 
 /** The last Tanh reached from `start` through views of the logits and the ops insertionPoint passes, if any. */
 function lastTanhBehindViews(path: Step[], start: number, passes: (node: NodeProto, index: number) => boolean): number | undefined {

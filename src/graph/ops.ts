@@ -19,7 +19,7 @@
  * shape, unknown type (an embedding op reads int ids and writes floats: guessing input 0's type would make a
  * well-typed patch look mis-typed), no role.
  */
-import { DataType, NodeProto } from '../io/onnx';
+import { DataType, isDefaultDomain, NodeProto } from '../io/onnx';
 import { GROUP_QUERY_ATTENTION } from './attention-ops/group-query-attention';
 import type { ConstantReader } from './view';
 import { attr, attrInt } from './node';
@@ -159,7 +159,7 @@ const OPAQUE: OpInfo = { type: () => undefined };
 
 /** What the table says about a node's op (ops of other domains than the default and com.microsoft are opaque). */
 export function opInfo(node: NodeProto): OpInfo {
-  if (node.domain && node.domain !== 'ai.onnx' && node.domain !== 'com.microsoft') return OPAQUE;
+  if (!isDefaultDomain(node.domain) && node.domain !== 'com.microsoft') return OPAQUE;
   return Object.prototype.hasOwnProperty.call(OPS, node.opType) ? OPS[node.opType] : OPAQUE;
 }
 

@@ -9,7 +9,7 @@
  * bound only where every call agrees on them; `perCall` gives the body bound to each call alone, for detection
  * to check that every call sees the same attention (find-attention.ts).
  */
-import { AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, toNumber, ValueInfoProto } from '../io/onnx';
+import { AttributeProto, FunctionProto, GraphProto, isDefaultDomain, ModelProto, NodeProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { Graph, NameRegistry, nodeLabel } from './graph';
 import { Poly, show, sym } from './poly';
 import { CallShapes, Shapes } from './shapes';
@@ -51,7 +51,7 @@ export interface Scope {
  * an opset-21 one does not).
  */
 export function defaultImport<T extends { domain: string }>(imports: T[]): T | undefined {
-  return imports.filter((o) => o.domain === '' || o.domain === 'ai.onnx').pop();
+  return imports.filter((o) => isDefaultDomain(o.domain)).pop();
 }
 
 export function defaultOpsetOf(imports: { domain: string; version: unknown }[], fallback = 1): number {

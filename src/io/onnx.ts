@@ -8,6 +8,14 @@ import { Int64 } from './constants';
 export { toNumber, DataType, AttributeType } from './constants';
 export type { Int64 } from './constants';
 
+/**
+ * The default operator set: '' or 'ai.onnx', or no domain at all (an absent string field reads as '' in protobuf;
+ * on a decoded message it lives on the prototype, so a spread copy of one has none).
+ */
+export function isDefaultDomain(domain: string | undefined): boolean {
+  return !domain || domain === 'ai.onnx';
+}
+
 export interface StringStringEntry { key: string; value: string }
 export interface OperatorSetId { domain: string; version: Int64 }
 

@@ -8,7 +8,7 @@
  */
 import { Graph } from '../graph/graph';
 import { opInfo } from '../graph/ops';
-import { NodeProto } from '../io/onnx';
+import { isDefaultDomain, NodeProto } from '../io/onnx';
 import { applyLayer, isApplyCast, isPatchNode } from '../identity';
 
 /** @internal */
@@ -33,7 +33,7 @@ const MAX_FACTOR_NODES = 64;
 
 /** @internal */
 export function findFactors(graph: Graph): Factor[] {
-  const muls = graph.nodes.filter((n) => n.opType === 'Mul' && (!n.domain || n.domain === 'ai.onnx'));
+  const muls = graph.nodes.filter((n) => n.opType === 'Mul' && isDefaultDomain(n.domain));
   return muls.map((mul) => asFactor(graph, mul)).filter((f): f is Factor => f !== null);
 }
 

@@ -6,7 +6,7 @@
 import { InputError } from '../errors';
 import { nodeLabel, subgraphsOf } from '../graph/graph';
 import { defaultImport, Scope } from '../graph/scopes';
-import { GraphProto, ModelProto, NodeProto, toNumber } from '../io/onnx';
+import { GraphProto, isDefaultDomain, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { Journal } from './journal';
 
 export const PATCH_OPSET = 11;
@@ -73,7 +73,7 @@ function changedNodes(g: GraphProto, from: number): NodeProto[] {
   const out: NodeProto[] = [];
   for (const n of g.node) {
     const changed = CHANGED[n.opType];
-    if ((n.domain === '' || n.domain === 'ai.onnx') && changed !== undefined && changed > from && changed <= PATCH_OPSET) out.push(n);
+    if (isDefaultDomain(n.domain) && changed !== undefined && changed > from && changed <= PATCH_OPSET) out.push(n);
     for (const sub of subgraphsOf(n)) out.push(...changedNodes(sub, from));
   }
   return out;

@@ -11,7 +11,7 @@
  */
 import { nodeLabel } from '../graph/graph';
 import { calledFunction, modelScopes, Scope } from '../graph/scopes';
-import { AttributeProto, DataType, GraphProto, ModelProto, NodeProto } from '../io/onnx';
+import { AttributeProto, DataType, GraphProto, isDefaultDomain, ModelProto, NodeProto } from '../io/onnx';
 import { nodeKey } from '../rewrite/journal';
 import { PATCH_OPSET } from '../rewrite/opset';
 import { attribute, PREFIX } from './nodes';
@@ -33,7 +33,7 @@ export class Exposer {
   constructor(private readonly model: ModelProto) {
     // The nodes added are of the default domain, which a model of contrib ops alone may not import (the patch adds
     // the same import, opset.ts).
-    if (!model.opsetImport.some((o) => o.domain === '' || o.domain === 'ai.onnx')) model.opsetImport.push({ domain: '', version: PATCH_OPSET });
+    if (!model.opsetImport.some((o) => isDefaultDomain(o.domain))) model.opsetImport.push({ domain: '', version: PATCH_OPSET });
     this.scopes = modelScopes(model);
     this.byPath = new Map(this.scopes.map((s) => [s.path, s]));
   }
@@ -110,7 +110,7 @@ export class Exposer {
     const owner = scope.owner!;
     const op = owner.node.opType;
     const attr = owner.node.attribute.find((a) => a.g === scope.graph.proto || (a.graphs ?? []).includes(scope.graph.proto));
-    const domain = owner.node.domain === '' || owner.node.domain === 'ai.onnx';
+    const domain = isDefaultDomain(owner.node.domain);
     if (!domain || !attr || !['If', 'Loop', 'Scan'].includes(op)) {
       return new Unexposable(`it is in the ${attr?.name ?? 'graph'} attribute of ${op} '${nodeLabel(owner.node)}', whose outputs the operator defines`);
     }

@@ -9,7 +9,7 @@ import { InputError } from '../errors';
 import { nodeLabel } from '../graph/graph';
 import { modelScopes, Scope } from '../graph/scopes';
 import { readsOf } from '../graph/toposort';
-import { GraphProto, ModelProto } from '../io/onnx';
+import { GraphProto, isDefaultDomain, ModelProto } from '../io/onnx';
 import { cloneModel } from '../rewrite/patch';
 import { PatchRecord, readRecord, removeRecord, writeRecord } from '../rewrite/record';
 import { CheckId } from './plan';
@@ -39,7 +39,7 @@ export interface LiftedGraph {
 
 type Verify = (original: ModelProto, patched: ModelProto, options: VerifyOptions) => Promise<VerifyReport>;
 
-const controlFlow = (s: Scope): boolean => ['If', 'Loop', 'Scan'].includes(s.owner!.node.opType) && ['', 'ai.onnx'].includes(s.owner!.node.domain);
+const controlFlow = (s: Scope): boolean => ['If', 'Loop', 'Scan'].includes(s.owner!.node.opType) && isDefaultDomain(s.owner!.node.domain);
 
 /** The outermost graph attribute of a non-control-flow operator the scope is in, if any. */
 function rootOf(scope: Scope | undefined): Scope | null {

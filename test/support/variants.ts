@@ -458,6 +458,8 @@ const retarget = (maxOpset: number) => (m: ModelProto, _a: Anchor | null, rnd: (
       }
     }
   }
+  // The spread drops a decoded import's absent domain (it lives on the prototype): an import with no domain field,
+  // which ONNX reads as the default domain. Kept so: the tool once took such a model for one without a default import.
   m.opsetImport = m.opsetImport.map((o) => (!o.domain || o.domain === 'ai.onnx' ? { ...o, version: target } : o));
   return m;
 };
@@ -483,14 +485,15 @@ const SINCE: Record<string, number> = {
 };
 const AXES_INPUT_FROM: Record<string, number> = { Unsqueeze: 13, Squeeze: 13, ReduceSum: 13, ReduceMax: 18, ReduceMean: 18 };
 
-/** Every rewrite class, one function each. */
 /**
  * onnxruntime's CPU provider runs an fp16 model's attention ops that lack fp16 kernels (MatMul, Div, Softmax) in
- * float32, with Casts around the run; an op inserted inside the run that has an fp16 kernel (Expand, Reshape, Unsqueeze, Squeeze) splits it, and
- * the logits are rounded to fp16 there (about 1e-3 relative), which moves peaked probabilities by more than 1e-2.
+ * float32, with Casts around the run; an op inserted inside the run that has an fp16 kernel (Expand, Reshape,
+ * Unsqueeze, Squeeze) splits it, and the logits (or the probabilities, on the value path) are rounded to fp16 there
+ * (about 1e-3 relative), which moves peaked probabilities by more than 1e-2.
  */
-const FP16_ROUNDING = 'an fp16 op inside the logits rounds them to fp16 where onnxruntime kept the run in float32';
+const FP16_ROUNDING = 'an fp16 op inside the attention rounds its values to fp16 where onnxruntime kept the run in float32';
 
+/** Every rewrite class, one function each. */
 export const REWRITES: readonly RewriteClass[] = [
   { name: 'identity-probs', owner: 'detect', site: true, apply: identity('probs') },
   { name: 'identity-logits', owner: 'detect', site: true, apply: identity('logits') },
@@ -504,7 +507,7 @@ export const REWRITES: readonly RewriteClass[] = [
   { name: 'unsqueeze-squeeze-logits', owner: 'detect', site: true, apply: unsqueezeSqueeze('logits'), inexactFp16: FP16_ROUNDING },
   { name: 'bh-view-probs', owner: 'detect', site: true, apply: bhView('probs') },
   { name: 'bh-view-logits', owner: 'detect', site: true, apply: bhView('logits'), inexactFp16: FP16_ROUNDING },
-  { name: 'torch-bmm-values', owner: 'detect', site: true, apply: torchBmm },
+  { name: 'torch-bmm-values', owner: 'detect', site: true, apply: torchBmm, inexactFp16: FP16_ROUNDING },
   { name: 'fusedmatmul-qk', owner: 'detect', site: true, apply: fused('logits', 'none') },
   { name: 'fusedmatmul-qk-transB', owner: 'detect', site: true, apply: fused('logits', 'B') },
   { name: 'fusedmatmul-qk-transA', owner: 'detect', site: true, apply: fused('logits', 'A') },

@@ -3,7 +3,7 @@
  * operator is its spec file, its line here and its tests; detection makes a rule of every patched spec, in this
  * order.
  */
-import type { NodeProto } from '../../io/onnx';
+import { isDefaultDomain, type NodeProto } from '../../io/onnx';
 import { MS_ATTENTION } from './attention';
 import { DECODER_MASKED_MULTI_HEAD_ATTENTION } from './decoder-masked-multi-head-attention';
 import { GROUP_QUERY_ATTENTION } from './group-query-attention';
@@ -47,7 +47,7 @@ export function opSpec(id: FusedOp): PatchedOp {
 
 /** The node is of this operator (ONNX's own domain is '' or `ai.onnx`). */
 export function isOp(spec: AttentionOp, node: NodeProto): boolean {
-  const domain = node.domain === 'ai.onnx' ? '' : node.domain;
+  const domain = isDefaultDomain(node.domain) ? '' : node.domain;
   return domain === spec.domain && node.opType === spec.opType;
 }
 
