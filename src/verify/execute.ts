@@ -70,14 +70,17 @@ interface StepState {
   notes: string[];
   readers: CheckUnit[];
   factory: SessionFactory;
-  /** The original failed on several query tokens over a cache (a short run): `<run>: <error>`. */
-  cachedPrompt?: string;
+  /** The original failed on a sweep run of several query tokens over a cache and ran it as one: `<run>: <error>`. */
+  decodeOnly?: string;
 }
 
 /** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
 async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
-  if (key === 'original') decodeInstead(setup, run, st);
+  if (key === 'original' && st.decodeOnly && cachedPrompt(run)) asDecode(run, st);
   let outcome = await runOnce(setup, runner, run, st.reports);
+  if (key === 'original' && 'error' in outcome && !st.decodeOnly && cachedPrompt(run) && decodes(setup, st)) {
+    outcome = await decodeInstead(setup, runner, run, outcome.error, st);
+  }
   if (key === 'original' && 'error' in outcome && run === setup.plan.runs[0] && outcome.error.includes(PREFIX)) outcome = await bareOriginal(setup, run, st);
   const bytes = 'outputs' in outcome ? Object.values(outcome.outputs).reduce((n, t) => n + t.data.byteLength, 0) : 0;
   if (key === 'original') original(setup, run, outcome, st);
@@ -104,16 +107,26 @@ async function bareOriginal(setup: Setup, run: RunSpec, st: StepState): Promise<
 
 /**
  * Some decoders take a cache with one query token or a prompt without one, not both (onnxruntime-genai's MHA
- * builds its causal mask [S, S] and expands it to S + past keys): where the original failed on several tokens over
- * a cache and ran one, a sweep run of several tokens over a cache becomes one token over a cache of the same
- * length, for every session (the run is changed before any runs it). Said once in the notes.
+ * builds its causal mask [S, S] and expands it to S + past keys): where the original fails on a sweep run of
+ * several tokens over a cache and ran one token over one (a short run), the run becomes one token over a cache of the
+ * same length, for every session (it is changed before any other runs it), and so does every later sweep run.
  */
-function decodeInstead(setup: Setup, run: RunSpec, st: StepState): void {
-  if (!st.cachedPrompt || run.kind !== 'sweep' || run.seq <= 1 || run.past === 0) return;
-  const decode = setup.plan.runs.find((r) => r.kind === 'short' && r.seq === 1 && r.past > 0 && st.store.has(r.id));
-  if (!decode) return;
-  const note = `the original model fails on several query tokens over a cache (${st.cachedPrompt}) and runs one (${decode.id}): each length of the sweep is one query token after the rest cached`;
-  if (!st.notes.includes(note)) st.notes.push(note);
+async function decodeInstead(setup: Setup, runner: Runner, run: RunSpec, error: string, st: StepState): Promise<Outcome> {
+  const failed = run.id;
+  asDecode(run, st);
+  const outcome = await runOnce(setup, runner, run, st.reports);
+  if ('error' in outcome) return outcome;
+  st.decodeOnly = `${failed}: ${error}`;
+  st.notes.push(`the original model fails on several query tokens over a cache (${st.decodeOnly}) and runs one: from there on, each length of the sweep is one query token after the rest cached`);
+  return outcome;
+}
+
+const cachedPrompt = (run: RunSpec): boolean => run.kind === 'sweep' && run.seq > 1 && run.past > 0;
+
+/** The original ran one query token over a cache (the short decoding run). */
+const decodes = (setup: Setup, st: StepState): boolean => setup.plan.runs.some((r) => r.kind === 'short' && r.seq === 1 && r.past > 0 && st.store.has(r.id));
+
+function asDecode(run: RunSpec, st: StepState): void {
   st.reports.delete(run.id);
   run.past += run.seq - 1;
   run.seq = 1;
@@ -150,8 +163,7 @@ const UNSUPPORTED = /\bnot (?:supported|implemented)\b|NOT_IMPLEMENTED/i;
  * The original's outcome: kept for the variants' runs. An original that fails on the first run cannot be
  * verified (an input error); failing at a sweep length ends the sweep there.
  */
-function original(setup: Setup, run: RunSpec, outcome: Outcome, st: StepState): void {
-  const { store, dropped, notes } = st;
+function original(setup: Setup, run: RunSpec, outcome: Outcome, { store, dropped, notes }: StepState): void {
   if ('outputs' in outcome) {
     store.set(run.id, outcome.outputs);
     return;
@@ -164,7 +176,6 @@ function original(setup: Setup, run: RunSpec, outcome: Outcome, st: StepState): 
     throw new InputError(`the original model fails on the synthesised inputs (${run.id}): ${outcome.error}; ${action}`, 'cannot-verify');
   }
   dropped.add(run.id);
-  if (run.kind === 'short' && run.seq > 1 && run.past > 0) st.cachedPrompt = `${run.id}: ${outcome.error}`;
   if (run.kind === 'sweep') {
     for (const r of setup.plan.runs) if (r.kind === 'sweep' && r.seq + r.past >= run.seq + run.past) dropped.add(r.id);
     notes.push(sweepEndNote(run.seq + run.past, outcome.error));
