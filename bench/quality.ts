@@ -81,11 +81,15 @@ const calibrated: string[] = [];
 /** The variant's model: the original, or the CLI's output for it (in `dir`). */
 function variantFile(model: string, variant: Variant, index: number, dir: string): string {
   if (!variant.args) return model;
-  const out = path.join(dir, `${path.basename(model, '.onnx')}.v${index}.onnx`);
-  const command = variant.calibrate ? ['calibrate', model] : [model];
-  const r = spawnSync(process.execPath, [BIN, ...command, ...variant.args, '-o', out, '--force', '--quiet'], { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`ssmax-patch ${[...command, ...variant.args].join(' ')} failed (${r.status}): ${r.stderr.trim()}`);
+  const out = writeVariant(model, variant.calibrate ? ['calibrate', model] : [model], variant.args, path.join(dir, `${path.basename(model, '.onnx')}.v${index}.onnx`));
   if (variant.calibrate) calibrated.push(`${variant.name}, ${path.basename(model, '.onnx')}: ${calibratedS(out)}`);
+  return out;
+}
+
+/** `ssmax-patch <command> <args> -o out`, or an error with its message; returns `out`. */
+export function writeVariant(model: string, command: string[], args: string[], out: string): string {
+  const r = spawnSync(process.execPath, [BIN, ...command, ...args, '-o', out, '--force', '--quiet'], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`ssmax-patch ${[...command, ...args].join(' ')} (${path.basename(model)}) failed (${r.status}): ${r.stderr.trim()}`);
   return out;
 }
 

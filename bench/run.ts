@@ -10,11 +10,14 @@
  *   runtimes  verification verdicts and times on onnxruntime-node vs onnxruntime-web, fixtures and corpus (runtimes.ts)
  *   quality   accuracy and attention sharpness of trained retrieval models, original vs patched, at 1×–16× the
  *             training length (quality.ts; `--count N` examples per length)
- * Without a section, all of them run but runtimes and quality.
+ *   lm        next-byte loss of trained byte-level LMs past their training length, original, its sliding window
+ *             and the retrofits (lm-loss.ts; `--files N` held-out files)
+ * Without a section, all of them run but runtimes, quality and lm.
  */
 import { calibrateBench } from './calibrate';
 import { ioBench } from './io';
 import { latencyTable } from './latency';
+import { lmLossBench } from './lm-loss';
 import { qualityBench } from './quality';
 import { runtimesBench } from './runtimes';
 import { scalingBench } from './scaling';
@@ -53,8 +56,13 @@ async function main(): Promise<void> {
     process.stdout.write('## Retrieval beyond the training length, original vs patched\n\n');
     await qualityBench(rest);
   }
-  if (!all && !['io', 'latency', 'verify', 'calibrate', 'scaling', 'runtimes', 'quality'].includes(section)) {
-    throw new Error(`unknown section '${section}' (io, latency, verify, calibrate, scaling, runtimes, quality)`);
+  // Not part of a run of all sections: 4 models × 8 variants over 48 files of 2,048 bytes.
+  if (section === 'lm') {
+    process.stdout.write('## Language-model loss beyond the training length, original vs retrofits\n\n');
+    await lmLossBench(rest);
+  }
+  if (!all && !['io', 'latency', 'verify', 'calibrate', 'scaling', 'runtimes', 'quality', 'lm'].includes(section)) {
+    throw new Error(`unknown section '${section}' (io, latency, verify, calibrate, scaling, runtimes, quality, lm)`);
   }
 }
 

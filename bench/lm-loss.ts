@@ -1,0 +1,206 @@
+/**
+ * `npm run bench -- lm [--files N]`: does a training-free retrofit hold a language model's loss past its training
+ * length? (issue 36)
+ *
+ * The models are the byte-level LMs of fixtures/lm (train.py: 4 layers, d = 128, 4 heads, trained at L = 128 on the
+ * Python standard library's source, RoPE and NoPE, seeds 0 and 1). The text is the first 2,048 bytes of the held-out
+ * files that fixtures/lm/eval.json lists (read from this machine's /usr/lib/python3.11, checked by SHA-256). Every
+ * variant is made by the CLI from the committed original and run on onnxruntime over whole files; the loss of each
+ * next byte, in bits, is averaged per file within buckets of the number of bytes seen (≤ L, 2L, 4L, 8L, 16L), then
+ * over files (± the standard error over files) and over seeds.
+ *
+ * The floor line is the same original model fed only the recent bytes: each byte past L is predicted from the last
+ * 97 to 128 bytes (windows of L bytes at a stride of L/4, their last quarter scored), which is what a sliding window
+ * of L would give, within a quarter window of context. "recovered" is the share of the original's rise above that
+ * floor a variant takes back: (original − variant) / (original − floor), 1 at the floor, 0 where it does nothing,
+ * negative where it is worse than the original.
+ *
+ * A variant is a name and the CLI's arguments: adding a preset is one line in VARIANTS.
+ */
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { Outputs, Runner } from '../src/verify/run';
+import { writeVariant } from './quality';
+
+const FIXTURES = path.resolve(__dirname, '../../fixtures/lm');
+
+interface Manifest { root: string; package: string; bytes: number; trainLen: number; files: { path: string; sha256: string }[] }
+
+export const lmManifest = (): Manifest => JSON.parse(fs.readFileSync(path.join(FIXTURES, 'eval.json'), 'utf8')) as Manifest;
+export const lmModel = (name: string): string => path.join(FIXTURES, `${name}.onnx`);
+
+interface Variant {
+  name: string;
+  /** Arguments of `ssmax-patch <model>`; null: the original model; 'window': the original over windows of L bytes. */
+  args: string[] | null | 'window';
+}
+
+function variants(L: string): Variant[] {
+  return [
+    { name: 'original', args: null },
+    { name: 'window of L (floor)', args: 'window' },
+    { name: 'ssmax, s = 1/ln L', args: ['--train-len', L] },
+    { name: 'slope, s = 1/ln L', args: ['--preset', 'slope', '--train-len', L] },
+    { name: 'qwen-logn', args: ['--preset', 'qwen-logn', '--train-len', L] },
+    { name: 'llama4, floor_scale = L', args: ['--preset', 'llama4', '--floor-scale', L] },
+    { name: 'ALiBi prior alone', args: ['--preset', 'none', '--prior', 'alibi'] },
+    { name: 'ALiBi prior + ssmax', args: ['--prior', 'alibi', '--train-len', L] },
+  ];
+}
+
+export const LM_FAMILIES = [
+  { name: 'RoPE', files: ['rope-s0', 'rope-s1'] },
+  { name: 'NoPE', files: ['nope-s0', 'nope-s1'] },
+];
+
+/** Files per onnxruntime run of whole files: [4, 4, 2047, 2047] attention scores per layer, about 270 MB. */
+const FILES_PER_RUN = 4;
+
+/** The evaluation text: the listed prefix of each file, or an error saying what differs on this machine. */
+export function evalText(m: Manifest, count: number): Uint8Array[] {
+  return m.files.slice(0, count).map((f) => {
+    const file = path.join(m.root, f.path);
+    if (!fs.existsSync(file)) throw new Error(`${file} is missing: the benchmark reads the Python standard library's source as ${m.package} ships it`);
+    const bytes = fs.readFileSync(file).subarray(0, m.bytes);
+    const sha = createHash('sha256').update(bytes).digest('hex');
+    if (bytes.length < m.bytes || sha !== f.sha256) throw new Error(`${file}: not the text the models were evaluated on (${m.package}; SHA-256 of its first ${m.bytes} bytes differs)`);
+    return bytes;
+  });
+}
+
+/** Bits of the next byte at every position of every row of logits [rows, t, 256] against `next` (row-major [rows, t]). */
+function bitsOf(out: Outputs, next: (row: number, t: number) => number): Float64Array {
+  const { dims, data } = out.logits;
+  const [rows, t, v] = dims;
+  const bits = new Float64Array(rows * t);
+  for (let r = 0; r < rows; r++) {
+    for (let i = 0; i < t; i++) {
+      const base = (r * t + i) * v;
+      let max = -Infinity;
+      for (let k = 0; k < v; k++) max = Math.max(max, data[base + k]);
+      let sum = 0;
+      for (let k = 0; k < v; k++) sum += Math.exp(data[base + k] - max);
+      bits[r * t + i] = (Math.log(sum) + max - data[base + next(r, i)]) / Math.LN2;
+    }
+  }
+  return bits;
+}
+
+const ids = (rows: Uint8Array[]): { type: 'int64'; dims: number[]; data: BigInt64Array } =>
+  ({ type: 'int64', dims: [rows.length, rows[0].length], data: BigInt64Array.from(rows.flatMap((r) => Array.from(r, BigInt))) });
+
+/** Per file, the bits of bytes 1 … n − 1, each predicted from every byte before it. */
+export async function nextByteBits(runner: Runner, text: Uint8Array[]): Promise<Float64Array[]> {
+  const out: Float64Array[] = [];
+  for (let i = 0; i < text.length; i += FILES_PER_RUN) {
+    const rows = text.slice(i, i + FILES_PER_RUN);
+    const bits = bitsOf(await runner.run({ input_ids: ids(rows.map((r) => r.subarray(0, r.length - 1))) }), (r, t) => rows[r][t + 1]);
+    const t = rows[0].length - 1;
+    for (let r = 0; r < rows.length; r++) out.push(bits.subarray(r * t, (r + 1) * t));
+  }
+  return out;
+}
+
+/** Per file, the bits of bytes 1 … n − 1, those past L predicted from the last 97 … 128 bytes (see the header). */
+export async function windowed(runner: Runner, text: Uint8Array[], L: number, whole: Float64Array[]): Promise<Float64Array[]> {
+  const stride = L / 4;
+  const out: Float64Array[] = [];
+  for (const [f, bytes] of text.entries()) {
+    const bits = Float64Array.from(whole[f]);
+    // Position t ≥ L is scored in the window starting at the multiple of the stride that puts it in the last quarter.
+    const starts: number[] = [];
+    for (let w = stride; w + L <= bytes.length; w += stride) starts.push(w);
+    for (let i = 0; i < starts.length; i += 64) {
+      const group = starts.slice(i, i + 64);
+      const rows = group.map((w) => bytes.subarray(w, w + L));
+      // The last window's last position has no next byte: it is not scored (w + j < bits.length below).
+      const got = bitsOf(await runner.run({ input_ids: ids(rows) }), (r, j) => bytes[group[r] + j + 1] ?? 0);
+      group.forEach((w, r) => {
+        for (let j = L - stride; j < L && w + j < bits.length; j++) bits[w + j] = got[r * L + j];
+      });
+    }
+    out.push(bits);
+  }
+  return out;
+}
+
+/** Position buckets by bytes seen (position t has seen t + 1): 1 … L, then (L, 2L], (2L, 4L], … the last ending at n. */
+function buckets(L: number, n: number): [number, number][] {
+  const out: [number, number][] = [[1, L]];
+  for (let hi = 2 * L; hi / 2 < n; hi *= 2) out.push([hi / 2 + 1, Math.min(hi, n)]);
+  return out;
+}
+
+interface Cell { mean: number; se: number }
+
+const average = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;
+
+/** Mean over files of each file's mean bits in the bucket, and its standard error over files. */
+function bucketStats(files: Float64Array[], [lo, hi]: [number, number]): Cell {
+  const perFile = files.map((b) => average(Array.from(b.subarray(lo - 1, Math.min(hi, b.length)))));
+  const mean = average(perFile);
+  const sd = Math.sqrt(perFile.reduce((a, x) => a + (x - mean) ** 2, 0) / (perFile.length - 1));
+  return { mean, se: sd / Math.sqrt(perFile.length) };
+}
+
+/** Seeds combined: the mean of their means, the standard error of that mean. */
+const combine = (cells: Cell[]): Cell => ({ mean: average(cells.map((c) => c.mean)), se: Math.sqrt(cells.reduce((a, c) => a + c.se ** 2, 0)) / cells.length });
+
+function filesArg(argv: string[], max: number): number {
+  const i = argv.indexOf('--files');
+  if (i < 0) return max;
+  const n = Number(argv[i + 1]);
+  if (!Number.isInteger(n) || n < 2 || n > max) throw new Error(`--files takes an integer from 2 to ${max}, not '${argv[i + 1]}'`);
+  return n;
+}
+
+async function measure(file: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
+  const model = variant.args === null || variant.args === 'window' ? file : writeVariant(file, [file], variant.args, path.join(dir, `${path.basename(file, '.onnx')}.v${index}.onnx`));
+  const runner = await Runner.create(model, path.basename(model));
+  try {
+    const whole = await nextByteBits(runner, text);
+    return variant.args === 'window' ? await windowed(runner, text, L, whole) : whole;
+  } finally {
+    await runner.release();
+  }
+}
+
+export async function lmLossBench(argv: string[] = []): Promise<void> {
+  const m = lmManifest();
+  const text = evalText(m, filesArg(argv, m.files.length));
+  const L = m.trainLen;
+  const list = variants(String(L));
+  const spans = buckets(L, m.bytes - 1);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-lm-'));
+  const start = performance.now();
+  try {
+    process.stdout.write(`models: ${FIXTURES} (trained at L = ${L}); text: the first ${m.bytes} bytes of ${text.length} held-out files of ${m.root} (${m.package}); ${os.cpus().length} cores\n`);
+    for (const family of LM_FAMILIES) {
+      const cells: Cell[][] = [];
+      for (const [i, variant] of list.entries()) {
+        const perSeed: Cell[][] = [];
+        for (const f of family.files) {
+          const bits = await measure(lmModel(f), variant, text, L, dir, i);
+          perSeed.push(spans.map((s) => bucketStats(bits, s)));
+        }
+        cells.push(spans.map((_, k) => combine(perSeed.map((p) => p[k]))));
+      }
+      process.stdout.write(`\n### ${family.name}, ${family.files.length} seeds: bits per byte by bytes seen (± s.e. over files)\n\n`);
+      process.stdout.write(`${table(list, spans, cells, (c) => `${c.mean.toFixed(3)} ± ${c.se.toFixed(3)}`)}\n\n`);
+      const [original, floor] = [cells[0], cells[1]];
+      const recovered = cells.map((row) => row.map((c, k) => ({ mean: (original[k].mean - c.mean) / (original[k].mean - floor[k].mean), se: 0 })));
+      process.stdout.write(`${table(list, spans.slice(1), recovered.map((r) => r.slice(1)), (c) => c.mean.toFixed(2), 'share of the rise above the floor recovered')}\n`);
+    }
+    process.stdout.write(`\n(${((performance.now() - start) / 1000).toFixed(0)} s)\n`);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+function table(list: Variant[], spans: [number, number][], cells: Cell[][], show: (c: Cell) => string, title = 'bits per byte'): string {
+  const head = `| ${title} | ${spans.map(([lo, hi]) => (lo === 1 ? `≤ ${hi}` : `${lo - 1}–${hi}`)).join(' | ')} |`;
+  const rule = `|---|${spans.map(() => '---:').join('|')}|`;
+  return [head, rule, ...list.map((v, i) => `| ${v.name} | ${cells[i].map(show).join(' | ')} |`)].join('\n');
+}
