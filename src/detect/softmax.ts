@@ -139,11 +139,12 @@ function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined):
 
 /**
  * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final content
- * logits in the Softmax's precision, but stops before any mask or reshape. A softcap (Div → Tanh → Mul, Gemma 2) is
- * passed too: the capped logits are what the Softmax normalises, so the factor after the cap is exactly SSMax.
- * A softcap behind views of the logits (a Reshape round trip, an Unsqueeze/Squeeze pair) is passed with them, where
- * the capped tensor keeps the product's rows and keys: a factor before a Tanh would not be SSMax. Where it does not
- * keep them, the site is refused (`softcapOutOfReach`) rather than patched before the cap.
+ * logits in the Softmax's precision, but stops before any mask or reshape other than views that come back to the
+ * logits' shape (roundTripEnd). A softcap (Div → Tanh → Mul, Gemma 2) is passed too: the capped logits are what the
+ * Softmax normalises, so the factor after the cap is exactly SSMax. A softcap behind views of the logits (a Reshape
+ * round trip, an Unsqueeze/Squeeze pair) is passed with them, where the capped tensor keeps the product's rows and
+ * keys: a factor before a Tanh would not be SSMax. Where it does not keep them, the reason the site is refused is
+ * returned instead of a point before the cap.
  */
 function insertionPoint(graph: Graph, shapes: Shapes, matmul: NodeProto, path: Step[]): Point | string {
   const passes = (node: NodeProto, index: number): boolean => {
