@@ -22,7 +22,7 @@ import { SValue } from '../policy/scale';
 import { patchModel } from '../rewrite/patch';
 import { PatchReport } from '../rewrite/report';
 import { synthesize } from '../verify/inputs';
-import { RunSpec } from '../verify/plan';
+import { runId, RunSpec } from '../verify/plan';
 import { Runner } from '../verify/run';
 import { firstLine, LoadFailure, SessionFactory } from '../verify/sessions';
 import { isUniform } from '../verify/sharpness';
@@ -354,12 +354,12 @@ function runOf(ctx: Context, length: number): RunSpec {
   const batch = ctx.given?.batch ?? setup.pinned.batch ?? 1;
   const minPast = setup.pastFree ? setup.minPast : 0;
   const past = setup.pinned.past ?? minPast;
-  if (setup.seqFree) return { id: `batch=${batch} seq=${length - past}${past ? ` past=${past}` : ''}`, kind: 'sweep', batch, seq: length - past, past, padded: false };
+  if (setup.seqFree) return { id: runId({ batch, seq: length - past, past }), kind: 'sweep', batch, seq: length - past, past, padded: false };
   const seq = setup.pinned.seq ?? setup.fixedSeq ?? 1;
   // Fixed tokens beyond the length asked for (Whisper's 1,500 frames): one run of them alone, whose causal rows
   // still see every n from 1 up.
   const grown = Math.max(length - seq, minPast);
-  return { id: `batch=${batch} seq=${seq}${grown ? ` past=${grown}` : ''}`, kind: 'sweep', batch, seq, past: grown, padded: false };
+  return { id: runId({ batch, seq, past: grown }), kind: 'sweep', batch, seq, past: grown, padded: false };
 }
 
 /** Synthesised inputs for the run, with given token ids cut to its length. */

@@ -5,6 +5,7 @@
  * the rest matches, a failure there is a refusal --force-site accepts), the logits, the values.
  */
 import { attrInt, attrInts, Graph, nodeLabel } from '../graph/graph';
+import { opInfo, sameDim } from '../graph/ops';
 import { show } from '../graph/poly';
 import type { Shapes } from '../graph/shapes';
 import { isDefaultDomain, NodeProto } from '../io/onnx';
@@ -140,7 +141,7 @@ function checkAxis(softmax: NodeProto, opset: number, rank: number | undefined):
 /**
  * Moves the insertion point past the exporter's own scaling and Casts, so the factor multiplies the final content
  * logits in the Softmax's precision, but stops before any mask or reshape other than views that come back to the
- * logits' shape (roundTripEnd). A softcap (Div → Tanh → Mul, Gemma 2) is passed too: the capped logits are what the
+ * logits' shape. A softcap (Div → Tanh → Mul, Gemma 2) is passed too: the capped logits are what the
  * Softmax normalises, so the factor after the cap is exactly SSMax. A softcap behind views of the logits (a Reshape
  * round trip, an Unsqueeze/Squeeze pair) is passed with them, where the capped tensor keeps the product's rows and
  * keys: a factor before a Tanh would not be SSMax. Where it does not keep them, the reason the site is refused is
@@ -159,50 +160,26 @@ function insertionPoint(graph: Graph, shapes: Shapes, matmul: NodeProto, path: S
   };
   const point = (offset: number): Point => ({ logits: offset ? path[offset - 1].node.output[0] : matmul.output[0], consumer: path[offset], offset });
   const first = from(0);
-  const cap = lastTanhBehindViews(path, first, passes);
+  // Beyond `first`: views of the logits (their input 0) mixed with what `passes`, up to the first other node.
+  const beyond: number[] = [];
+  for (let i = first; i < path.length - 1 && (isView(path[i]) || passes(path[i].node, path[i].index)); i++) beyond.push(i);
+  const cap = beyond.filter((i) => path[i].node.opType === 'Tanh').pop();
   if (cap === undefined) {
-    const trip = roundTripEnd(shapes, path, first, point(first).logits, passes);
-    return point(trip === undefined ? first : from(trip));
+    // Views that come back to the logits' shape change nothing; a mask may be built from the shape of what they
+    // give (a cycle otherwise), so the factor goes past the last of them.
+    const shape = shapes.shape(point(first).logits)?.map(show).join();
+    const trip = shape === undefined ? undefined : beyond.filter((i) => shapes.shape(path[i].node.output[0])?.map(show).join() === shape).pop();
+    return point(trip === undefined ? first : from(trip + 1));
   }
   const past = point(from(cap + 1));
-  const same = [-1, -2].every((axis) => {
-    const [a, b] = [shapes.dim(past.logits, axis), shapes.dim(matmul.output[0], axis)];
-    return a !== undefined && b !== undefined && show(a) === show(b);
-  });
+  const same = [-1, -2].every((axis) => sameDim(shapes.dim(past.logits, axis), shapes.dim(matmul.output[0], axis)));
   return same ? past : `a softcap (Tanh '${nodeLabel(path[cap].node)}') on a view of the logits that does not keep their rows and keys: the factor cannot go after the cap; not patched`;
 }
 
 interface Point { logits: string; consumer: Step; offset: number }
 
-const VIEWS = new Set(['Reshape', 'Squeeze', 'Unsqueeze', 'Flatten']);
-
-/**
- * Views of the logits that come back to their shape (a Reshape round trip, Unsqueeze then Squeeze, a [B·H, T, T]
- * view and back) change nothing: the offset just past the last one, or undefined. The factor goes past them, since
- * a mask may be built from the shape of what they give (a cycle otherwise).
- */
-function roundTripEnd(shapes: Shapes, path: Step[], start: number, logits: string, passes: (node: NodeProto, index: number) => boolean): number | undefined {
-  const shape = shapes.shape(logits)?.map(show).join();
-  if (shape === undefined) return undefined;
-  let end: number | undefined;
-  for (let i = start; i < path.length - 1; i++) {
-    const { node, index } = path[i];
-    if (!(index === 0 && VIEWS.has(node.opType)) && !passes(node, index)) break;
-    if (shapes.shape(node.output[0])?.map(show).join() === shape) end = i + 1;
-  }
-  return end;
-}
-
-/** The last Tanh reached from `start` through views of the logits and the ops insertionPoint passes, if any. */
-function lastTanhBehindViews(path: Step[], start: number, passes: (node: NodeProto, index: number) => boolean): number | undefined {
-  let cap: number | undefined;
-  for (let i = start; i < path.length - 1; i++) {
-    const { node, index } = path[i];
-    if (node.opType === 'Tanh') cap = i;
-    else if (!(index === 0 && VIEWS.has(node.opType)) && !passes(node, index)) break;
-  }
-  return cap;
-}
+/** A view of the logits (the op table's: Reshape, Squeeze, Unsqueeze, Flatten, …) applied to them, not to its shape input. */
+const isView = ({ node, index }: Step): boolean => index === 0 && opInfo(node).view === true;
 
 /**
  * Top-k attention (q·kᵀ → Softmax → TopK → Gather/MatMul of the kept values): which keys the value product sees is

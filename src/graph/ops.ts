@@ -58,7 +58,8 @@ export interface PositionTable {
 /** What a condition of the table reads of the shape pass (Shapes): symbolic dims, and the values of shape tensors. */
 export interface DimReader { dim(name: string, axis: number): Poly | undefined; values(name: string): Poly[] | undefined }
 
-const sameDim = (a: Poly | undefined, b: Poly | undefined): boolean => a !== undefined && b !== undefined && show(a) === show(b);
+/** Two dims known and equal (symbolically). */
+export const sameDim = (a: Poly | undefined, b: Poly | undefined): boolean => a !== undefined && b !== undefined && show(a) === show(b);
 
 /**
  * An Expand on the logits may broadcast over batch or heads (each row's keys unchanged); one that broadcast the

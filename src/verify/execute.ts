@@ -12,7 +12,7 @@ import { InputError, opt } from '../errors';
 import { runtimeLabel, runtimeReport } from '../onnxruntime';
 import { Feeds, synthesize } from './inputs';
 import { estimatePeak } from './memory';
-import { RunSpec } from './plan';
+import { runId, RunSpec } from './plan';
 import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
 import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
@@ -130,7 +130,7 @@ function asDecode(run: RunSpec, st: StepState): void {
   st.reports.delete(run.id);
   run.past += run.seq - 1;
   run.seq = 1;
-  run.id = `batch=${run.batch} seq=1 past=${run.past}${run.padded ? ' padded' : ''}`;
+  run.id = runId(run);
 }
 
 /** The inputs of a run: the same for every session. */

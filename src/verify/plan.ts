@@ -168,9 +168,14 @@ export function makePlan(p: PlanInput): Plan {
   return { runs, sweep, notes, cap, capReason };
 }
 
+/** A run's name in reports and notes: `batch=2 seq=3 past=7 padded`. */
+export function runId({ batch, seq, past, padded }: RunShape & { padded?: boolean }): string {
+  return `batch=${batch} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
+}
+
 /** Adds a run unless `runs` has one of the same id; returns the id. */
 function addRun(runs: RunSpec[], kind: RunSpec['kind'], batch: number, seq: number, past: number, padded = false): string {
-  const id = `batch=${batch} seq=${seq}${past ? ` past=${past}` : ''}${padded ? ' padded' : ''}`;
+  const id = runId({ batch, seq, past, padded });
   if (!runs.some((r) => r.id === id)) runs.push({ id, kind, batch, seq, past, padded });
   return id;
 }

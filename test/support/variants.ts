@@ -12,9 +12,9 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { modelScopes } from '../../src/graph/scopes';
-import { makeTensor, readTensor } from '../../src/graph/tensor';
+import { makeTensor } from '../../src/graph/tensor';
 import { cloneModel, readModel, serializeModel, writeModel } from '../../src/io/model-file';
-import { AttributeProto, DataType, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, toNumber } from '../../src/io/onnx';
+import { AttributeProto, DataType, FunctionProto, GraphProto, isDefaultDomain, ModelProto, NodeProto, TensorProto, toNumber } from '../../src/io/onnx';
 import { node } from './build';
 
 /** Tensor names of one plain-op attention site in the main graph. */
@@ -50,7 +50,7 @@ export function seeded(seed: number): () => number {
 // ---- graph editing helpers (the main graph of a copy) ----
 
 const opsetOf = (m: ModelProto, domain = ''): number => {
-  const versions = m.opsetImport.filter((o) => (o.domain || '') === domain || (domain === '' && o.domain === 'ai.onnx')).map((o) => toNumber(o.version));
+  const versions = m.opsetImport.filter((o) => (domain === '' ? isDefaultDomain(o.domain) : o.domain === domain)).map((o) => toNumber(o.version));
   // onnxruntime reads the imports in order and the last of a domain wins (see duplicateImportVersions).
   return versions.length ? versions[versions.length - 1] : 0;
 };
@@ -154,6 +154,13 @@ function plainMatMul(m: ModelProto, name: string): { n: NodeProto; rank: number 
 
 const swapLast = (r: number): number[] => [...Array(r - 2).keys(), r - 1, r - 2];
 
+/** The input of the Transpose writing `name` when it swaps the last two axes of a rank-`rank` tensor (kᵀ of k), else undefined. */
+function untransposed(g: GraphProto, name: string, rank: number): string | undefined {
+  const p = g.node[producerIndex(g, name)];
+  const perm = p?.opType === 'Transpose' ? p.attribute.find((at) => at.name === 'perm')?.ints.map(Number) : undefined;
+  return perm && perm.join() === swapLast(rank).join() ? p.input[0] : undefined;
+}
+
 /** MatMul(a, b) → com.microsoft FusedMatMul with transA or transB (an input transposed back), or neither. */
 const fused = (on: 'logits' | 'out', trans: 'none' | 'A' | 'B') => (m: ModelProto, a: Anchor | null): ModelProto | null => {
   const mm = a && plainMatMul(m, a[on]);
@@ -167,9 +174,8 @@ const fused = (on: 'logits' | 'out', trans: 'none' | 'A' | 'B') => (m: ModelProt
     const i = trans === 'A' ? 0 : 1;
     const src = inputs[i];
     // kᵀ written by a Transpose of the last two axes: read k itself, as exporters do.
-    const p = g.node[producerIndex(g, src)];
-    const perm = p?.opType === 'Transpose' ? p.attribute.find((at) => at.name === 'perm')?.ints.map(Number) : undefined;
-    if (trans === 'B' && perm && perm.join() === swapLast(mm.rank).join()) inputs = [x, p.input[0]];
+    const k = trans === 'B' ? untransposed(g, src, mm.rank) : undefined;
+    if (k) inputs = [x, k];
     else {
       const t = fresh(`${src}_t`);
       nodes.push(node('Transpose', [src], [t], { perm: swapLast(mm.rank) }, fresh('Transpose')));
@@ -182,12 +188,9 @@ const fused = (on: 'logits' | 'out', trans: 'none' | 'A' | 'B') => (m: ModelProt
   return m;
 };
 
-/** The scalar a constant tensor holds (an initializer or a Constant node's value), if it holds one. */
-function scalarOf(g: GraphProto, name: string): number | undefined {
-  const init = g.initializer.find((t) => t.name === name);
-  const c = g.node.find((n) => n.opType === 'Constant' && n.output[0] === name)?.attribute.find((at) => at.name === 'value')?.t;
-  const t = init ?? c;
-  const values = t && readTensor(t)?.values;
+/** The scalar a constant tensor of the main graph holds (an initializer or a Constant node's value), if it holds one. */
+function scalarOf(m: ModelProto, name: string): number | undefined {
+  const values = modelScopes(m)[0].graph.constValue(name)?.values;
   return values?.length === 1 ? Number(values[0]) : undefined;
 }
 
@@ -204,17 +207,15 @@ const fusedAlpha = (m: ModelProto, a: Anchor | null): ModelProto | null => {
   const g = m.graph!;
   const readers = consumers(g, a.logits);
   const scale = readers.length === 1 && ['Div', 'Mul'].includes(readers[0].opType) && readers[0].input[0] === a.logits ? readers[0] : undefined;
-  const c = scale && scalarOf(g, scale.input[1]);
+  const c = scale && scalarOf(m, scale.input[1]);
   if (!scale || !c || g.output.some((o) => o.name === scale.output[0])) return null;
   const alpha = scale.opType === 'Div' ? 1 / c : c;
   for (const n of consumers(g, scale.output[0])) n.input = n.input.map((i) => (i === scale.output[0] ? a.logits : i));
   g.node.splice(g.node.indexOf(scale), 1);
   const [x, y] = mm.n.input;
-  const p = g.node[producerIndex(g, y)];
-  const perm = p?.opType === 'Transpose' ? p.attribute.find((at) => at.name === 'perm')?.ints.map(Number) : undefined;
-  const transB = perm !== undefined && perm.join() === swapLast(mm.rank).join();
+  const k = untransposed(g, y, mm.rank);
   needMs(m);
-  const product = ms(node('FusedMatMul', [x, transB ? p.input[0] : y], mm.n.output, transB ? { transB: 1 } : {}, fresh('FusedMatMul')));
+  const product = ms(node('FusedMatMul', [x, k ?? y], mm.n.output, k ? { transB: 1 } : {}, fresh('FusedMatMul')));
   // A float attribute even where alpha is whole (1/0.125): node() would write an integer.
   product.attribute.push({ name: 'alpha', type: 1, f: alpha, floats: [], ints: [], strings: [], tensors: [], graphs: [] });
   replaceNode(g, mm.n, [product]);
@@ -321,8 +322,8 @@ const duplicateImport = (m: ModelProto): ModelProto | null => {
 
 /** Each domain's import in force (the last; '' and 'ai.onnx' are one domain), as a function body's own imports. */
 const inForce = (imports: ModelProto['opsetImport']): ModelProto['opsetImport'] => {
-  const key = (d: string): string => (d === 'ai.onnx' ? '' : d);
-  return imports.filter((o, i) => !imports.slice(i + 1).some((p) => key(p.domain || '') === key(o.domain || ''))).map((o) => ({ ...o }));
+  const key = (d: string | undefined): string => (isDefaultDomain(d) ? '' : d!);
+  return imports.filter((o, i) => !imports.slice(i + 1).some((p) => key(p.domain) === key(o.domain))).map((o) => ({ ...o }));
 };
 
 /**
@@ -460,7 +461,7 @@ const retarget = (maxOpset: number) => (m: ModelProto, _a: Anchor | null, rnd: (
   }
   // The spread drops a decoded import's absent domain (it lives on the prototype): an import with no domain field,
   // which ONNX reads as the default domain. Kept so: the tool once took such a model for one without a default import.
-  m.opsetImport = m.opsetImport.map((o) => (!o.domain || o.domain === 'ai.onnx' ? { ...o, version: target } : o));
+  m.opsetImport = m.opsetImport.map((o) => (isDefaultDomain(o.domain) ? { ...o, version: target } : o));
   return m;
 };
 

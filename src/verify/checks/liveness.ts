@@ -67,9 +67,9 @@ export class LivenessCheck implements CheckUnit {
   private saturated(run: RunSpec, original: Outputs, patched: Outputs | undefined): boolean {
     const { original: ours, patched: theirs } = this.ctx.factory.rowMax;
     if (!ours?.outputs.size) return false;
-    const rows = [...ours.outputs.values()].map((name) => original[name]).filter((t) => t !== undefined);
-    if (isTied(rows)) return true;
-    const means = layerMeans(new Map([...ours.outputs].map(([i, name]) => [i, original[name]])), run.seq, run.past);
+    const rows = new Map([...ours.outputs].map(([i, name]) => [i, original[name]]));
+    if (isTied([...rows.values()].filter((t) => t !== undefined))) return true;
+    const means = layerMeans(rows, run.seq, run.past);
     const mean = means.reduce((a, b) => a + b, 0) / means.length;
     const flat = means.length > 0 && (mean >= 0.99 || isUniform(mean, run.seq + run.past));
     return flat && (!patched || !theirs || attentionMoved(ours.outputs, theirs.outputs, original, patched));
