@@ -32,6 +32,8 @@ export const PART = {
   prior: 'prior', priorScaled: 'prior_scaled', priorCast: 'prior_cast',
   /** Where an expansion adds the prior: to the logits (ONNX Attention), to the kernel's bias (com.microsoft Attention). */
   logitsPrior: 'logits_prior', attentionBiasPrior: 'attention_bias_prior',
+  /** The Add of the sliding window's bias to a site's logits. */
+  window: 'window',
 } as const;
 
 export type Part = (typeof PART)[keyof typeof PART];

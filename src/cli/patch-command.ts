@@ -39,6 +39,8 @@ export interface PatchCliOptions extends VerifyCliOptions {
   preset?: string;
   prior?: string;
   priorFile?: string;
+  window?: string;
+  sinks?: string;
   b?: string;
   floorScale?: string;
   attnScale?: string;
@@ -58,6 +60,8 @@ export function patchProgram(cmd: Command): Command {
     .option('--preset <name>', 'factor: ssmax (s·ln n) | qwen-logn (max(1, ln n / ln L)) | llama4 | slope (1 + s·max(0, ln n − ln L)) | none (a prior alone); default ssmax, or with --update-s the patch\'s own')
     .option('--prior <name>', 'add a positional prior to the logits: ggd (BAM, neutral θ = 0) | alibi')
     .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
+    .option('--window <W>', 'add a causal sliding window: keys W or more positions older than the row are hidden, and n counts the keys it leaves')
+    .option('--sinks <S>', 'with --window: the first S keys stay visible at every row (attention sinks, as StreamingLLM keeps them; default 0)')
     .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
     .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
     .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
@@ -182,6 +186,7 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
   return {
     n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: o.preset === undefined ? undefined : presetValue(o.preset),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
+    window: optionalInteger(o.window, '--window', 1), sinks: optionalInteger(o.sinks, '--sinks', 0),
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
     layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
     // patchModel checks the value (auto | off) and names the flag in its error.

@@ -10,9 +10,10 @@ import { LayerSelection, LayerSpec, layerSpec } from './layers';
 import { NOption, parseNOption } from './n-mode';
 import { PriorOptions, PriorSpec, resolvePrior } from './prior';
 import { resolveScaleSpec, ScaleOptions, ScaleSpec } from './scale';
+import { resolveWindow, WindowOptions, WindowSpec } from './window';
 
 /** What a patch does, as values: no file names and no command-line spellings (the CLI reads files and parses flags). */
-export interface PlanOptions extends ScaleOptions, PriorOptions, PresetOptions {
+export interface PlanOptions extends ScaleOptions, PriorOptions, WindowOptions, PresetOptions {
   /** How n is computed at each site (default auto). */
   n?: NOption;
   /** On an already patched model, replace s instead of refusing. */
@@ -29,6 +30,8 @@ export interface PatchPlan {
   spec?: ScaleSpec;
   /** The positional prior to add, if any. */
   prior?: PriorSpec;
+  /** The sliding window to add, if any. */
+  window?: WindowSpec;
   n: NOption;
   layers: LayerSpec;
   force: string[];
@@ -45,18 +48,20 @@ export function resolvePlan(o: PlanOptions): PatchPlan {
   if (o.updateS) refuseIgnoredByUpdate(o);
   const preset = resolvePreset(o);
   const prior = resolvePrior(o);
+  const window = resolveWindow(o);
   return {
-    preset, spec: scaleSpecOf(preset, prior, o), prior, n, layers: layerSpec(o.layers), force: [...(o.force ?? [])],
+    preset, spec: scaleSpecOf(preset, prior, o, window !== undefined), prior, ...(window ? { window } : {}),
+    n, layers: layerSpec(o.layers), force: [...(o.force ?? [])],
     update: Boolean(o.updateS), trainLen: o.trainLen,
   };
 }
 
 /** s is needed for a factor; the none preset has none, and an update may change θ alone. */
-function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions): ScaleSpec | undefined {
+function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions, window: boolean): ScaleSpec | undefined {
   // qwen-logn and slope need L for their factor: stating it gives no s.
   const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn' && preset.kind !== 'slope');
   if (preset.kind === 'none') {
-    if (!prior) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} too, or another preset`, 'usage');
+    if (!prior && !window) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} or ${opt('window')} too, or another preset`, 'usage');
     // n is the factor's alone: the prior reads positions.
     if (o.n !== undefined && o.n !== 'auto') throw new InputError(`${opt('preset', 'none')} has no factor, so no n: ${opt('n', o.n)} would be ignored`, 'usage');
     if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`, 'usage');
@@ -70,7 +75,7 @@ function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOption
 function refuseIgnoredByUpdate(o: PlanOptions): void {
   const ignored: [keyof PlanOptions, boolean][] = [
     ['layers', o.layers !== undefined], ['n', o.n !== undefined && o.n !== 'auto'], ['force', Boolean(o.force?.length)],
-    ['b', o.b !== undefined], ['floorScale', o.floorScale !== undefined],
+    ['b', o.b !== undefined], ['floorScale', o.floorScale !== undefined], ['window', o.window !== undefined], ['sinks', o.sinks !== undefined],
   ];
   const given = ignored.filter(([, g]) => g).map(([k]) => opt(k));
   if (given.length) {

@@ -13,6 +13,7 @@ import { constantOf, show } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType } from '../io/onnx';
 import { countsMasks, NMode } from '../policy/n-mode';
+import { windowHidden, WindowSpec } from '../policy/window';
 import { Builder } from './builder';
 import { memo } from '../memo';
 import { extremeLastAxis, sumLastAxis } from './versioned';
@@ -64,12 +65,62 @@ export interface Positions {
   shape: string;
 }
 
+/** The sliding window's W and S as int64 scalar constants of the scope (what a user edits, what verify reads). */
+export interface WindowTensors {
+  size: string;
+  sinks: string;
+}
+
 export class NSources {
   private readonly cache = new Map<string, NTensor>();
   private readonly positionCache = new Map<string, Positions>();
   private readonly siteKeys = new Map<AttentionSite, string>();
+  private readonly windowCache = new Map<string, string>();
+  private windowConstants?: WindowTensors;
 
-  constructor(private readonly b: Builder, private readonly sym: Shapes, private readonly opset: number) {}
+  /** `window`: every n counts only the keys this sliding window leaves (policy/window.ts). */
+  constructor(private readonly b: Builder, private readonly sym: Shapes, private readonly opset: number, private readonly window?: WindowSpec) {}
+
+  /** W and S, one pair for the scope. */
+  windowTensors(): WindowTensors {
+    const w = this.window!;
+    this.windowConstants ??= { size: this.b.int64('window_size', [w.size], true), sinks: this.b.int64('window_sinks', [w.sinks], true) };
+    return this.windowConstants;
+  }
+
+  /**
+   * The window's bias [Tq, Tk] in the logits' type: 0 where it keeps key j for the row at absolute position
+   * p = Tk − Tq + i (p − j < W, or j < S), far below any logit elsewhere. Shared by sites of the same Tq, Tk and type.
+   */
+  windowBias(site: AttentionSite, type: number | undefined, like: string): string {
+    return memo(this.windowCache, `bias|${this.dimsKey(site)}|${type ?? like}`, () => {
+      const b = this.b;
+      const bias = b.op('Where', [this.windowKeep(site, false), b.constant('window_kept', DataType.FLOAT, [], [0]),
+        b.constant('window_hidden', DataType.FLOAT, [], [windowHidden(type)])], {}, 'window_bias_f');
+      if (type === DataType.FLOAT) return bias;
+      if (type !== undefined) return b.op('Cast', [bias], { to: type }, 'window_bias');
+      if (this.opset < 15) throw new InputError(`layer ${site.layer}: ${opt('window')} needs the logits' type, not known here (or opset ≥ 15 for CastLike)`, 'cannot-patch');
+      return b.op('CastLike', [bias, like], {}, 'window_bias');
+    });
+  }
+
+  /** bool [Tq, Tk]: what the window keeps; `causal` also hides the keys after each row's position. */
+  private windowKeep(site: AttentionSite, causal: boolean): string {
+    return memo(this.windowCache, `keep|${causal}|${this.dimsKey(site)}`, () => {
+      const b = this.b;
+      const w = this.windowTensors();
+      const [q, k] = shapeSources(site);
+      const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
+      const tq = b.op('Gather', [b.op('Shape', [q], {}, 'q_shape'), b.int64('row', [-2], true)], {}, 'tq');
+      const one = b.int64('one', [1], true);
+      const p = b.op('Reshape', [b.op('Range', [b.op('Sub', [tk, tq], {}, 'past'), tk, one], {}, 'row_pos'), b.int64('column', [-1, 1])], {}, 'row_pos_column');
+      const j = b.op('Reshape', [b.op('Range', [b.int64('zero', [0], true), tk, one], {}, 'key_pos'), b.int64('row_shape', [1, -1])], {}, 'key_pos_row');
+      const age = b.op('Sub', [p, j], {}, 'key_age');
+      const kept = b.op('Or', [b.op('Less', [age, w.size], {}, 'in_window'), b.op('Less', [j, w.sinks], {}, 'is_sink')], {}, 'window_keep');
+      if (!causal) return kept;
+      return b.op('And', [kept, b.op('Not', [b.op('Less', [age, b.int64('zero', [0], true)], {}, 'key_ahead')], {}, 'key_not_ahead')], {}, 'window_keep_causal');
+    });
+  }
 
   /** n for a site in the given mode; `uses` are the masks on its logits (for mask-based modes). */
   get(site: AttentionSite, mode: NMode, uses: MaskUse[]): NTensor {
@@ -147,7 +198,7 @@ export class NSources {
   }
 
   private keyOf(site: AttentionSite, mode: NMode, uses: MaskUse[]): string {
-    const dims = this.dimsKey(site);
+    const dims = `${this.dimsKey(site)}${this.window ? '|window' : ''}`;
     if (mode === 'keys' || mode === 'causal') return `${mode}|${dims}`;
     return `${mode}|${dims}|${countedMasks(mode, uses).map((u) => `${u.tensor}:${u.rule}`).sort().join(',')}`;
   }
@@ -158,7 +209,9 @@ export class NSources {
       const others = describeUses([], uses);
       throw new InputError(`layer ${site.layer}: ${opt('n', mode)} needs a mask on the logits${others ? ` (${others})` : ''}`, 'usage');
     }
-    if (mode === 'mask' || mode === 'padding' || (mode === 'causal-padding' && !this.keyOnly(counted))) return this.countVisible(site, counted);
+    // Causal with key padding, counted cumulatively: the window's causal verdict counts with the padding instead.
+    if (this.window && mode === 'causal-padding' && this.keyOnly(counted)) return this.countVisible(site, counted.filter((u) => u.role === 'padding'), this.windowKeep(site, true));
+    if (mode === 'mask' || mode === 'padding' || (mode === 'causal-padding' && !this.keyOnly(counted))) return this.countVisible(site, counted, this.window && this.windowKeep(site, false));
     const b = this.b;
     const [q, k] = shapeSources(site);
     const tk = b.op('Gather', [b.op('Shape', [k], {}, 'k_shape'), b.int64('last', [-1], true)], {}, 'tk');
@@ -169,18 +222,29 @@ export class NSources {
     const first = b.op('Add', [b.op('Sub', [tk, tq], {}, 'past'), one], {}, 'n_first');
     const rows = b.op('Range', [first, b.op('Add', [tk, one], {}, 'n_end'), one], {}, 'n_rows');
     const n = b.op('Reshape', [b.op('Cast', [rows], { to: DataType.FLOAT }, 'n_rows_f'), b.int64('column', [-1, 1])], {}, 'n_causal');
-    return { n, view: 'rows' };
+    return { n: this.window ? this.windowed(n) : n, view: 'rows' };
   }
 
-  /** Visible keys per row: AND of every mask's verdict, summed over the key axis. */
-  private countVisible(site: AttentionSite, uses: MaskUse[]): Omit<NTensor, 'key'> {
+  /** p + 1 keys up to each row → the keys the window leaves of them: min(p + 1, W) + min(S, max(0, p + 1 − W)). */
+  private windowed(seen: string): string {
+    const b = this.b;
+    const w = this.windowTensors();
+    const size = b.op('Cast', [w.size], { to: DataType.FLOAT }, 'window_size_f');
+    const older = b.op('Max', [b.op('Sub', [seen, size], {}, 'beyond_window'), b.constant('zero_f', DataType.FLOAT, [], [0])], {}, 'beyond_window_0');
+    const sinks = b.op('Min', [b.op('Cast', [w.sinks], { to: DataType.FLOAT }, 'window_sinks_f'), older], {}, 'sinks_seen');
+    return b.op('Add', [b.op('Min', [seen, size], {}, 'window_seen'), sinks], {}, 'n_windowed');
+  }
+
+  /** Visible keys per row: AND of every mask's verdict (and `kept`, [Tq, Tk], when given), summed over the key axis. */
+  private countVisible(site: AttentionSite, uses: MaskUse[], kept?: string): Omit<NTensor, 'key'> {
     const b = this.b;
     const other = uses.find((u) => u.viewRank !== 3 && u.viewRank !== 4);
+    if (other && kept) throw new InputError(`layer ${site.layer}: ${opt('window')} with masks applied to another view of the logits (${other.tensor}) cannot be counted`, 'cannot-patch');
     if (other) return this.countInView(site, uses, other);
     // Masks of both ranks are counted in the 4-D view: a 3-D one goes there through its [B·H] axis.
     const rank = uses.every((u) => u.viewRank === 3) ? 3 : 4;
     const visibles = uses.map((u) => (u.viewRank === 3 && rank === 4 ? this.headsView(site, this.visible(u)) : this.visible(u)));
-    const visible = visibles.reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
+    const visible = [...visibles, ...(kept ? [kept] : [])].reduce((acc, v) => b.op('And', [acc, v], {}, 'visible_all'));
     const n = sumLastAxis(b, b.op('Cast', [visible], { to: DataType.FLOAT }, 'visible_f'), true, 'n_mask');
     return { n, view: 'batch-rows', rank };
   }

@@ -152,11 +152,11 @@ function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, a
   const scales = plan.spec && scalesForSites(plan.spec, sites, skipped);
   const thetas = plan.prior && thetasForSites(plan.prior, sites, skipped);
   const irVersion = toNumber(out.irVersion);
-  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion, fusion);
+  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion, fusion, plan.window);
   const results = sites.map((a, i) => patcher.patch(a, { s: scales?.[i], theta: thetas?.[i] }));
   const { journal, nSources, notes } = patcher.finish();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
-    ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}),
+    ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}), ...(plan.window ? { window: plan.window } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const fused = results.filter((r) => r.site.fused).length;
   const fusedNote = fused ? [`${fused} site(s) written as com.microsoft MultiHeadAttention, so they stay fused on onnxruntime: the patched model now needs onnxruntime (--fused-attention off, or the option fusedAttention 'off', keeps plain ONNX ops for other runtimes)`] : [];

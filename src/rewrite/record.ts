@@ -30,6 +30,8 @@ export interface SiteRecord {
   factorType?: number;
   /** The θ initializers of the site's positional prior, if any. */
   prior?: Record<ThetaName, string>;
+  /** The int64 constants of the sliding window's W and S (shared by the scope's sites), if any. */
+  window?: { size: string; sinks: string };
   /** Where the factor multiplies: the query rows or the logits. */
   target?: 'query' | 'logits';
   /** The QK MatMul output: the logits before any scaling, for probes. */
@@ -48,6 +50,8 @@ export interface PatchRecord {
   scale: string;
   /** The positional prior added, if any, and where its θ came from. */
   prior?: { kind: PriorName; from: string };
+  /** The sliding window added, if any. */
+  window?: { size: number; sinks: number };
   trainLen?: number;
   b?: number;
   floorScale?: number;

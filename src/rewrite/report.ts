@@ -3,6 +3,7 @@ import type { SkippedSoftmax } from '../detect/find-attention';
 import type { ModelProto } from '../io/onnx';
 import type { PresetName } from '../policy/factor';
 import type { ThetaName } from '../policy/prior';
+import type { WindowSpec } from '../policy/window';
 import type { LayerScale } from '../policy/scale';
 import type { Target } from './insert-scale';
 import type { LengthReport } from '../analysis/reach';
@@ -28,6 +29,8 @@ export interface PatchedSite {
   sInitializer: string;
   /** The θ initializers of a positional prior added at the site. */
   prior?: Record<ThetaName, string>;
+  /** The sliding window added at the site. */
+  window?: WindowSpec;
   /** Set when a forced site accepted a deviation from exact SSMax. */
   deviation?: string;
   /** Where the factor multiplies: the query rows (cheap) or the logits. */

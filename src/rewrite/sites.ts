@@ -16,6 +16,7 @@ import { Preset, presetNeedsPositions } from '../policy/factor';
 import { chooseN, countsMasks, NChoice, NOption, positionN } from '../policy/n-mode';
 import { LayerTheta, PriorSpec, THETAS, thetasForLayers } from '../policy/prior';
 import { LayerScale, ScaleSpec, scalesForLayers } from '../policy/scale';
+import type { WindowSpec } from '../policy/window';
 import { Builder } from './builder';
 import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFor } from './fused';
 import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
@@ -28,6 +29,7 @@ import { memo } from '../memo';
 import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
+import { insertWindow } from './window';
 import { callSiteLabel, SiteRecord } from './record';
 import { PatchedSite } from './report';
 
@@ -61,7 +63,7 @@ export class SitePatcher {
   private readonly opset: OpsetGuard;
 
   constructor(private readonly model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
-    private readonly irVersion: number, private readonly fusion: FusedAttention = 'auto') {
+    private readonly irVersion: number, private readonly fusion: FusedAttention = 'auto', private readonly window?: WindowSpec) {
     this.opset = new OpsetGuard(model, scopes, this.journal);
     this.byPath = new Map(scopes.map((s) => [s.path, s]));
     this.originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
@@ -106,7 +108,7 @@ export class SitePatcher {
   private context(scope: Scope): PatchContext {
     const pc = memo(this.contexts, scope.path, () => {
       const shared = this.builder(scope, 'shared');
-      const sources = new NSources(shared, scope.shapes, scope.opset);
+      const sources = new NSources(shared, scope.shapes, scope.opset, this.window);
       return { ctx: { graph: scope.graph, sources, preset: this.preset, opset: scope.opset, shapes: scope.shapes },
         expansion: { builder: shared, shapes: scope.shapes, opset: scope.opset, cache: new Map() } };
     });
@@ -122,10 +124,13 @@ export class SitePatcher {
         : presetNeedsPositions(this.preset) ? positionN(this.option)
           : chooseN(this.option, uses, site.mask.reason, `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`);
     if (n.mode === 'causal' || n.mode === 'causal-padding') this.opset.ensure(scope, `layer ${site.layer}: per-row n (Range, CumSum)`);
+    if (this.window) this.windowFits(scope, site, n.mode === 'none' ? chooseN(this.option, uses, site.mask.reason).mode : n.mode);
     const ctx = this.context(scope).ctx;
-    const block = this.fusion === 'auto' && !inputs.theta && n.mode !== 'none' && site.groupAxis === undefined ? fusableBlock(scope, site) : undefined;
+    const block = this.fusion === 'auto' && !inputs.theta && !this.window && n.mode !== 'none' && site.groupAxis === undefined ? fusableBlock(scope, site) : undefined;
     const inserted = n.mode === 'none' ? undefined : site.groupAxis !== undefined ? insertGroupScale(ctx, b, site, p.s!, inputs.s!)
       : insertScale(ctx, b, site, p.s!, n as NChoice, uses, inputs.s!);
+    const window = this.window ? ctx.sources.windowTensors() : undefined;
+    if (window) insertWindow(ctx, b, site);
     if (inputs.theta) insertPrior(ctx, b, site, inputs.theta, inserted && { tensor: inserted.factor, perHead: inserted.perHead });
     const target = inserted?.target ?? 'logits';
     const fused = target === 'query' && block && typeof block !== 'string' ? this.fuse(scope, site, block) : undefined;
@@ -137,15 +142,28 @@ export class SitePatcher {
         node: nodeLabel(site.softmax), layer: site.layer, scope: site.scope, kind: 'Softmax', n: n.mode, nReason: n.reason,
         heads: site.heads.heads ?? null, headAxis: site.heads.axis ?? null, headsReason: site.heads.reason, logitsRank: site.logitsRank ?? null,
         logits: site.logits, s: p.s ?? null, sInitializer: inputs.s ?? '', ...(site.forced ? { deviation: site.forced } : {}), rule: site.rule,
-        ...(inputs.theta ? { prior: inputs.theta } : {}), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}),
+        ...(inputs.theta ? { prior: inputs.theta } : {}), ...(this.window ? { window: this.window } : {}), target, nShared: inserted?.nKey ?? 'none', ...(notes.length ? { notes } : {}),
         ...(fused ? { fused } : {}),
       },
       record: {
         layer: site.layer, scope: site.scope, softmax: nodeLabel(site.softmax), n: n.mode, s: p.s, sInitializer: inputs.s,
         apply: inserted?.apply, factor: inserted?.factor, factorType: inserted?.factorType, target, logits: site.qkMatMul.output[0],
-        ...(inputs.theta ? { prior: inputs.theta } : {}),
+        ...(inputs.theta ? { prior: inputs.theta } : {}), ...(window ? { window } : {}),
       },
     };
+  }
+
+  /**
+   * A window is a causal one, on logits whose positions are known: a site that attends to every key, or whose
+   * grouped Softmax has no rows and keys, cannot take it.
+   */
+  private windowFits(scope: Scope, site: AttentionSite, mode: string): void {
+    const where = `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`;
+    if (site.groupAxis !== undefined) throw new InputError(`${where}: ${opt('window')} needs logits of known rank (rows and keys); this Softmax normalises a group of axes`, 'cannot-patch');
+    if (mode === 'keys') {
+      throw new InputError(`${where}: ${opt('window')} is a causal sliding window, and this site attends to every key (no causal mask found): give ${opt('n', 'causal')} if the model is causal`, 'cannot-patch');
+    }
+    this.opset.ensure(scope, `${where}: the sliding window (Range, Where)`);
   }
 
   /**
@@ -167,6 +185,9 @@ export class SitePatcher {
   }
 
   private fused(scope: Scope, b: Builder, site: FusedSite, p: SiteParams, inputs: BodyInputs): SiteResult {
+    if (this.window) {
+      throw new InputError(`${nodeLabel(site.node)} (${site.op}): ${opt('window')} is written on plain-op attention only; a fused operator's masking is its own (GroupQueryAttention has local_window_size)`, 'cannot-patch');
+    }
     // Presets defined on positions take the causal n, as at Softmax sites.
     const option = presetNeedsPositions(this.preset) ? positionN(this.option).mode as NOption : this.option;
     const params: ExpansionParams = { preset: this.preset, s: p.s, sName: inputs.s, theta: inputs.theta };

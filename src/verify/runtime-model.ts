@@ -15,6 +15,7 @@ import { readRecord } from '../rewrite/record';
 import { fusedOwner } from '../rewrite/fuse-attention';
 import { constant, node, PREFIX } from './nodes';
 import { findSites } from './sites';
+import { NO_WINDOW, WindowSpec } from '../policy/window';
 
 /**
  * The patched model with every inserted factor replaced by 1: the wiring alone. A deep copy, in which the factor
@@ -51,6 +52,8 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
     const scope = byPath.get(site.scope ?? 'main');
     if (site.prior && scope) neutralPrior(scope, site.prior);
   }
+  // A window wider than any run hides nothing: the wiring copy then computes what the original did.
+  setWindows(model, scopes, () => ({ size: NO_WINDOW, sinks: 0 }));
   const inserted = insertedNodes(model, record?.journal);
   for (const scope of touched) {
     dropUnread(scope, inserted);
@@ -87,6 +90,34 @@ function neutralPrior(scope: Scope, theta: Record<string, string>): void {
     scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(0)));
   }
   scope.commit();
+}
+
+/**
+ * Every sliding window's W and S set to `to(W, S)` in whichever graph holds its constants (an initializer, or a
+ * Constant node in a function body); the window's nodes read them at run time, so this is the window the copy runs.
+ */
+export function setWindows(model: ModelProto, scopes: Scope[], to: (w: WindowSpec) => WindowSpec): void {
+  const record = readRecord(model);
+  const seen = new Set<string>();
+  for (const site of record?.sites ?? []) {
+    if (!site.window || seen.has(site.window.size)) continue;
+    seen.add(site.window.size);
+    const scope = scopes.find((s) => s.graph.producer.has(site.window!.size) || s.graph.initializers.has(site.window!.size));
+    if (!scope) continue;
+    const value = (name: string): number => Number(scope.graph.constValue(name)?.values[0] ?? 0);
+    const next = to({ size: value(site.window.size), sinks: value(site.window.sinks) });
+    setScalar(scope, site.window.size, next.size);
+    setScalar(scope, site.window.sinks, next.sinks);
+    scope.commit();
+  }
+}
+
+function setScalar(scope: Scope, name: string, v: number): void {
+  const t = makeTensor(name, DataType.INT64, [], [v]);
+  if (scope.graph.initializers.has(name)) { scope.graph.replaceInitializer(t); return; }
+  const node = scope.graph.producer.get(name);
+  const attr = node?.opType === 'Constant' ? node.attribute.find((a) => a.name === 'value') : undefined;
+  if (attr) attr.t = { ...t, name: '' };
 }
 
 /** Names of the nodes the patch inserted, per scope path (the journal's), or the factors' nodes without one. */

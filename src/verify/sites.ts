@@ -17,6 +17,7 @@ import { hasPart, Part, PART } from '../identity';
 import { nodeKey, ScopeEdits } from '../rewrite/journal';
 import { PatchRecord, recordedNode, SiteRecord } from '../rewrite/record';
 import { THETAS, ThetaName } from '../policy/prior';
+import type { WindowSpec } from '../policy/window';
 
 /** Where the probe reads a site: all names are tensors or node keys (first outputs) of `scope`. */
 export interface SiteTensors {
@@ -45,6 +46,8 @@ export interface SiteTensors {
    * operator without a bias) and what it reads now.
    */
   prior?: { consumer: string; input: number; before: string; after: string };
+  /** The sliding window: the input the patch rewired to add its bias, what it read before and what its Add made. */
+  window?: { consumer: string; input: number; before: string; after: string };
 }
 
 export interface VerifySite {
@@ -55,6 +58,8 @@ export interface VerifySite {
   s: number[];
   /** θ of the positional prior per head, as the model's initializers hold them. */
   theta?: Record<ThetaName, number[]>;
+  /** The sliding window's W and S, as the model's constants hold them. */
+  window?: WindowSpec;
   tensors: SiteTensors | null;
   /** Why the site's tensors were not found: the model is not what its journal says (the site fails). */
   problem?: string;
@@ -115,6 +120,23 @@ function thetaValues(graph: Graph, names: Record<ThetaName, string>): Record<The
   return out;
 }
 
+function windowValues(scope: Scope, names: { size: string; sinks: string }): WindowSpec {
+  const value = (name: string, what: string): number => {
+    const v = scope.graph.constValue(name);
+    if (!v || v.values.length !== 1) fail(`its window's ${what} '${name}' is not a scalar constant of the model`);
+    return Number(v.values[0]);
+  };
+  return { size: value(names.size, 'W'), sinks: value(names.sinks, 'S') };
+}
+
+/** The window's rewire: the one to the output of the window's Add (the patch names it, identity.ts PART.window). */
+function windowRewire(graph: Graph, entries: ScopeEdits[]): SiteTensors['window'] {
+  const w = entries.flatMap((e) => e.rewired).find((x) => x.to && hasPart(graph.producer.get(x.to)?.name ?? '', PART.window));
+  if (!w) fail('no input the journal rewired adds its window');
+  const consumer = nodeIn(graph, w.node) ?? fail(`the node producing '${w.node}' that the patch rewired is not in the graph`);
+  return { consumer: nodeKey(consumer), input: w.input, before: w.from, after: w.to };
+}
+
 function entriesOf(record: PatchRecord, scope: string, owner?: string): ScopeEdits[] {
   return record.journal.filter((e) => e.scope === scope && (owner === undefined || e.owner === owner));
 }
@@ -137,31 +159,36 @@ function locate(model: ModelProto, byPath: Map<string, Scope>, record: PatchReco
   const bodyScope = byPath.get(body) ?? fail(`its graph ${body} is not in the model`);
   const graph = bodyScope.graph;
   const alpha = r.prior ? thetaIn(r, call) : undefined;
-  const prior = alpha !== undefined ? priorRewire(graph, entriesOf(record, body, call ? undefined : `L${r.layer}`), alpha) : undefined;
+  const siteEdits = entriesOf(record, body, call ? undefined : `L${r.layer}`);
+  const prior = alpha !== undefined ? priorRewire(graph, siteEdits, alpha) : undefined;
+  if (r.window) site.window = windowValues(bodyScope, r.window);
+  const window = r.window ? windowRewire(graph, siteEdits) : undefined;
   if (r.apply === undefined) {
-    // The none preset: a prior and no factor.
-    if (!prior) fail('the record names neither a factor nor a prior');
-    site.tensors = { scope: body, before: prior.before, consumer: prior.consumer, input: prior.input, apply: '', prior,
-      ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r) }) };
+    // The none preset: a prior or a window, and no factor.
+    const first = window ?? prior;
+    if (!first) fail('the record names neither a factor nor a prior');
+    site.tensors = { scope: body, before: first.before, consumer: first.consumer, input: first.input, apply: '', ...(prior ? { prior } : {}),
+      ...(window ? { window } : {}), ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r) }) };
     return;
   }
   const entries = entriesOf(record, body).filter((e) => e.nodes.includes(r.apply!));
   if (entries.length === 0) fail(`the journal lists no edit that inserted its factor '${r.apply}'`);
   const apply = graph.nodes.find((n) => n.name === r.apply) ?? fail(`its factor '${r.apply}' is not in the graph`);
   // The prior's own rewire: what it wrote depends on θα (even when a model changed since reads something else there).
-  const rewires = entries.flatMap((e) => e.rewired).filter((w) => !(alpha && w.to && graph.query.dependsOn(w.to, alpha)));
+  const rewires = entries.flatMap((e) => e.rewired)
+    .filter((w) => !(alpha && w.to && graph.query.dependsOn(w.to, alpha)) && !(window && w.to === window.after));
   const scaled = rewires.filter((w) => w.to && graph.query.dependsOn(w.to, apply.output[0]));
   if (scaled.length === 0) fail(`no input the journal rewired reads its factor '${r.apply}'`);
   const main = scaled[0];
   const consumer = nodeIn(graph, main.node) ?? fail(`the node producing '${main.node}' that the patch rewired is not in the graph`);
   const bias = rewires.find((w) => w !== main && w.node === main.node && !graph.query.dependsOn(w.to, apply.output[0]));
-  // A prior added on the very input the factor's product went to: the product is read where the prior's Add reads it.
-  const samePlace = prior && prior.consumer === nodeKey(consumer) && prior.input === main.input;
+  // A prior or window added on the very input the factor's product went to: the product is read where its Add reads it.
+  const samePlace = [prior, window].some((x) => x && x.consumer === nodeKey(consumer) && x.input === main.input);
   site.tensors = {
     scope: body, before: main.from, consumer: nodeKey(consumer), input: main.input, apply: r.apply,
     ...(bias ? { bias: { input: bias.input, from: bias.from } } : {}),
     ...(r.kind ? {} : { softmax: softmaxOf(bodyScope, r) }),
-    ...(prior ? { prior } : {}), ...(samePlace ? { after: main.to } : {}),
+    ...(prior ? { prior } : {}), ...(window ? { window } : {}), ...(samePlace ? { after: main.to } : {}),
   };
 }
 

@@ -14,6 +14,7 @@ import { ProbeOutputs } from './probe-model';
 import { Outputs, OutputTensor } from './run';
 import { readsLogits, VerifySite } from './sites';
 import { elementCount } from './tensors';
+import { windowN, WindowSpec } from '../policy/window';
 
 /**
  * One run's views of a site from the probe copy's outputs: its logits (the last row only, when the copy brought
@@ -33,6 +34,7 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const v = logitsView({
     run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, hidden: w.hidden ? out[w.hidden] : undefined,
     content: w.content ? out[w.content] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
+    ...(site.window ? { window: site.window } : {}),
     ...(shape ? { keys: shape.data[shape.data.length - 1] } : {}),
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
@@ -55,6 +57,8 @@ export interface LogitsInput {
   lastRow?: { seq: number };
   /** The tensors are the query rows of a QK product with this many keys (not logits). */
   keys?: number;
+  /** The sliding window the site's n counts through (causal mode: n = the keys it leaves). */
+  window?: WindowSpec;
 }
 
 /** The logits view of a plain-op site, or a one-line problem. */
@@ -78,7 +82,8 @@ export function logitsView(x: LogitsInput): ProbeView | string {
           ? visibleCounts(termsOf(x.masked.data, x.after.data), tk)
           : maskedCounts(x.masked.data, tk);
   }
-  const causal = (i: number): number => tk - tq + row(i) + 1;
+  const w = x.window;
+  const causal = (i: number): number => (w ? windowN(w, tk - tq + row(i)) : tk - tq + row(i) + 1);
   const declared = (g: number, i: number): number => (counts ? Math.max(counts[g * rows + i], 1) : x.mode === 'causal' ? causal(i) : tk);
   const alternatives = miscounts(declared);
   if (!x.lastRow) {
@@ -430,6 +435,7 @@ export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   if (site.fused && !readsLogits(site)) return biasView(site, w, out, run.id, before, after);
   return logitsView({
     run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads,
+    ...(site.window ? { window: site.window } : {}),
   });
 }
 
