@@ -47,7 +47,19 @@ function variants(L: string): Variant[] {
     { name: 'llama4, floor_scale = L', args: ['--preset', 'llama4', '--floor-scale', L] },
     { name: 'ALiBi prior alone', args: ['--preset', 'none', '--prior', 'alibi'] },
     { name: 'ALiBi prior + ssmax', args: ['--prior', 'alibi', '--train-len', L] },
+    { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
+    { name: 'window prior W = L, 4 sinks', args: ['--preset', 'none', '--window', L, '--sinks', '4'] },
+    { name: 'window prior W = L + ssmax', args: ['--window', L, '--train-len', L] },
   ];
+}
+
+/** `--only a,b`: the variants whose names contain one of these (the original and the floor always run: the shares need them). */
+function chosen(list: Variant[], argv: string[]): Variant[] {
+  const i = argv.indexOf('--only');
+  if (i < 0) return list;
+  const terms = (argv[i + 1] ?? '').split(',').filter(Boolean);
+  if (terms.length === 0) throw new Error('--only takes names of variants, comma-separated');
+  return list.filter((v, k) => k < 2 || terms.some((t) => v.name.includes(t)));
 }
 
 export const LM_FAMILIES = [
@@ -171,7 +183,7 @@ export async function lmLossBench(argv: string[] = []): Promise<void> {
   const m = lmManifest();
   const text = evalText(m, filesArg(argv, m.files.length));
   const L = m.trainLen;
-  const list = variants(String(L));
+  const list = chosen(variants(String(L)), argv);
   const spans = buckets(L, m.bytes - 1);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-lm-'));
   const start = performance.now();

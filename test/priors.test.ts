@@ -10,16 +10,15 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { Graph } from '../src/graph/graph';
 import { encodeModel, readModel, serializeModel } from '../src/io/model-file';
-import { ModelProto } from '../src/io/onnx';
 import { alibiSlopes, LayerTheta, priorValue, Theta } from '../src/policy/prior';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
-import { Outputs, Runner } from '../src/verify/run';
+import { Runner } from '../src/verify/run';
 import { makeHost } from '../src/verify/tensors';
 import { randoms } from './support/build';
 import { cliError } from './support/io';
-import { decode, RefCase, TORCH } from './support/ref';
+import { maxCaseDiff, RefCase, runCase, TORCH } from './support/ref';
 
 interface PriorCase extends Omit<RefCase, 'patch'> { model: string; patch: RefPatch }
 const ref = JSON.parse(fs.readFileSync(path.join(TORCH, 'priors.ref.json'), 'utf8')) as { theta: Record<string, number[][]>; cases: PriorCase[] };
@@ -34,21 +33,6 @@ function options(c: PriorCase): PatchOptions {
 
 const thetaOf = (json: Record<string, number[] | number[][]>): Theta => ({ alpha: json.theta_alpha, beta: json.theta_beta, mu: json.theta_mu });
 
-async function run(model: ModelProto, c: PriorCase): Promise<Outputs> {
-  const runner = await Runner.create(encodeModel(model), c.name);
-  const out = await runner.run(Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)])));
-  await runner.release();
-  return out;
-}
-
-function maxDiff(out: Outputs, c: PriorCase): number {
-  let diff = 0;
-  for (const [name, t] of Object.entries(c.outputs)) {
-    const want = decode(t).data as Float32Array;
-    for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(out[name].data[i] - want[i]));
-  }
-  return diff;
-}
 
 const byName = (name: string): PriorCase => ref.cases.find((c) => c.name === name)!;
 
@@ -57,15 +41,15 @@ describe('positional priors against PyTorch references', () => {
     it(`${c.name}: ${JSON.stringify({ ...c.patch, priorTheta: c.patch.priorTheta ? '…' : undefined })}`, async () => {
       const { model, report } = patchModel(readModel(path.join(TORCH, c.model)), options(c));
       assert.ok(report.sites.every((s) => s.prior), 'every site carries the prior');
-      const diff = maxDiff(await run(model, c), c);
+      const diff = maxCaseDiff(await runCase(model, c), c);
       assert.ok(diff <= 1e-4, `max abs error ${diff}`);
     });
   }
 
   it('the neutral prior (θ = 0) alone computes what the original computed', async () => {
     const c = byName('ggd_neutral_none_t17');
-    const original = await run(readModel(path.join(TORCH, c.model)), c);
-    const patched = await run(patchModel(readModel(path.join(TORCH, c.model)), options(c)).model, c);
+    const original = await runCase(readModel(path.join(TORCH, c.model)), c);
+    const patched = await runCase(patchModel(readModel(path.join(TORCH, c.model)), options(c)).model, c);
     let diff = 0;
     for (let i = 0; i < original.logits.data.length; i++) diff = Math.max(diff, Math.abs(original.logits.data[i] - patched.logits.data[i]));
     assert.ok(diff <= 1e-5, `max abs difference ${diff}`);
@@ -104,7 +88,7 @@ describe('priors through the journal', () => {
     const neutral = patchModel(readModel(file), { prior: 'ggd', preset: 'none' }).model;
     const { model } = patchModel(neutral, { prior: 'ggd', theta: thetaOf(ref.theta), updateS: true });
     assert.equal(model.graph!.node.length, neutral.graph!.node.length);
-    assert.ok(maxDiff(await run(model, c), c) <= 1e-4);
+    assert.ok(maxCaseDiff(await runCase(model, c), c) <= 1e-4);
   });
 
   it('revert removes the prior and the factor exactly', () => {

@@ -8,42 +8,25 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { encodeModel, readModel, serializeModel } from '../src/io/model-file';
-import { ModelProto } from '../src/io/onnx';
+import { readModel, serializeModel } from '../src/io/model-file';
 import { windowN } from '../src/policy/window';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel } from '../src/rewrite/revert';
-import { Outputs, Runner } from '../src/verify/run';
 import { verifyPatch } from '../src/verify/verify';
 import { cliError } from './support/io';
-import { decode, RefCase, TORCH } from './support/ref';
+import { maxCaseDiff, RefCase, runCase, TORCH } from './support/ref';
 
 interface WindowCase extends Omit<RefCase, 'patch'> { model: string; patch: PatchOptions }
 const ref = JSON.parse(fs.readFileSync(path.join(TORCH, 'window.ref.json'), 'utf8')) as { cases: WindowCase[] };
 
-async function run(model: ModelProto, c: WindowCase): Promise<Outputs> {
-  const runner = await Runner.create(encodeModel(model), c.name);
-  const out = await runner.run(Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)])));
-  await runner.release();
-  return out;
-}
-
-function maxDiff(out: Outputs, c: WindowCase): number {
-  let diff = 0;
-  for (const [name, t] of Object.entries(c.outputs)) {
-    const want = decode(t).data as Float32Array;
-    for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(out[name].data[i] - want[i]));
-  }
-  return diff;
-}
 
 describe('the sliding window against PyTorch references', () => {
   for (const c of ref.cases) {
     it(`${c.name}: ${JSON.stringify(c.patch)}`, async () => {
       const { model, report } = patchModel(readModel(path.join(TORCH, c.model)), c.patch);
       assert.ok(report.sites.every((s) => s.window?.size === c.patch.window), 'every site carries the window');
-      const diff = maxDiff(await run(model, c), c);
+      const diff = maxCaseDiff(await runCase(model, c), c);
       assert.ok(diff <= 1e-4, `max abs error ${diff}`);
     });
   }

@@ -1,7 +1,10 @@
 /** Reads the PyTorch reference files written by fixtures/torch/make.py. */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { encodeModel } from '../../src/io/model-file';
+import { ModelProto } from '../../src/io/onnx';
 import { Feeds, HostTensor } from '../../src/verify/inputs';
+import { Outputs, Runner } from '../../src/verify/run';
 
 export const FIXTURES = path.resolve(__dirname, '../../../fixtures');
 export const TORCH = path.join(FIXTURES, 'torch');
@@ -59,4 +62,25 @@ export function decode(t: RefTensor): HostTensor {
 
 export function feedsOf(c: RefCase): Feeds {
   return Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)]));
+}
+
+/** A reference case's inputs and the outputs its reference computed. */
+type RefIO = Pick<RefCase, 'name' | 'inputs' | 'outputs'>;
+
+/** The model on onnxruntime, fed a reference case's inputs. */
+export async function runCase(model: ModelProto, c: RefIO): Promise<Outputs> {
+  const runner = await Runner.create(encodeModel(model), c.name);
+  const out = await runner.run(Object.fromEntries(Object.entries(c.inputs).map(([k, v]) => [k, decode(v)])));
+  await runner.release();
+  return out;
+}
+
+/** The largest absolute difference of any output from the reference's. */
+export function maxCaseDiff(out: Outputs, c: RefIO): number {
+  let diff = 0;
+  for (const [name, t] of Object.entries(c.outputs)) {
+    const want = decode(t).data as Float32Array;
+    for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(out[name].data[i] - want[i]));
+  }
+  return diff;
 }
