@@ -6,6 +6,7 @@ import { isScaleName, RECORD_KEY } from '../identity';
 import { ScopeEdits } from './journal';
 import type { PresetName } from '../policy/factor';
 import type { PriorName, ThetaName } from '../policy/prior';
+import type { WindowSpec } from '../policy/window';
 
 export interface SiteRecord {
   layer: number;
@@ -51,7 +52,7 @@ export interface PatchRecord {
   /** The positional prior added, if any, and where its θ came from. */
   prior?: { kind: PriorName; from: string };
   /** The sliding window added, if any. */
-  window?: { size: number; sinks: number };
+  window?: WindowSpec;
   trainLen?: number;
   b?: number;
   floorScale?: number;
