@@ -47,6 +47,16 @@ const EXPECTED_REFUSALS: Record<string, RegExp> = {
   'scanModel {"preset":"none","prior":"alibi"}': /main\/Scan.body: a positional prior needs the head count/,
   'scanModel per-head s': /head count is unknown/,
 };
+/** The sliding windows the matrix patches with: with SSMax (n through the window), and alone (W + S below its longest run). */
+const WINDOWS: PatchOptions[] = [{ trainLen: 16, window: 6, sinks: 1 }, { preset: 'none', window: 8, sinks: 2 }];
+/** Fixtures with a site that attends to every key (or every unpadded key): a causal window is refused there. */
+const NOT_CAUSAL: Record<string, RegExp> = {
+  'attn_functions.onnx': /layer 0 of function .*: option window is a causal sliding window, and this site attends to every key \(/,
+  'classifier.onnx': /layer 0: option window is a causal sliding window, and this site attends to every key \(/,
+  'torch_decoder.onnx': /layer 1: .* attends to every key its padding leaves/,
+  ...Object.fromEntries(['bert_encoder', 'einsum_encoder', 'encoder_3d', 'fairseq_encoder', 'torch_encoder'].map((f) => [`${f}.onnx`, /layer 0: .* attends to every key its padding leaves/])),
+};
+for (const [file, why] of Object.entries(NOT_CAUSAL)) for (const o of WINDOWS) EXPECTED_REFUSALS[`${file} ${JSON.stringify(o)}`] = why;
 const refusals = new Map<string, string>();
 
 function refuse(label: string, reason: string): void {
@@ -94,6 +104,7 @@ const PRESETS: [string, PatchOptions][] = [
   ['ssmax', { trainLen: L }], ['bias', { trainLen: L, b: 0.2 }], ['qwen-logn', { preset: 'qwen-logn', trainLen: L }], ['llama4', { preset: 'llama4', floorScale: 8 }],
   ['ssmax + ggd prior', { trainLen: L, prior: 'ggd', theta: THETA }], ['none + alibi prior', { preset: 'none', prior: 'alibi' }],
   ['none + neutral ggd prior', { preset: 'none', prior: 'ggd' }],
+  ['ssmax + window', WINDOWS[0]], ['none + window', WINDOWS[1]],
 ];
 
 describe('no false failures: strict verification of correct patches', () => {
@@ -308,6 +319,26 @@ MUTATIONS.push(
   ['the prior not scaled by the factor (expanded com.microsoft Attention)', models.msAttentionModel, { trainLen: L, n: 'causal', prior: 'ggd', theta: THETA }, unscaledPrior,
     /layer 0 \(Attention.* prior/],
   ['the prior not scaled by the factor (GroupQueryAttention)', models.gqaModel, { trainLen: L, prior: 'alibi' }, unscaledPrior, /layer 0 \(GroupQueryAttention.* prior/],
+);
+
+/** Every window's bias keeps the key one older than its W too (`Less` of the key's age made `LessOrEqual`). */
+function windowOneWider(m: ModelProto): void {
+  const less = m.graph!.node.filter((n) => n.name.endsWith('/in_window'));
+  assert.ok(less.length > 0, 'no window comparison');
+  for (const n of less) n.opType = 'LessOrEqual';
+}
+
+/** Layer `layer`'s Softmax reads what the window's Add read: the Add is computed and nothing reads it. */
+function windowUnread(m: ModelProto, layer: number): void {
+  const add = m.graph!.node.find((n) => n.name === `ssmax/L${layer}/window`)!;
+  for (const n of m.graph!.node) n.input = n.input.map((i) => (i === add.output[0] ? add.input[0] : i));
+}
+
+MUTATIONS.push(
+  // With key padding n is counted through the window's verdict, so the factor's probe fails first.
+  ['the window one key wider than its W', gpt2, WINDOWS[0], windowOneWider, /^layer \d/],
+  ['the window one key wider than its W (alone)', llama, WINDOWS[1], windowOneWider, /^layer \d window: /],
+  ['the window\'s Add read by nothing', gpt2, WINDOWS[0], (m) => windowUnread(m, 1), /^layer 1: .*no longer reads the window's Add/],
 );
 
 describe('no false passes: wrong patches fail, naming the site', () => {

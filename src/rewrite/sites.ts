@@ -160,8 +160,9 @@ export class SitePatcher {
   private windowFits(scope: Scope, site: AttentionSite, mode: string): void {
     const where = `layer ${site.layer}${site.scope === 'main' ? '' : ` of ${site.scope}`}`;
     if (site.groupAxis !== undefined) throw new InputError(`${where}: ${opt('window')} needs logits of known rank (rows and keys); this Softmax normalises a group of axes`, 'cannot-patch');
-    if (mode === 'keys') {
-      throw new InputError(`${where}: ${opt('window')} is a causal sliding window, and this site attends to every key (no causal mask found): give ${opt('n', 'causal')} if the model is causal`, 'cannot-patch');
+    if (mode === 'keys' || mode === 'padding') {
+      const every = mode === 'keys' ? 'every key' : 'every key its padding leaves';
+      throw new InputError(`${where}: ${opt('window')} is a causal sliding window, and this site attends to ${every} (no causal mask found): give ${opt('n', 'causal')} if the model is causal, or ${opt('layers')} without this layer`, 'cannot-patch');
     }
     this.opset.ensure(scope, `${where}: the sliding window (Range, Where)`);
   }

@@ -21,6 +21,9 @@ import { Exposer, Unexposable } from './expose';
 import { constant, lastRows, node, PREFIX } from './nodes';
 import { readsLogits, VerifySite } from './sites';
 import { STRONG_MASK } from '../detect/mask-form';
+import type { WindowSpec } from '../policy/window';
+import { setWindows } from './runtime-model';
+import { SHORT_SEQ } from './plan';
 
 export interface ProbeOutputs {
   before: string;
@@ -43,13 +46,28 @@ export interface ProbeOutputs {
   type?: number;
   /** The positional prior: what its Add read (absent: nothing, a fused operator without a bias) and what it made. */
   prior?: { before?: string; after: string; type?: number };
+  /** The sliding window: what its Add read and made, and the W and S this copy runs it with (probeWindow). */
+  window?: { before: string; after: string; type?: number; spec: WindowSpec };
 }
 
 /** Per site: its outputs, why the site cannot be seen (`unprobed`), or what is wrong with it (`problem`). */
 export type ProbeWiring = ProbeOutputs | { unprobed: string } | { problem: string };
 
+/**
+ * The window the copy of all rows runs: the model's when its short runs (SHORT_SEQ keys) outrun it, else one they
+ * do, so the rows it reads have keys hidden and sinks kept whatever W the model has. The window's nodes read W and
+ * S at run time, so the nodes probed are the model's own. The last-row copy (runs beyond L) keeps the model's window.
+ */
+const PROBE_WINDOW: WindowSpec = { size: 4, sinks: 2 };
+
+export function probeWindow(w: WindowSpec, rows: 'all' | 'last'): WindowSpec {
+  if (rows === 'last' || w.size < SHORT_SEQ) return w;
+  return { size: PROBE_WINDOW.size, sinks: Math.min(w.sinks, PROBE_WINDOW.sinks) };
+}
+
 export function addProbeOutputs(model: ModelProto, sites: readonly VerifySite[], rows: 'all' | 'last'): ProbeWiring[] {
   const x = new Exposer(model);
+  setWindows(x.scopes, sites.map((s) => s.record), (w) => probeWindow(w, rows));
   const wirings = sites.map((site) => wire(x, site, rows));
   x.finish();
   return wirings;
@@ -95,6 +113,10 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   const before = lastOf(t.before);
   const after = lastOf(actual);
   const prior = t.prior ? { before: out(lastOf(t.prior.before), 'prior_before'), after: out(lastOf(t.prior.after), 'prior_after'), type: scope.shapes.type(t.prior.after) } : undefined;
+  const window = t.window && site.window ? {
+    before: out(lastOf(t.window.before), 'window_before'), after: out(lastOf(t.window.after), 'window_after'), type: scope.shapes.type(t.window.after),
+    spec: probeWindow(site.window, rows),
+  } : undefined;
   let keys: string | undefined;
   if (site.record.target === 'query') {
     const shape = g.uniqueName(`${PREFIX}${nodeLabel(consumer)}/qk_shape`);
@@ -107,6 +129,7 @@ function logitsOutputs(x: Exposer, site: VerifySite, scope: Scope, consumer: Nod
   const hidden = wantMasked ? mildFill(x, scope, softmax.input) : undefined;
   return {
     type: scope.shapes.type(actual), before: out(before, 'before'), after: out(after, 'after'), ...(keys ? { keys } : {}), ...(prior ? { prior } : {}),
+    ...(window ? { window } : {}),
     ...(wantMasked ? { masked: out(lastOf(softmax.input), 'masked') } : {}),
     ...(hidden ? { hidden: out(lastOf(hidden), 'hidden') } : {}),
     ...(wantMasked && t.content ? { content: out(lastOf(t.content), 'content') } : {}),

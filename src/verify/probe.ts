@@ -39,6 +39,8 @@ export interface ProbeSiteResult {
   matches?: string[];
   /** This result is of the site's positional prior (after its Add = before + c·B), not of its factor. */
   prior?: boolean;
+  /** This result is of the site's sliding window (after its Add = before + its bias), not of its factor. */
+  window?: boolean;
   /** Rows not probed: the original's logits there hold NaN or +Inf, so its attention row is NaN and sees no n. */
   rowsWithoutN?: number;
 }
@@ -85,8 +87,11 @@ export interface ProbeSubject {
   s: number[];
   /** An additive term the patch adds to the logits before its factor, per block, row and key of a view. */
   prior?: (v: ProbeView, g: number, i: number, j: number) => number;
-  /** The subject is a prior's Add (after = before + prior): failures are described by what was added. */
-  additive?: boolean;
+  /**
+   * The subject is an Add (after = before + prior): a positional prior's (c·B) or a sliding window's bias. Failures
+   * are described by what was added, `expected` naming the term and `from` what it was recomputed from.
+   */
+  additive?: { kind: 'prior' | 'window'; expected: string; from: string };
 }
 
 /** Collects a site's tensors over every run, then judges them. */
@@ -212,7 +217,8 @@ export class SiteProbe {
     const score = Math.abs(added - expected) / Math.max(Math.abs(expected), 1e-12);
     if (this.worst && score <= this.worst.score) return;
     const d = v.pos ? `, d = j − i = ${j - v.pos(g, i)}` : '';
-    this.worst = { score, text: `${v.where(g, i)} key ${j}: the prior added ${fmt(added)}, expected c·B = ${fmt(expected)} (n = ${v.n(g, i)}${d})` };
+    const a = this.subject.additive!;
+    this.worst = { score, text: `${v.where(g, i)} key ${j}: the ${a.kind} added ${fmt(added)}, expected ${a.expected} = ${fmt(expected)} (n = ${v.n(g, i)}${d})` };
   }
 
   private describeRow(v: ProbeView, g: number, i: number, top: number, topAbs: number, rowFails: boolean, base: (j: number) => number): void {
@@ -246,13 +252,13 @@ export class SiteProbe {
     const s = this.subject.s.length === 1 ? this.subject.s[0] : this.subject.s;
     const base = { layer, ...(scope && scope !== 'main' ? { scope } : {}), site: label, n, s, runs: this.runs, entries: this.entries, maxRelError: this.maxRel,
       maxScaledError: this.maxScaled,
-      ...(this.subject.additive ? { prior: true } : {}), ...(this.rowsWithoutN ? { rowsWithoutN: this.rowsWithoutN } : {}) };
+      ...(this.subject.additive ? { [this.subject.additive.kind]: true } : {}), ...(this.rowsWithoutN ? { rowsWithoutN: this.rowsWithoutN } : {}) };
     if (this.problem) return { ...base, passed: false, message: `${label}: ${this.problem}` };
     if (this.entries === 0) return { ...base, passed: false, message: `${label}: no finite values to check` };
     if (this.hypotheses[0].fits) return { ...base, passed: true };
     const alternatives = [...this.tried].filter((name) => !this.rejected.has(name));
     const matches = [...alternatives, ...this.hypotheses.slice(1).filter((h) => h.fits).map((h) => h.name)];
-    if (this.subject.additive) return { ...base, passed: false, message: `${label}: ${this.worst?.text ?? 'mismatch'}; c·B recomputed from θ as the model holds it` };
+    if (this.subject.additive) return { ...base, passed: false, message: `${label}: ${this.worst?.text ?? 'mismatch'}; ${this.subject.additive.expected} recomputed from ${this.subject.additive.from}` };
     const example = this.varying?.text ?? this.worst?.text ?? 'mismatch';
     const pattern = matches.length ? `matches ${matches.join(' or ')}`
       : this.varying ? 'the factor varies along a row: it must be constant within a row (a [Tq,1] column, not a [1,Tk] row)'

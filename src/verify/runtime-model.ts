@@ -11,7 +11,7 @@ import { readsOf, topoSort } from '../graph/toposort';
 import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { findFactors } from '../rewrite/existing';
 import { cloneModel } from '../rewrite/patch';
-import { PatchRecord, readRecord } from '../rewrite/record';
+import { readRecord, SiteRecord } from '../rewrite/record';
 import { fusedOwner } from '../rewrite/fuse-attention';
 import { constant, node, PREFIX } from './nodes';
 import { findSites } from './sites';
@@ -53,7 +53,7 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
     if (site.prior && scope) neutralPrior(scope, site.prior);
   }
   // A window wider than any run hides nothing: the wiring copy then computes what the original did.
-  setWindows(scopes, record, () => ({ size: NO_WINDOW, sinks: 0 }));
+  setWindows(scopes, record?.sites ?? [], () => ({ size: NO_WINDOW, sinks: 0 }));
   const inserted = insertedNodes(model, record?.journal);
   for (const scope of touched) {
     dropUnread(scope, inserted);
@@ -96,9 +96,9 @@ function neutralPrior(scope: Scope, theta: Record<string, string>): void {
  * Every sliding window's W and S set to `to(W, S)` in whichever graph holds its constants (an initializer, or a
  * Constant node in a function body); the window's nodes read them at run time, so this is the window the copy runs.
  */
-function setWindows(scopes: Scope[], record: PatchRecord | null, to: (w: WindowSpec) => WindowSpec): void {
+export function setWindows(scopes: Scope[], sites: readonly SiteRecord[], to: (w: WindowSpec) => WindowSpec): void {
   const seen = new Set<string>();
-  for (const site of record?.sites ?? []) {
+  for (const site of sites) {
     if (!site.window || seen.has(site.window.size)) continue;
     seen.add(site.window.size);
     const scope = scopes.find((s) => s.graph.producer.has(site.window!.size) || s.graph.initializers.has(site.window!.size));

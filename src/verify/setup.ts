@@ -97,6 +97,15 @@ export type Setup = Readonly<Omit<SetupDraft, 'plan' | 'sites' | 'refused' | 'sp
 /** How the sweep runs: whole prompts even over a cache, for calibration (it reads every row of one causal run). */
 export interface SweepForm { wholePrompts?: boolean }
 
+/**
+ * The none preset with a sliding window and no prior: the keys up to which no window hides any (W + S, the
+ * smallest), so liveness looks beyond them; undefined when a prior changes the logits at every length.
+ */
+function windowsAlone(sites: readonly VerifySite[]): number | undefined {
+  if (sites.length === 0 || sites.some((s) => s.theta || !s.window)) return undefined;
+  return Math.min(...sites.map((s) => s.window!.size + s.window!.sinks));
+}
+
 export function prepare(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, form: SweepForm = {}): Setup {
   const record = readRecord(patched);
   if (!record && readRecord(original)) {
@@ -139,7 +148,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
   const setup: SetupDraft = {
     record, preset, sites, refused, graph, specs, given, inputFiles: options.inputFiles ?? {}, fixed, L, trainLenSource: source,
-    identity, liveFrom: preset.kind === 'none' ? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
+    identity, liveFrom: preset.kind === 'none' ? windowsAlone(sites) ?? 1 : identity ? identity.upTo : L, plan, seqFree, pastFree, pinned, fixedSeq, minPast, checks, strict: Boolean(options.strict),
     tolerance: { atol: options.atol ?? 1e-4, rtol: options.rtol ?? 1e-4 }, toleranceGiven: options.atol !== undefined || options.rtol !== undefined,
     lowPrecisionOutputs, modelOutputs: original.graph!.output.map((o) => o.name),
     bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,

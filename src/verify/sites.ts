@@ -134,6 +134,9 @@ function windowRewire(graph: Graph, entries: ScopeEdits[]): SiteTensors['window'
   const w = entries.flatMap((e) => e.rewired).find((x) => x.to && hasPart(graph.producer.get(x.to)?.name ?? '', PART.window));
   if (!w) fail('no input the journal rewired adds its window');
   const consumer = nodeIn(graph, w.node) ?? fail(`the node producing '${w.node}' that the patch rewired is not in the graph`);
+  // The Add can be right while nothing reads it: then the window hides nothing, which its probe alone cannot see.
+  const reads = consumer.input[w.input];
+  if (reads !== w.to && !graph.query.dependsOn(reads, w.to)) fail(`'${nodeLabel(consumer)}' no longer reads the window's Add (its input ${w.input} is '${reads}'): the window hides nothing`);
   return { consumer: nodeKey(consumer), input: w.input, before: w.from, after: w.to };
 }
 

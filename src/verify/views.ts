@@ -34,7 +34,7 @@ export function siteViews(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   const v = logitsView({
     run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, hidden: w.hidden ? out[w.hidden] : undefined,
     content: w.content ? out[w.content] : undefined, mode: site.record.n, heads, ...(lastRow ? { lastRow: { seq: run.seq } } : {}),
-    ...(site.window ? { window: site.window } : {}),
+    ...windowOf(site, w),
     ...(shape ? { keys: shape.data[shape.data.length - 1] } : {}),
   });
   return typeof v === 'string' ? v : { views: [v], unchanged: [] };
@@ -435,7 +435,25 @@ export function priorView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: 
   if (site.fused && !readsLogits(site)) return biasView(site, w, out, run.id, before, after);
   return logitsView({
     run: run.id, before: before!, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads,
-    ...(site.window ? { window: site.window } : {}),
+    ...windowOf(site, w),
+  });
+}
+
+/** The sliding window the probe copy runs the site with (probe-model.ts probeWindow), if it has one. */
+function windowOf(site: VerifySite, w: ProbeOutputs): { window?: WindowSpec } {
+  const spec = w.window?.spec ?? site.window;
+  return spec ? { window: spec } : {};
+}
+
+/**
+ * One run's view of a site's sliding window: what its Add read (before) and made (after), as the site's logits,
+ * with each row's absolute position, so the probe can recompute the bias from W and S.
+ */
+export function windowView(site: VerifySite, w: ProbeOutputs, out: Outputs, run: { id: string }): ProbeView | string {
+  const before = out[w.window!.before], after = out[w.window!.after];
+  if (!before || !after) return `the window's tensors were not produced (${run.id})`;
+  return logitsView({
+    run: run.id, before, after, masked: w.masked ? out[w.masked] : undefined, mode: site.record.n, heads: Math.max(1, site.s.length), ...windowOf(site, w),
   });
 }
 

@@ -28,7 +28,7 @@ export class LivenessCheck implements CheckUnit {
   constructor(private readonly ctx: UnitContext) {
     const { setup } = ctx;
     const p = setup.preset;
-    this.beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? 'one token (the none preset: the prior alone)' : `L = ${setup.liveFrom}`;
+    this.beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? (setup.liveFrom > 1 ? `W + S = ${setup.liveFrom} keys (the none preset: a window alone hides nothing up to there)` : 'one token (the none preset: the prior alone)') : `L = ${setup.liveFrom}`;
   }
 
   readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';

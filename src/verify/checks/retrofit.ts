@@ -177,7 +177,9 @@ export class RetrofitCheck implements CheckUnit {
     const notAt = setup.sites.flatMap((site, i) => {
       if (this.unseen.has(i) || this.seen[i].rows > 0) return [];
       const spans = [...this.seen[i].spans.values()];
-      return spans.length ? [`${site.label}: n = ${spans.map(([a, b]) => (a === b ? a : `${a} … ${b}`)).join(', ')} in the retrofit runs, never ${id.text}: its key count is fixed by the model's inputs`] : [];
+      const cap = site.window ? site.window.size + site.window.sinks : Infinity;
+      const why = spans.every(([, hi]) => hi <= cap) ? `its sliding window leaves a row at most W + S = ${cap} keys` : 'its key count is fixed by the model\'s inputs';
+      return spans.length ? [`${site.label}: n = ${spans.map(([a, b]) => (a === b ? a : `${a} … ${b}`)).join(', ')} in the retrofit runs, never ${id.text}: ${why}`] : [];
     });
     let result: CheckResult;
     if (failure) result = check('retrofit', 'FAILED', failure, this.criterion, this.runs);
@@ -225,7 +227,7 @@ function parityText(r: RunResult, setup: Setup): string {
 
 function noIdentity(setup: Setup): string {
   const p = setup.preset;
-  if (p.kind === 'none') return 'the none preset adds a positional prior only: no factor is 1 anywhere, the prior changes the logits at every length (the probe checks it)';
+  if (p.kind === 'none') return 'the none preset adds a positional prior or a sliding window only: no factor is 1 anywhere, and what it adds changes the logits (the probe checks it)';
   if (setup.sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return 'a positional prior with θβ ≠ 0 changes the logits at every length: no length reproduces the original (the probe checks the prior; wiring parity checks it at neutral θ)';
   if (p.kind === 'ssmax' && p.b !== undefined && p.b !== 0) return `the bias variant's factor s·ln n + ${p.b} is 1 at no length the patch promises`;
   return 'the patch was made with s given directly (no train length): it promises no length where it equals the original';
