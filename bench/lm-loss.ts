@@ -22,6 +22,9 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Outputs, Runner } from '../src/verify/run';
+import { spawnSync } from 'node:child_process';
+import { CalibrateDocument } from '../src/cli/report';
+import { BIN } from './io';
 import { writeVariant } from './quality';
 
 const FIXTURES = path.resolve(__dirname, '../../fixtures/lm');
@@ -33,8 +36,11 @@ export const lmModel = (name: string): string => path.join(FIXTURES, `${name}.on
 
 interface Variant {
   name: string;
-  /** Arguments of `ssmax-patch <model>`; null: the original model; 'window': the original over windows of L bytes. */
-  args: string[] | null | 'window';
+  /**
+   * Arguments of `ssmax-patch <model>`; null: the original model; 'window': the original over windows of L bytes;
+   * 'calibrate': the slope with s from `calibrate --match loss` on held-out files the evaluation does not read.
+   */
+  args: string[] | null | 'window' | 'calibrate';
 }
 
 function variants(L: string): Variant[] {
@@ -45,6 +51,7 @@ function variants(L: string): Variant[] {
     { name: 'slope, s = 1/ln L', args: ['--preset', 'slope', '--train-len', L] },
     { name: 'qwen-logn', args: ['--preset', 'qwen-logn', '--train-len', L] },
     { name: 'llama4, floor_scale = L', args: ['--preset', 'llama4', '--floor-scale', L] },
+    { name: 'slope, s calibrated by loss', args: 'calibrate' },
     { name: 'ALiBi prior alone', args: ['--preset', 'none', '--prior', 'alibi'] },
     { name: 'ALiBi prior + ssmax', args: ['--prior', 'alibi', '--train-len', L] },
     { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
@@ -71,8 +78,8 @@ export const LM_FAMILIES = [
 const FILES_PER_RUN = 4;
 
 /** The evaluation text: the listed prefix of each file, or an error saying what differs on this machine. */
-export function evalText(m: Manifest, count: number): Uint8Array[] {
-  return m.files.slice(0, count).map((f) => {
+export function evalText(m: Manifest, count: number, from = 0): Uint8Array[] {
+  return m.files.slice(from, from + count).map((f) => {
     const file = path.join(m.root, f.path);
     if (!fs.existsSync(file)) throw new Error(`${file} is missing: the benchmark reads the Python standard library's source as ${m.package} ships it`);
     const bytes = fs.readFileSync(file).subarray(0, m.bytes);
@@ -168,8 +175,31 @@ function filesArg(argv: string[], max: number): number {
   return n;
 }
 
+/**
+ * Files the calibration reads (8 files of 2,048 bytes, after every file the evaluation can read): the slope's s is
+ * chosen on text the loss table is not measured on.
+ */
+const CALIBRATION_FILES = { from: 32, count: 8 };
+
+/** The slope with s of lowest loss past L on the calibration files; the original where s = 0 was best (calibrate writes no model then). */
+function calibrated(file: string, L: number, dir: string, out: string): string {
+  const m = lmManifest();
+  if (m.files.length < CALIBRATION_FILES.from + CALIBRATION_FILES.count) throw new Error('eval.json lists too few files to calibrate on files the evaluation does not read');
+  const rows = evalText(m, CALIBRATION_FILES.count, CALIBRATION_FILES.from);
+  const ids = path.join(dir, 'calibration-ids.json');
+  if (!fs.existsSync(ids)) fs.writeFileSync(ids, JSON.stringify({ dims: [rows.length, m.bytes], data: rows.flatMap((r) => Array.from(r)) }));
+  const r = spawnSync(process.execPath, [BIN, 'calibrate', file, '--train-len', String(L), '--max-len', String(m.bytes), '--match', 'loss', '--input', `input_ids=${ids}`,
+    '-o', out, '--force', '--quiet', '--json'], { encoding: 'utf8' });
+  const doc = JSON.parse(r.stdout) as CalibrateDocument;
+  const g = doc.calibration?.groups[0];
+  if (!g || (r.status !== 0 && g.state !== 'no gain')) throw new Error(`calibrate --match loss (${path.basename(file)}) failed (${r.status}): ${r.stderr.trim()}`);
+  process.stdout.write(`calibrated ${path.basename(file)}: s = ${g.s.toFixed(3)} (${g.state}; ${doc.calibration!.runs} runs, ${(doc.calibration!.totalMs / 1000).toFixed(1)} s)\n`);
+  return g.state === 'no gain' ? file : out;
+}
+
 async function measure(file: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
-  const model = variant.args === null || variant.args === 'window' ? file : writeVariant(file, [file], variant.args, path.join(dir, `${path.basename(file, '.onnx')}.v${index}.onnx`));
+  const out = path.join(dir, `${path.basename(file, '.onnx')}.v${index}.onnx`);
+  const model = variant.args === null || variant.args === 'window' ? file : variant.args === 'calibrate' ? calibrated(file, L, dir, out) : writeVariant(file, [file], variant.args, out);
   const runner = await Runner.create(model, path.basename(model));
   try {
     const whole = await nextByteBits(runner, text);

@@ -159,7 +159,7 @@ describe('calibrate: bad input', () => {
     ['no --train-len', ['calibrate', rope], /--train-len is required/],
     ['N not beyond L', ['calibrate', rope, '--train-len', '64', '--max-len', '64'], /--max-len: expected an integer ≥ 65/],
     ['too few tokens', ['calibrate', rope, '--train-len', '64', '--max-len', '1024', '--input', `input_ids=${tokenFile}`], /T ≥ N = 1024/],
-    ['an unknown statistic', ['calibrate', rope, '--train-len', '64', '--match', 'mean'], /--match must be max-prob or entropy/],
+    ['an unknown statistic', ['calibrate', rope, '--train-len', '64', '--match', 'mean'], /--match must be max-prob, entropy or loss, got 'mean'/],
     ['an existing output', ['calibrate', rope, '--train-len', '64', '-o', rope], /overwrite|already exists/],
   ];
   for (const [what, args, message] of cases) {

@@ -290,7 +290,9 @@ describe('the packed package in a fresh project', { skip: unreachable }, () => {
     assert.doesNotMatch(ls.stdout + ls.stderr, /protobufjs|onnxruntime-node/);
     const node = runShell(first.replace('--force', '-o model.node.onnx'), project, userEnv, true);
     assert.equal(node.code, 0, node.stdout + node.stderr);
-    assert.match(node.stdout, /\nverify: PASSED \(5 passed\) in \d+\.\d s on onnxruntime-node 1\.30\.0\n/);
+    // npm installs the newest release the range ^1.30.0 allows (1.31.1 on 2026-12-04): whichever it is, it ran.
+    const version = /\nverify: PASSED \(5 passed\) in \d+\.\d s on onnxruntime-node 1\.(\d+)\.\d+\n/.exec(node.stdout);
+    assert.ok(version && Number(version[1]) >= 30, node.stdout);
     assert.ok(fs.readFileSync(path.join(project, 'model.ssmax.onnx')).equals(fs.readFileSync(path.join(project, 'model.node.onnx'))),
       'the same patch, whichever runtime verified it');
     const others = runShell(rest.join('\n'), project, userEnv, true);

@@ -31,6 +31,7 @@ import { Feeds, HostTensor } from '../verify/tensors';
 import { CalibrationModel, calibrationModel, scaleFeeds } from './model';
 import { CalibrationGroup, CalibrationReport, CurvePoint, MatchStatistic } from './report';
 import { gapOf, predictSlope, SlopeSearch } from './search';
+import { findLogits, LossPoint, LossSearch, lossSpans, nextTokenLoss } from './loss';
 import { Granularity, groupOf, RowStats, SiteLayout } from './stats';
 
 export interface CalibrateOptions {
@@ -38,7 +39,10 @@ export interface CalibrateOptions {
   trainLen: number;
   /** N: the length to calibrate for (default 8·L, else the longest length of verification's default sweep). */
   targetLen?: number;
-  /** The statistic matched: the mean largest attention probability (default) or the mean entropy. */
+  /**
+   * The statistic matched: the mean largest attention probability (default) or the mean entropy; or `loss`, the
+   * model's own next-token loss past L on the given token ids (`inputs`), minimised (one s for the model).
+   */
   match?: MatchStatistic;
   /** One s for the model (default), one per layer, or one per head of each layer. */
   granularity?: Granularity;
@@ -113,7 +117,8 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   fitTargetLength(plan, setup, options.targetLen !== undefined);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
   const cm = calibrationModel(template.model, setup.sites, plan.match === 'entropy' ? 'entropy' : 'max');
-  const layouts = siteLayouts(setup, template.report, detection, cm, granularity);
+  const byLoss = plan.match === 'loss';
+  const layouts = byLoss ? new Map<number, SiteLayout>() : siteLayouts(setup, template.report, detection, cm, granularity);
   const factory = new SessionFactory(original, template.model, setup.sites, false);
   let report: CalibrationReport;
   let s: SValue;
@@ -122,7 +127,7 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
     const runner = await openCalibration(factory, cm.model);
     const ctx: Context = { plan, setup, cm, layouts, runner, factory, given, progress, runs: 0 };
     try {
-      ({ report, s } = await search(ctx, heads, first));
+      ({ report, s } = byLoss ? await searchLoss(ctx, first) : await search(ctx, heads, first));
     } finally {
       await factory.release(runner);
     }
@@ -143,11 +148,16 @@ function checkInteger(v: number | undefined, name: 'trainLen' | 'targetLen' | 'm
 function planOf(o: CalibrateOptions, L: number, granularity: Granularity): Plan {
   if (!['global', 'per-layer', 'per-head'].includes(granularity)) throw new InputError(`${opt('granularity')} must be global, per-layer or per-head, got '${granularity}'`, 'usage');
   const match = o.match ?? 'max-prob';
-  if (match !== 'max-prob' && match !== 'entropy') throw new InputError(`${opt('match')} must be max-prob or entropy, got '${match}'`, 'usage');
+  if (match !== 'max-prob' && match !== 'entropy' && match !== 'loss') throw new InputError(`${opt('match')} must be max-prob, entropy or loss, got '${match}'`, 'usage');
+  if (match === 'loss' && Object.keys(o.inputs ?? {}).length === 0) {
+    throw new InputError(`${opt('match', 'loss')} minimises the model's own next-token loss on your tokens: give token ids [batch, T ≥ N] with ${opt('inputs')}`, 'usage');
+  }
+  // One loss, one s: a per-layer or per-head search would need a run per group and step.
+  if (match === 'loss' && granularity !== 'global') throw new InputError(`${opt('match', 'loss')} calibrates one s for the model (the loss is one number); drop ${opt('granularity')}`, 'usage');
   const N = o.targetLen === undefined ? 8 * L : checkInteger(o.targetLen, 'targetLen', L + 1);
   const maxS = o.maxS ?? 16 / Math.log(L);
   if (!(maxS > 0) || !Number.isFinite(maxS)) throw new InputError(`${opt('maxS')} must be a positive number, got ${maxS}`, 'usage');
-  return { L, N, granularity, match, maxRuns: checkInteger(o.maxRuns ?? 10, 'maxRuns', 1), maxS, notes: [] };
+  return { L, N, granularity, match, maxRuns: checkInteger(o.maxRuns ?? (match === 'loss' ? 12 : 10), 'maxRuns', 1), maxS, notes: [] };
 }
 
 /**
@@ -276,6 +286,55 @@ async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{
   return { s, report: reportOf(ctx, s, groups, curve, causalOnly) };
 }
 
+/**
+ * The s of lowest next-token loss past L (loss.ts): one whole prompt of the given tokens, N long, per candidate s;
+ * the original (s = 0) first. The curve is the loss per span of keys seen, before and with the s found.
+ */
+async function searchLoss(ctx: Context, first: number): Promise<{ report: CalibrationReport; s: SValue }> {
+  const { plan } = ctx;
+  const run = runOf(ctx, plan.N);
+  if (run.past > 0 || !ctx.given) throw new InputError(`${opt('match', 'loss')} scores whole prompts of the given tokens, and this model's runs need ${run.past} cached tokens`, 'cannot-verify');
+  const names = Object.keys(ctx.given.ids);
+  if (names.length !== 1) throw new InputError(`${opt('match', 'loss')} scores the next token of one ids input; ${names.length} were given (${names.join(', ')})`, 'usage');
+  const ids = ctx.given.ids[names[0]];
+  const spans = lossSpans(plan.L, run.seq);
+  let logits: string | undefined;
+  const measured: LossPoint[] = [];
+  const at = async (s: number, what: string): Promise<LossPoint> => {
+    ctx.progress(`calibrate: run ${++ctx.runs} (${run.id}), ${what}`);
+    let out;
+    try {
+      out = await ctx.runner.run({ ...inputsOf(ctx, run), ...scaleFeeds(ctx.cm, () => s) }, logits ? [logits] : ctx.setup.modelOutputs);
+    } catch (e) {
+      throw await runFailure(ctx, run, e);
+    }
+    logits ??= findLogits(out, run.batch, run.seq);
+    const p = { s, ...nextTokenLoss(out[logits], ids, plan.L, spans) };
+    measured.push(p);
+    return p;
+  };
+  const x = new LossSearch(first, plan.maxS, LOSS_WIDTH * first);
+  x.observe(await at(0, 'the original (s = 0)'));
+  for (let k = 0, s = x.next(); k < plan.maxRuns && s !== undefined; k++, s = x.next()) x.observe(await at(s, `s = ${s.toPrecision(4)}`));
+  const best = x.best(), original = measured[0], state = x.state();
+  if (state === 'no gain') plan.notes.push(`the loss past L is lowest at s = 0 (the original) of the ${measured.length} s tried: the slope does not lower this model's loss on these tokens`);
+  if (state === 'out of reach') plan.notes.push(`the loss still falls at the largest s allowed, ${plan.maxS.toPrecision(3)}: that s is written`);
+  if (state === 'searching') plan.notes.push(`not narrowed in ${plan.maxRuns} runs: the best s measured is kept`);
+  const group: CalibrationGroup = {
+    group: 'all', s: best.s, state, residual: best.loss / original.loss - 1, target: best.loss, beforeAtN: original.loss, afterAtN: best.loss,
+    tried: measured.map((p) => ({ s: p.s, value: p.loss })),
+  };
+  const curve = spans.map(([, hi], k) => ({ length: hi, before: original.spans[k], after: best.spans[k] }));
+  const report = reportOf(ctx, best.s, [group], curve, true);
+  return {
+    s: best.s,
+    report: { ...report, reached: best.s > 0, rows: `one whole prompt of ${run.seq} given tokens per s: row t predicts token t + 1`, windows: `rows seeing L < t + 1 ≤ ${run.seq - 1} keys, reported in spans ${spans.map(([lo, hi]) => `${lo - 1}–${hi}`).join(', ')}` },
+  };
+}
+
+/** The loss search ends when its bracket is narrower than this share of 1/ln L. */
+const LOSS_WIDTH = 0.05;
+
 function missingGroups(granularity: Granularity, heads: LayerHeads, searches: Map<string, SlopeSearch>): string[] {
   return heads.flatMap((h, layer) => (h === undefined ? [] : Array.from({ length: granularity === 'per-head' ? h : 1 }, (_, head) => groupOf(granularity, layer, head))))
     .filter((g) => !searches.has(g));
@@ -386,7 +445,8 @@ function groupReport(g: string, x: SlopeSearch, s: number, before: RowStats, aft
 function reportOf(ctx: Context, s: SValue, groups: CalibrationGroup[], curve: CurvePoint[], causalOnly: boolean): CalibrationReport {
   const { plan, setup } = ctx;
   const notes = [...plan.notes];
-  for (const g of groups) {
+  // By loss the search wrote its own notes (searchLoss): these speak of a statistic's target.
+  for (const g of plan.match === 'loss' ? [] : groups) {
     if (g.state === 'no fade') notes.push(`${g.group}: the original's statistic at n ≈ ${plan.N} is already at its value at n ≈ ${plan.L}: s = 0 (no change)`);
     if (g.state === 'out of reach') {
       const s = `s stays 1/ln L = ${(1 / Math.log(plan.L)).toPrecision(4)}`;

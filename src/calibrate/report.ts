@@ -5,10 +5,11 @@ import { sharpnessSvg } from '../verify/plot';
 import { sharpnessCurve, sharpnessPoint } from '../verify/sharpness';
 import type { Granularity } from './stats';
 
-/** The statistic matched at n ≈ N to its value at n ≈ L. */
-export type MatchStatistic = 'max-prob' | 'entropy';
+/** The statistic matched at n ≈ N to its value at n ≈ L; or `loss`, the next-token loss past L, minimised. */
+export type MatchStatistic = 'max-prob' | 'entropy' | 'loss';
 
-export type SearchState = 'searching' | 'found' | 'no fade' | 'out of reach';
+/** `no gain`: by loss, s = 0 (the original) had the lowest loss of every s tried. */
+export type SearchState = 'searching' | 'found' | 'no fade' | 'out of reach' | 'no gain';
 
 export interface CalibrationGroup {
   /** `all`, a layer (`L3`) or a head of a layer (`L3 h1`). */
@@ -17,9 +18,12 @@ export interface CalibrationGroup {
   s: number;
   /** found; no fade (s = 0); out of reach (no s up to the largest tried gets there); searching (runs ran out). */
   state: SearchState;
-  /** |statistic at N with s − target| / target. */
+  /** |statistic at N with s − target| / target; by loss, the loss with s over the original's, less 1 (negative: lower). */
   residual: number;
-  /** The statistic at n ≈ L (where the slope changes nothing), at n ≈ N in the original, and at n ≈ N with s. */
+  /**
+   * The statistic at n ≈ L (where the slope changes nothing), at n ≈ N in the original, and at n ≈ N with s. By
+   * loss: the loss past L with s (target and afterAtN) and in the original (beforeAtN), nats per token.
+   */
   target: number;
   beforeAtN: number;
   afterAtN: number;
@@ -60,10 +64,11 @@ export interface CalibrationReport {
 /** The statistic against n, original and calibrated, as an SVG. */
 export function calibrationSvg(report: CalibrationReport, title: string): string {
   const points = report.curve.map((p) => sharpnessPoint(p.length, [p.before], [p.after]));
-  const what = report.match === 'entropy' ? 'mean attention entropy (nats)' : 'mean max attention probability';
+  const what = report.match === 'entropy' ? 'mean attention entropy (nats)' : report.match === 'loss' ? 'next-token loss (nats per token)' : 'mean max attention probability';
+  const goal = report.match === 'loss' ? `the next-token loss past ${report.trainLen} minimised` : `${what} at n ≈ ${report.targetLen} matched to n ≈ ${report.trainLen}`;
   const s = typeof report.s === 'number' ? `s = ${report.s.toPrecision(3)}` : `s per ${report.granularity === 'per-head' ? 'head' : 'layer'}`;
   return sharpnessSvg(sharpnessCurve(report.trainLen, points), {
-    title, subtitle: `slope 1 + s·max(0, ln n − ln ${report.trainLen}), ${s}: ${what} at n ≈ ${report.targetLen} matched to n ≈ ${report.trainLen}`,
+    title, subtitle: `slope 1 + s·max(0, ln n − ln ${report.trainLen}), ${s}: ${goal}`,
     yLabel: what, series: ['original (softmax)', 'calibrated slope'],
     caption: `${report.tokens} tokens, batch ${report.batch}; ${report.windows}; every site's rows, heads and layers pooled`,
   });

@@ -51,7 +51,7 @@ export function calibrateProgram(cmd: Command): Command {
     .argument('<model>', 'input ONNX model (never modified)')
     .option('--train-len <L>', 'the training length L (required): the factor is 1 up to it')
     .option('--max-len <N>', 'the length to calibrate for (default 8·L, less where one attention matrix would pass 2^27 values or the position table ends)')
-    .option('--match <stat>', 'the statistic matched at n ≈ N to its value at n ≈ L: max-prob (mean largest attention probability, default) | entropy')
+    .option('--match <stat>', 'the statistic matched at n ≈ N to its value at n ≈ L: max-prob (mean largest attention probability, default) | entropy; or loss: the s of lowest next-token loss past L on the --input token ids')
     .option('--per <what>', 'one s per layer or per head of each layer (default: one s for the model)')
     .option('--input <name=file>', 'token ids [batch, T ≥ N] from a .npy, .json or .pb file, cut to each length (default: tokens drawn uniformly from the vocabulary)', collect)
     .option('--dim <name=size>', 'size of a named input dim (repeatable)', collect)
@@ -106,7 +106,7 @@ const GRANULARITY: Record<string, Granularity> = { layer: 'per-layer', head: 'pe
 function optionsFrom(o: CalibrateCliOptions): Omit<CalibrateOptions, 'inputs'> {
   const trainLen = optionalInteger(o.trainLen, '--train-len', 2);
   if (trainLen === undefined) throw new InputError('--train-len is required: the slope is 1 up to the training length', 'usage');
-  if (o.match !== undefined && o.match !== 'max-prob' && o.match !== 'entropy') throw new InputError(`--match must be max-prob or entropy, got '${o.match}'`, 'usage');
+  if (o.match !== undefined && o.match !== 'max-prob' && o.match !== 'entropy' && o.match !== 'loss') throw new InputError(`--match must be max-prob, entropy or loss, got '${o.match}'`, 'usage');
   if (o.per !== undefined && !GRANULARITY[o.per]) throw new InputError(`--per must be layer or head, got '${o.per}'`, 'usage');
   const dims = dimsValue(o.dim ?? []);
   return {
@@ -130,6 +130,7 @@ function givenInputs(model: ModelProto, list: string[]): Record<string, HostTens
 const p3 = (x: number): string => x.toPrecision(3);
 
 export function formatCalibration(r: CalibrationReport): string[] {
+  if (r.match === 'loss') return formatLoss(r);
   const what = r.match === 'entropy' ? 'mean attention entropy' : 'mean max attention probability';
   const lines = [`calibrate: L = ${r.trainLen}, N = ${r.targetLen}, ${what}, ${r.granularity === 'global' ? 'one s' : r.granularity}; ${r.tokens} tokens, batch ${r.batch}`];
   for (const g of r.groups) {
@@ -138,6 +139,19 @@ export function formatCalibration(r: CalibrationReport): string[] {
   lines.push(`  curve (before → after): ${r.curve.map((c) => `${c.length}: ${p3(c.before)} → ${p3(c.after)}`).join(', ')}`);
   for (const n of r.notes) lines.push(`  note: ${n}`);
   for (const u of r.unseen) lines.push(`  not read: ${u}`);
+  lines.push(`calibrate: ${r.runs} runs in ${(r.totalMs / 1000).toFixed(1)} s`);
+  return lines;
+}
+
+/** By loss: the s found, the loss past L before and with it, each s tried, and the loss per span. */
+function formatLoss(r: CalibrationReport): string[] {
+  const g = r.groups[0];
+  const change = `${g.residual <= 0 ? '' : '+'}${(100 * g.residual).toFixed(2)} %`;
+  const lines = [`calibrate: L = ${r.trainLen}, N = ${r.targetLen}, next-token loss past L, one s; given tokens, batch ${r.batch}`,
+    `  s = ${p3(g.s)}  ${g.state}  loss past L (nats per token): ${g.beforeAtN.toFixed(4)} → ${g.afterAtN.toFixed(4)} (${change})`,
+    `  tried: ${g.tried.map((t) => `s = ${p3(t.s)}: ${t.value.toFixed(4)}`).join(', ')}`,
+    `  per span of keys seen (before → after): ${r.curve.map((c, k) => `${k === 0 ? r.trainLen : r.curve[k - 1].length}–${c.length}: ${c.before.toFixed(3)} → ${c.after.toFixed(3)}`).join(', ')}`];
+  for (const n of r.notes) lines.push(`  note: ${n}`);
   lines.push(`calibrate: ${r.runs} runs in ${(r.totalMs / 1000).toFixed(1)} s`);
   return lines;
 }
