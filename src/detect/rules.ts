@@ -6,10 +6,10 @@
  */
 import { nodeLabel } from '../graph/graph';
 import { calledFunction } from '../graph/scopes';
-import { isDefaultDomain, NodeProto } from '../io/onnx';
+import { FunctionProto, isDefaultDomain, NodeProto } from '../io/onnx';
 import { fusedRules, unsupportedFused } from './fused';
 import type { Found, Rule, RuleContext, Stop } from './site';
-import { decomposedSoftmax, einsumQk, matmulQk, opset11Reshape } from './softmax';
+import { decomposedSoftmax, divOfExpSum, einsumQk, matmulQk, opset11Reshape } from './softmax';
 
 export type { Found, Rule, RuleContext, Stop } from './site';
 
@@ -21,12 +21,18 @@ const biasSoftmax: Rule = {
     reason: 'fused BiasSoftmax (onnxruntime-optimised Add + Softmax): not patched; patch the model before optimisation' }),
 };
 
-/** A call of a model-local function holding a Softmax or attention operator; the body is its own scope. */
+/** A call of a model-local function holding a Softmax (as an op or written out) or an attention operator; the body is its own scope. */
 const callFunction: Rule = {
   name: 'call/function',
-  applies: (node, ctx) => calledFunction(ctx.model, node)?.node.some((n) => /^Softmax$|Attention$/.test(n.opType)) ?? false,
+  applies: (node, ctx) => holdsCandidate(calledFunction(ctx.model, node)),
   match: (ctx, node) => ({ kind: 'call', node, fn: calledFunction(ctx.model, node)! }),
 };
+
+function holdsCandidate(fn: FunctionProto | undefined): boolean {
+  if (!fn) return false;
+  const producer = new Map(fn.node.flatMap((n) => n.output.map((o) => [o, n] as const)));
+  return fn.node.some((n) => /^Softmax$|Attention$/.test(n.opType) || divOfExpSum(n, (t) => producer.get(t)));
+}
 
 /** Every rule, in the order they are tried on a node. */
 export const RULES: readonly Rule[] = [matmulQk, einsumQk, opset11Reshape, decomposedSoftmax, ...fusedRules, unsupportedFused, biasSoftmax, callFunction];

@@ -30,10 +30,14 @@ export const einsumQk = softmaxRule('softmax/einsum-qk', false, ['Einsum']);
 export const opset11Reshape = softmaxRule('softmax/opset11-reshape', true);
 
 /** Softmax written out over the last axis: Exp(x) / ReduceSum(Exp(x)), x optionally z − ReduceMax(z) (exporters, hand-written attention). */
+/** A Div of an Exp by a ReduceSum: the candidate of a written-out Softmax (`producer`: what makes a tensor, in its graph). */
+export function divOfExpSum(node: NodeProto, producer: (tensor: string) => NodeProto | undefined): boolean {
+  return node.opType === 'Div' && isDefaultDomain(node.domain) && producer(node.input[0])?.opType === 'Exp' && producer(node.input[1])?.opType === 'ReduceSum';
+}
+
 export const decomposedSoftmax: Rule = {
   name: 'softmax/decomposed',
-  applies: (node, { scope }) => node.opType === 'Div' && isDefaultDomain(node.domain)
-    && scope.graph.producer.get(node.input[0])?.opType === 'Exp' && scope.graph.producer.get(node.input[1])?.opType === 'ReduceSum',
+  applies: (node, { scope }) => divOfExpSum(node, (t) => scope.graph.producer.get(t)),
   match: (ctx, div) => {
     const d = writtenOutSoftmax(ctx.scope.graph, ctx.scope.shapes, div);
     if (!d) return { at: div, steps: 0, reason: 'Exp / ReduceSum is not a Softmax over the last axis (sum of the same Exp over the last axis, dims kept)' };
