@@ -14,7 +14,7 @@ import { estimatePeak } from '../src/verify/memory';
 import { prepare } from '../src/verify/setup';
 import { verifyPatch, VerifyOptions, VerifyReport, withUnitFactor } from '../src/verify/verify';
 import { CORPUS, corpusSkip, TORCH } from './support/ref';
-import { doubleN, nPlusOne } from './support/tamper';
+import { doubleN, nPlusOne, scaleS } from './support/tamper';
 import * as models from './support/verify-models';
 
 const L = 8192;
@@ -83,6 +83,30 @@ describe(`verification over a KV cache at L = ${L}`, () => {
     assert.equal(liveness.status, 'FAILED', liveness.summary);
     assert.match(liveness.summary, /batch=1 seq=4 past=32764: outputs equal the original's within tolerance/);
   });
+});
+
+describe(`the self-test matrix's wrong patches at L = ${L}, over a cache`, () => {
+  // sdpa_cache: plain ops, two layers, a causal mask and a KV cache; each wrong patch is strictly verified at this L.
+  const sdpa = readModel(path.join(TORCH, 'sdpa_cache.onnx'));
+  const right = patchModel(sdpa, { trainLen: L }).model;
+  const wrong: [string, (m: ModelProto) => void][] = [
+    ['n doubled', (m) => assert.ok(doubleN(m) > 0)],
+    ['n off by one', (m) => assert.ok(nPlusOne(m) > 0)],
+    // Its factor is 1 at n = 4096, not at L: only runs at L or the probe's own s can tell.
+    ['layer 1 with the s of L = 4096', (m) => scaleS(m, 1, Math.log(L) / Math.log(4096))],
+    ['layer 0 without a factor (s = 0)', (m) => scaleS(m, 0, 0)],
+    ['every factor 1', (m) => Object.assign(m, withUnitFactor(m))],
+  ];
+  for (const [name, edit] of wrong) {
+    it(`${name}: verify --strict fails, a failing check naming the layer`, async () => {
+      const m = cloneModel(right);
+      edit(m);
+      const r = await verifyPatch(sdpa, m, { strict: true, lengths: [L / 4, L, 4 * L] });
+      assert.equal(r.passed, false, explain(r));
+      const failed = r.checks.filter((c) => c.status === 'FAILED');
+      assert.ok(failed.some((c) => /layer \d|outputs equal the original's/.test(c.summary)), explain(r));
+    });
+  }
 });
 
 describe('a decoder that takes a cache under one query token only', () => {
