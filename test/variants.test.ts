@@ -286,7 +286,8 @@ describe(`exporter variants (seed ${SEED}, ${SAMPLE} sampled sites, ${CHAINS} ra
       const file = path.join(FIXTURES, p.file);
       const site = findAttentionSoftmax(readModel(file)).sites.find((s) => s.softmax.name === p.softmax);
       assert.ok(site, `${p.file} has no site ${p.softmax}`);
-      const u = await makeUnit({ file, label: p.softmax, anchor: { logits: site.qkMatMul.output[0], probs: site.softmax.output[0], out: site.valueMatMul.output[0] } });
+      const anchor = { logits: site.qkMatMul.output[0], probs: site.softmax.output[0], out: site.valueMatMul.output[0] };
+      const u = await makeUnit({ file, label: p.softmax, anchor });
       assert.ok(typeof u !== 'string', `unit: ${u}`);
       const chain = p.chain.map((name) => REWRITES.find((r) => r.name === name)!);
       assert.deepEqual(await check(u, chain, SEED), { ok: true });
