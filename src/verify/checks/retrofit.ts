@@ -177,8 +177,8 @@ export class RetrofitCheck implements CheckUnit {
     const notAt = setup.sites.flatMap((site, i) => {
       if (this.unseen.has(i) || this.seen[i].rows > 0) return [];
       const spans = [...this.seen[i].spans.values()];
-      const cap = site.window ? site.window.size + site.window.sinks : Infinity;
-      const why = spans.every(([, hi]) => hi <= cap) ? `its sliding window leaves a row at most W + S = ${cap} keys` : 'its key count is fixed by the model\'s inputs';
+      const cap = site.window && site.window.size + site.window.sinks;
+      const why = cap && spans.every(([, hi]) => hi <= cap) ? `its sliding window leaves a row at most W + S = ${cap} keys` : 'its key count is fixed by the model\'s inputs';
       return spans.length ? [`${site.label}: n = ${spans.map(([a, b]) => (a === b ? a : `${a} … ${b}`)).join(', ')} in the retrofit runs, never ${id.text}: ${why}`] : [];
     });
     let result: CheckResult;
