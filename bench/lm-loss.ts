@@ -26,6 +26,7 @@ import { spawnSync } from 'node:child_process';
 import { CalibrateDocument } from '../src/cli/report';
 import { BIN } from './io';
 import { writeVariant } from './quality';
+import { rescaleRope, RopeMethod } from './rope-scale';
 
 const FIXTURES = path.resolve(__dirname, '../../fixtures/lm');
 
@@ -41,6 +42,8 @@ interface Variant {
    * 'calibrate': the slope with s from `calibrate --match loss` on held-out files the evaluation does not read.
    */
   args: string[] | null | 'window' | 'calibrate';
+  /** RoPE rescaled in a copy first (rope-scale.ts), for a context `scale` times L; the family must be RoPE. */
+  rope?: { method: RopeMethod; scale: number };
 }
 
 function variants(L: string): Variant[] {
@@ -57,6 +60,13 @@ function variants(L: string): Variant[] {
     { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
     { name: 'window prior W = L, 4 sinks', args: ['--preset', 'none', '--window', L, '--sinks', '4'] },
     { name: 'window prior W = L + ssmax', args: ['--window', L, '--train-len', L] },
+    // RoPE rescaled for 16·L (2,048 bytes) by the bench, not yet by the tool: rope-scale.ts.
+    { name: 'RoPE PI ×16', args: null, rope: { method: 'pi', scale: 16 } },
+    { name: 'RoPE NTK-aware ×16', args: null, rope: { method: 'ntk', scale: 16 } },
+    { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--train-len', L], rope: { method: 'ntk', scale: 16 } },
+    { name: 'RoPE YaRN ×16', args: null, rope: { method: 'yarn', scale: 16 } },
+    { name: 'RoPE YaRN ×16 + ssmax', args: ['--train-len', L], rope: { method: 'yarn', scale: 16 } },
+    { name: 'RoPE YaRN ×16 + slope, s calibrated by loss', args: 'calibrate', rope: { method: 'yarn', scale: 16 } },
   ];
 }
 
@@ -197,8 +207,10 @@ function calibrated(file: string, L: number, dir: string, out: string): string {
   return g.state === 'no gain' ? file : out;
 }
 
-async function measure(file: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
-  const out = path.join(dir, `${path.basename(file, '.onnx')}.v${index}.onnx`);
+async function measure(original: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
+  const stem = path.join(dir, `${path.basename(original, '.onnx')}.v${index}`);
+  const file = variant.rope ? rescaleRope(original, variant.rope.method, variant.rope.scale, L, `${stem}.rope.onnx`) : original;
+  const out = `${stem}.onnx`;
   const model = variant.args === null || variant.args === 'window' ? file : variant.args === 'calibrate' ? calibrated(file, L, dir, out) : writeVariant(file, [file], variant.args, out);
   const runner = await Runner.create(model, path.basename(model));
   try {
@@ -221,7 +233,8 @@ export async function lmLossBench(argv: string[] = []): Promise<void> {
     process.stdout.write(`models: ${FIXTURES} (trained at L = ${L}); text: the first ${m.bytes} bytes of ${text.length} held-out files of ${m.root} (${m.package}); ${os.cpus().length} cores\n`);
     for (const family of LM_FAMILIES) {
       const cells: Cell[][] = [];
-      for (const [i, variant] of list.entries()) {
+      const rows = list.filter((v) => !v.rope || family.name === 'RoPE');
+      for (const [i, variant] of rows.entries()) {
         const perSeed: Cell[][] = [];
         for (const f of family.files) {
           const bits = await measure(lmModel(f), variant, text, L, dir, i);
@@ -230,10 +243,10 @@ export async function lmLossBench(argv: string[] = []): Promise<void> {
         cells.push(spans.map((_, k) => combine(perSeed.map((p) => p[k]))));
       }
       process.stdout.write(`\n### ${family.name}, ${family.files.length} seeds: bits per byte by bytes seen (± s.e. over files)\n\n`);
-      process.stdout.write(`${table(list, spans, cells, (c) => `${c.mean.toFixed(3)} ± ${c.se.toFixed(3)}`)}\n\n`);
+      process.stdout.write(`${table(rows, spans, cells, (c) => `${c.mean.toFixed(3)} ± ${c.se.toFixed(3)}`)}\n\n`);
       const [original, floor] = [cells[0], cells[1]];
       const recovered = cells.map((row) => row.map((c, k) => ({ mean: (original[k].mean - c.mean) / (original[k].mean - floor[k].mean), se: 0 })));
-      process.stdout.write(`${table(list, spans.slice(1), recovered.map((r) => r.slice(1)), (c) => c.mean.toFixed(2), 'share of the rise above the floor recovered')}\n`);
+      process.stdout.write(`${table(rows, spans.slice(1), recovered.map((r) => r.slice(1)), (c) => c.mean.toFixed(2), 'share of the rise above the floor recovered')}\n`);
     }
     process.stdout.write(`\n(${((performance.now() - start) / 1000).toFixed(0)} s)\n`);
   } finally {

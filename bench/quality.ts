@@ -25,6 +25,7 @@ import { lastRows } from '../src/verify/nodes';
 import { OutputTensor, Runner } from '../src/verify/run';
 import { HostTensor } from '../src/verify/tensors';
 import { BIN } from './io';
+import { rescaleRope, RopeMethod } from './rope-scale';
 import { EVAL_LENGTHS, evalSet, Layout, TASK } from './quality-data';
 
 interface Variant {
@@ -32,6 +33,8 @@ interface Variant {
   /** Arguments of `ssmax-patch <model>` (or of `ssmax-patch calibrate <model>`); null: the original model. */
   args: string[] | null;
   calibrate?: boolean;
+  /** RoPE rescaled in a copy first (rope-scale.ts, not yet a tool feature), for `scale`·L; RoPE models only. */
+  rope?: { method: RopeMethod; scale: number };
 }
 
 const L = String(TASK.trainLen);
@@ -50,6 +53,13 @@ export const VARIANTS: Variant[] = [
   { name: 'slope, calibrated: one s', args: ['--train-len', L], calibrate: true },
   { name: 'slope, calibrated: s per layer', args: ['--train-len', L, '--per', 'layer'], calibrate: true },
   { name: 'slope, calibrated: s per head', args: ['--train-len', L, '--per', 'head'], calibrate: true },
+  // The locality and RoPE retrofits of the LM benchmark (issue 36), on retrieval: what the window cannot see, and
+  // whether a rescaled RoPE that holds the loss still answers.
+  { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
+  { name: 'RoPE NTK-aware ×16', args: null, rope: { method: 'ntk', scale: 16 } },
+  { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--train-len', L], rope: { method: 'ntk', scale: 16 } },
+  { name: 'RoPE YaRN ×16', args: null, rope: { method: 'yarn', scale: 16 } },
+  { name: 'RoPE YaRN ×16 + ssmax', args: ['--train-len', L], rope: { method: 'yarn', scale: 16 } },
 ];
 
 const FIXTURES = path.resolve(__dirname, '../../fixtures/quality');
@@ -79,7 +89,8 @@ interface Stats {
 const calibrated: string[] = [];
 
 /** The variant's model: the original, or the CLI's output for it (in `dir`). */
-function variantFile(model: string, variant: Variant, index: number, dir: string): string {
+function variantFile(original: string, variant: Variant, index: number, dir: string): string {
+  const model = variant.rope ? rescaleRope(original, variant.rope.method, variant.rope.scale, TASK.trainLen, path.join(dir, `${path.basename(original, '.onnx')}.v${index}.rope.onnx`)) : original;
   if (!variant.args) return model;
   const out = writeVariant(model, variant.calibrate ? ['calibrate', model] : [model], variant.args, path.join(dir, `${path.basename(model, '.onnx')}.v${index}.onnx`));
   if (variant.calibrate) calibrated.push(`${variant.name}, ${path.basename(model, '.onnx')}: ${calibratedS(out)}`);
@@ -193,10 +204,10 @@ function combine(perSeed: Stats[]): Cell {
   };
 }
 
-function table(title: string, cells: Cell[][], show: (c: Cell) => string): string {
+function table(title: string, list: Variant[], cells: Cell[][], show: (c: Cell) => string): string {
   const head = `| ${title} | ${EVAL_LENGTHS.map((n) => `n = ${n}`).join(' | ')} |`;
   const rule = `|---|${EVAL_LENGTHS.map(() => '---:').join('|')}|`;
-  const body = VARIANTS.map((v, i) => `| ${v.name} | ${cells[i].map(show).join(' | ')} |`);
+  const body = list.map((v, i) => `| ${v.name} | ${cells[i].map(show).join(' | ')} |`);
   return [head, rule, ...body].join('\n');
 }
 
@@ -208,6 +219,15 @@ function countArg(argv: string[]): number {
   return n;
 }
 
+/** `--only a,b`: the variants whose names contain one of these (the original always runs). */
+function chosen(argv: string[]): Variant[] {
+  const i = argv.indexOf('--only');
+  if (i < 0) return VARIANTS;
+  const terms = (argv[i + 1] ?? '').split(',').filter(Boolean);
+  if (terms.length === 0) throw new Error('--only takes names of variants, comma-separated');
+  return VARIANTS.filter((v, k) => k === 0 || terms.some((t) => v.name.includes(t)));
+}
+
 export async function qualityBench(argv: string[] = []): Promise<void> {
   const count = countArg(argv);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ssmax-quality-'));
@@ -216,16 +236,17 @@ export async function qualityBench(argv: string[] = []): Promise<void> {
     process.stdout.write(`models: ${FIXTURES} (trained at L = ${TASK.trainLen}); per length and model ${count} sequences of ${TASK.queries} queries; ${os.cpus().length} cores\n`);
     for (const family of FAMILIES) {
       const cells: Cell[][] = [];
-      for (const [i, variant] of VARIANTS.entries()) {
+      const list = chosen(argv).filter((v) => !v.rope || family.name === 'RoPE');
+      for (const [i, variant] of list.entries()) {
         const stats: Map<number, Stats>[] = [];
         for (const f of family.files) stats.push(await evaluate(variantFile(qualityModel(f), variant, i, dir), family.layout, count));
         cells.push(EVAL_LENGTHS.map((n) => combine(stats.map((s) => s.get(n)!))));
       }
       process.stdout.write(`\n### ${family.name} (${family.layout} records), ${family.files.length} seeds\n\n`);
-      process.stdout.write(`${table('accuracy % (± s.e.)', cells, (c) => `${c.accuracy.toFixed(1)} ± ${c.se.toFixed(1)}`)}\n\n`);
-      process.stdout.write(`${table('accuracy % per seed', cells, (c) => c.perSeed.map((a) => a.toFixed(1)).join(' / '))}\n\n`);
-      process.stdout.write(`${table('attention entropy (nats)', cells, (c) => c.entropy.toFixed(2))}\n\n`);
-      process.stdout.write(`${table('max attention probability', cells, (c) => c.maxProb.toFixed(3))}\n`);
+      process.stdout.write(`${table('accuracy % (± s.e.)', list, cells, (c) => `${c.accuracy.toFixed(1)} ± ${c.se.toFixed(1)}`)}\n\n`);
+      process.stdout.write(`${table('accuracy % per seed', list, cells, (c) => c.perSeed.map((a) => a.toFixed(1)).join(' / '))}\n\n`);
+      process.stdout.write(`${table('attention entropy (nats)', list, cells, (c) => c.entropy.toFixed(2))}\n\n`);
+      process.stdout.write(`${table('max attention probability', list, cells, (c) => c.maxProb.toFixed(3))}\n`);
     }
     process.stdout.write(`\ncalibrated on synthesised tokens:\n${calibrated.map((c) => `- ${c}`).join('\n')}\n`);
     process.stdout.write(`\n(${((performance.now() - start) / 1000).toFixed(0)} s)\n`);
