@@ -26,7 +26,6 @@ import { spawnSync } from 'node:child_process';
 import { CalibrateDocument } from '../src/cli/report';
 import { BIN } from './io';
 import { writeVariant } from './quality';
-import { rescaleRope, RopeMethod } from './rope-scale';
 
 const FIXTURES = path.resolve(__dirname, '../../fixtures/lm');
 
@@ -42,8 +41,8 @@ interface Variant {
    * 'calibrate': the slope with s from `calibrate --match loss` on held-out files the evaluation does not read.
    */
   args: string[] | null | 'window' | 'calibrate';
-  /** RoPE rescaled in a copy first (rope-scale.ts), for a context `scale` times L; the family must be RoPE. */
-  rope?: { method: RopeMethod; scale: number };
+  /** The variant rescales RoPE (`--rope`): RoPE models only. */
+  rope?: true;
 }
 
 function variants(L: string): Variant[] {
@@ -60,13 +59,12 @@ function variants(L: string): Variant[] {
     { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
     { name: 'window prior W = L, 4 sinks', args: ['--preset', 'none', '--window', L, '--sinks', '4'] },
     { name: 'window prior W = L + ssmax', args: ['--window', L, '--train-len', L] },
-    // RoPE rescaled for 16·L (2,048 bytes) by the bench, not yet by the tool: rope-scale.ts.
-    { name: 'RoPE PI ×16', args: null, rope: { method: 'pi', scale: 16 } },
-    { name: 'RoPE NTK-aware ×16', args: null, rope: { method: 'ntk', scale: 16 } },
-    { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--train-len', L], rope: { method: 'ntk', scale: 16 } },
-    { name: 'RoPE YaRN ×16', args: null, rope: { method: 'yarn', scale: 16 } },
-    { name: 'RoPE YaRN ×16 + ssmax', args: ['--train-len', L], rope: { method: 'yarn', scale: 16 } },
-    { name: 'RoPE YaRN ×16 + slope, s calibrated by loss', args: 'calibrate', rope: { method: 'yarn', scale: 16 } },
+    // RoPE rescaled for 16·L (2,048 bytes).
+    { name: 'RoPE PI ×16', args: ['--preset', 'none', '--rope', 'pi', '--rope-scale', '16'], rope: true },
+    { name: 'RoPE NTK-aware ×16', args: ['--preset', 'none', '--rope', 'ntk', '--rope-scale', '16'], rope: true },
+    { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--rope', 'ntk', '--rope-scale', '16', '--train-len', L], rope: true },
+    { name: 'RoPE YaRN ×16', args: ['--preset', 'none', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
+    { name: 'RoPE YaRN ×16 + ssmax', args: ['--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
   ];
 }
 
@@ -207,10 +205,8 @@ function calibrated(file: string, L: number, dir: string, out: string): string {
   return g.state === 'no gain' ? file : out;
 }
 
-async function measure(original: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
-  const stem = path.join(dir, `${path.basename(original, '.onnx')}.v${index}`);
-  const file = variant.rope ? rescaleRope(original, variant.rope.method, variant.rope.scale, L, `${stem}.rope.onnx`) : original;
-  const out = `${stem}.onnx`;
+async function measure(file: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
+  const out = path.join(dir, `${path.basename(file, '.onnx')}.v${index}.onnx`);
   const model = variant.args === null || variant.args === 'window' ? file : variant.args === 'calibrate' ? calibrated(file, L, dir, out) : writeVariant(file, [file], variant.args, out);
   const runner = await Runner.create(model, path.basename(model));
   try {

@@ -11,6 +11,7 @@ const OPTIONS: Record<string, [string, string]> = {
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],
   externalData: ['externalData', '--external-data'], overwrite: ['force', '--force'], prior: ['prior', '--prior'],
   priorFile: ['priorFile', '--prior-file'], window: ['window', '--window'], sinks: ['sinks', '--sinks'],
+  rope: ['rope', '--rope'], ropeScale: ['ropeScale', '--rope-scale'],
   // calibrate (src/calibrate/)
   targetLen: ['targetLen', '--max-len'], match: ['match', '--match'], granularity: ['granularity', '--per'], maxRuns: ['maxRuns', '--max-runs'], maxS: ['maxS', '--max-s'],
 };

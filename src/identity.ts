@@ -34,13 +34,15 @@ export const PART = {
   logitsPrior: 'logits_prior', attentionBiasPrior: 'attention_bias_prior',
   /** The Add of the sliding window's bias to a site's logits. */
   window: 'window',
+  /** RoPE rescaled: the frequencies' multipliers (`rope_factor`), their Mul, and YaRN's factor on cos and sin and its Muls. */
+  ropeFactor: 'rope_factor', rope: 'rope', ropeMscale: 'rope_mscale', ropeMscaled: 'rope_mscaled',
 } as const;
 
 export type Part = (typeof PART)[keyof typeof PART];
 
 /** The prefix of the names one site adds (`ssmax/L<layer>/`), or a scope's shared computations of n (`ssmax/shared/`). */
-export function namePrefix(owner: number | 'shared'): string {
-  return owner === 'shared' ? `${PREFIX}shared/` : `${PREFIX}L${owner}/`;
+export function namePrefix(owner: number | 'shared' | 'rope'): string {
+  return owner === 'shared' || owner === 'rope' ? `${PREFIX}${owner}/` : `${PREFIX}L${owner}/`;
 }
 
 /** The function input through which each call of a function passes its own s or θ (`what`: `s`, `theta_alpha`, ...). */

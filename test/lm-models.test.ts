@@ -9,7 +9,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { LM_FAMILIES, lmManifest, lmModel, evalText, nextByteBits, windowed } from '../bench/lm-loss';
-import { ropeFrequencies } from '../bench/rope-scale';
+import { ropeFrequencies } from '../src/policy/rope';
 import { Runner } from '../src/verify/run';
 import { cli } from './support/io';
 
@@ -65,19 +65,19 @@ describe('LM benchmark models', () => {
   });
 });
 
-describe('the benchmark\'s RoPE rescaling (bench/rope-scale.ts), against the formulas of Hugging Face transformers', () => {
+describe('RoPE rescaling (src/policy/rope.ts), against the formulas of Hugging Face transformers', () => {
   const d = 32, base = 10000, scale = 16, L = 128;
   const theta = Array.from({ length: d / 2 }, (_, i) => base ** (-(2 * i) / d));
   const close = (a: number[], b: number[]): void => a.forEach((x, i) => assert.ok(Math.abs(x - b[i]) <= 1e-12 + 1e-9 * Math.abs(b[i]), `index ${i}: ${x} against ${b[i]}`));
 
   it('PI divides every frequency by the scale; NTK-aware raises the base to base·scale^(d/(d−2))', () => {
-    close(ropeFrequencies('pi', scale, theta, L).theta, theta.map((t) => t / scale));
+    close(ropeFrequencies({ method: 'pi', scale }, theta).theta, theta.map((t) => t / scale));
     const ntkBase = base * scale ** (d / (d - 2));
-    close(ropeFrequencies('ntk', scale, theta, L).theta, theta.map((_, i) => ntkBase ** (-(2 * i) / d)));
+    close(ropeFrequencies({ method: 'ntk', scale }, theta).theta, theta.map((_, i) => ntkBase ** (-(2 * i) / d)));
   });
 
   it('YaRN keeps the frequencies above β_fast = 32 turns per L, interpolates those below β_slow = 1, ramps between; cos and sin × (0.1 ln s + 1)', () => {
-    const y = ropeFrequencies('yarn', scale, theta, L);
+    const y = ropeFrequencies({ method: 'yarn', scale, trainLen: L }, theta);
     // find_correction_dim: d·ln(L / (r·2π)) / (2 ln base): for r = 32 below 0 (low = 0), for r = 1 5.24 (high = 6).
     const ramp = (i: number): number => Math.min(1, Math.max(0, i / 6));
     close(y.theta, theta.map((t, i) => (t / scale) * ramp(i) + t * (1 - ramp(i))));

@@ -101,7 +101,7 @@ describe('priors through the journal', () => {
     const m = readModel(file);
     // @ts-expect-error a prior the types do not know: refused at run time too, for JavaScript callers
     assert.throws(() => patchModel(m, { prior: 'gauss', s: 0.3 }), cliError(/--prior must be ggd or alibi, got 'gauss'/));
-    assert.throws(() => patchModel(m, { preset: 'none' }), cliError(/--preset none adds no factor: give --prior or --window too/));
+    assert.throws(() => patchModel(m, { preset: 'none' }), cliError(/--preset none adds no factor: give --prior, --window or --rope too/));
     assert.throws(() => patchModel(m, { preset: 'none', prior: 'ggd', s: 0.3 }), cliError(/--preset none has no s/));
     assert.throws(() => patchModel(m, { prior: 'ggd', theta: { alpha: [1, 2, 3] }, s: 0.3 }), /theta_alpha gives 3 heads for layer 0, the model has 4/);
     // @ts-expect-error a θ the types do not know

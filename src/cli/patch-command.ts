@@ -41,6 +41,8 @@ export interface PatchCliOptions extends VerifyCliOptions {
   priorFile?: string;
   window?: string;
   sinks?: string;
+  rope?: string;
+  ropeScale?: string;
   b?: string;
   floorScale?: string;
   attnScale?: string;
@@ -62,6 +64,8 @@ export function patchProgram(cmd: Command): Command {
     .option('--prior-file <file>', 'JSON {"theta_alpha": …, "theta_beta": …, "theta_mu": …}: number | [per head] | [[per head] per layer]')
     .option('--window <W>', 'add a causal sliding window: keys W or more positions older than the row are hidden, and n counts the keys it leaves')
     .option('--sinks <S>', 'with --window: the first S keys stay visible at every row (attention sinks, as StreamingLLM keeps them; default 0)')
+    .option('--rope <method>', 'rescale the model\'s RoPE for a longer context: pi (position interpolation) | ntk (NTK-aware base scaling) | yarn (needs --train-len)')
+    .option('--rope-scale <F>', 'with --rope: the context it rescales for, as a multiple of the training length (default 16)')
     .option('--b <x>', 'ssmax bias variant: factor s·ln n + b')
     .option('--floor-scale <x>', 'llama4 preset floor_scale (default 8192)')
     .option('--attn-scale <x>', 'llama4 preset attn_scale (default 0.1)')
@@ -187,6 +191,7 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
     n, s, sSource: o.sFile !== undefined ? `--s-file ${o.sFile}` : undefined, trainLen, updateS: o.updateS, preset: o.preset === undefined ? undefined : presetValue(o.preset),
     prior: priorValue(o.prior), theta, thetaSource: o.priorFile,
     window: optionalInteger(o.window, '--window', 1), sinks: optionalInteger(o.sinks, '--sinks', 0),
+    rope: o.rope as PatchOptions['rope'], ropeScale: optionalReal(o.ropeScale, '--rope-scale'),
     b: optionalReal(o.b, '--b'), floorScale: optionalReal(o.floorScale, '--floor-scale'), attnScale: optionalReal(o.attnScale, '--attn-scale'),
     layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
     // patchModel checks the value (auto | off) and names the flag in its error.

@@ -11,9 +11,10 @@ import { NOption, parseNOption } from './n-mode';
 import { PriorOptions, PriorSpec, resolvePrior } from './prior';
 import { resolveScaleSpec, ScaleOptions, ScaleSpec } from './scale';
 import { resolveWindow, WindowOptions, WindowSpec } from './window';
+import { resolveRope, RopeOptions, RopeSpec } from './rope';
 
 /** What a patch does, as values: no file names and no command-line spellings (the CLI reads files and parses flags). */
-export interface PlanOptions extends ScaleOptions, PriorOptions, WindowOptions, PresetOptions {
+export interface PlanOptions extends ScaleOptions, PriorOptions, WindowOptions, RopeOptions, PresetOptions {
   /** How n is computed at each site (default auto). */
   n?: NOption;
   /** On an already patched model, replace s instead of refusing. */
@@ -32,6 +33,8 @@ export interface PatchPlan {
   prior?: PriorSpec;
   /** The sliding window to add, if any. */
   window?: WindowSpec;
+  /** RoPE rescaled, if asked. */
+  rope?: RopeSpec;
   n: NOption;
   layers: LayerSpec;
   force: string[];
@@ -49,19 +52,21 @@ export function resolvePlan(o: PlanOptions): PatchPlan {
   const preset = resolvePreset(o);
   const prior = resolvePrior(o);
   const window = resolveWindow(o);
+  const rope = resolveRope(o);
   return {
-    preset, spec: scaleSpecOf(preset, prior, o, window !== undefined), prior, ...(window ? { window } : {}),
+    preset, spec: scaleSpecOf(preset, prior, o, window !== undefined, rope), prior, ...(window ? { window } : {}), ...(rope ? { rope } : {}),
     n, layers: layerSpec(o.layers), force: [...(o.force ?? [])],
     update: Boolean(o.updateS), trainLen: o.trainLen,
   };
 }
 
 /** s is needed for a factor; the none preset has none, and an update may change θ alone. */
-function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions, window: boolean): ScaleSpec | undefined {
-  // qwen-logn and slope need L for their factor: stating it gives no s.
-  const sGiven = o.s !== undefined || (o.trainLen !== undefined && preset.kind !== 'qwen-logn' && preset.kind !== 'slope');
+function scaleSpecOf(preset: Preset, prior: PriorSpec | undefined, o: PlanOptions, window: boolean, rope: RopeSpec | undefined): ScaleSpec | undefined {
+  // qwen-logn and slope need L for their factor, YaRN for its ramp: stating it gives no s.
+  const lForOthers = preset.kind === 'qwen-logn' || preset.kind === 'slope' || (preset.kind === 'none' && rope?.method === 'yarn');
+  const sGiven = o.s !== undefined || (o.trainLen !== undefined && !lForOthers);
   if (preset.kind === 'none') {
-    if (!prior && !window) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')} or ${opt('window')} too, or another preset`, 'usage');
+    if (!prior && !window && !rope) throw new InputError(`${opt('preset', 'none')} adds no factor: give ${opt('prior')}, ${opt('window')} or ${opt('rope')} too, or another preset`, 'usage');
     // n is the factor's alone: the prior reads positions.
     if (o.n !== undefined && o.n !== 'auto') throw new InputError(`${opt('preset', 'none')} has no factor, so no n: ${opt('n', o.n)} would be ignored`, 'usage');
     if (sGiven) throw new InputError(`${opt('preset', 'none')} has no s: ${opt('s')} and ${opt('trainLen')} would be ignored`, 'usage');
@@ -76,6 +81,7 @@ function refuseIgnoredByUpdate(o: PlanOptions): void {
   const ignored: [keyof PlanOptions, boolean][] = [
     ['layers', o.layers !== undefined], ['n', o.n !== undefined && o.n !== 'auto'], ['force', Boolean(o.force?.length)],
     ['b', o.b !== undefined], ['floorScale', o.floorScale !== undefined], ['window', o.window !== undefined], ['sinks', o.sinks !== undefined],
+    ['rope', o.rope !== undefined], ['ropeScale', o.ropeScale !== undefined],
   ];
   const given = ignored.filter(([, g]) => g).map(([k]) => opt(k));
   if (given.length) {

@@ -14,6 +14,7 @@ import { cloneModel } from '../io/model-file';
 import { Preset } from '../policy/factor';
 import { selectLayers } from '../policy/layers';
 import { PatchPlan, PlanOptions, resolvePlan } from '../policy/plan';
+import { ropeText } from '../policy/rope';
 import { findFactors } from './existing';
 import { isPatchNode } from '../identity';
 import { checkInsertedTypes } from './type-check';
@@ -154,15 +155,18 @@ function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, a
   const irVersion = toNumber(out.irVersion);
   const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion, fusion, plan.window);
   const results = sites.map((a, i) => patcher.patch(a, { s: scales?.[i], theta: thetas?.[i] }));
+  const rope = plan.rope && { ...plan.rope, sites: patcher.rope(plan.rope) };
   const { journal, nSources, notes } = patcher.finish();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
     ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}), ...(plan.window ? { window: plan.window } : {}),
+    ...(rope ? { rope } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const fused = results.filter((r) => r.site.fused).length;
   const fusedNote = fused ? [`${fused} site(s) written as com.microsoft MultiHeadAttention, so they stay fused on onnxruntime: the patched model now needs onnxruntime (--fused-attention off, or the option fusedAttention 'off', keeps plain ONNX ops for other runtimes)`] : [];
+  const ropeNote = rope ? [`RoPE rescaled: ${ropeText(rope)} at ${rope.sites.length} constant(s) of frequencies (${rope.sites.map((r) => `'${r.constant}'`).join(', ')}); the angles change at every position, inside L too`] : [];
   return {
     sites: results.map((r) => r.site), skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources,
-    notes: [...notes, ...fusedNote],
+    notes: [...notes, ...fusedNote, ...ropeNote], ...(rope ? { rope } : {}),
   };
 }
 

@@ -1,4 +1,6 @@
 /** The record of a patch kept in metadata_props, and finding an earlier patch's s in the graph. */
+import type { RopeSpec } from '../policy/rope';
+import type { RopeSiteRecord } from './rope';
 import { Graph } from '../graph/graph';
 import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
@@ -53,6 +55,8 @@ export interface PatchRecord {
   prior?: { kind: PriorName; from: string };
   /** The sliding window added, if any. */
   window?: WindowSpec;
+  /** RoPE rescaled, if asked: how, and each constant of frequencies it rescaled. */
+  rope?: RopeSpec & { sites: RopeSiteRecord[] };
   trainLen?: number;
   b?: number;
   floorScale?: number;

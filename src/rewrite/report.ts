@@ -1,4 +1,6 @@
 /** What a patch reports: one entry per patched site, the skipped and refused ones, and the model it wrote. */
+import type { RopeSpec } from '../policy/rope';
+import type { RopeSiteRecord } from './rope';
 import type { SkippedSoftmax } from '../detect/find-attention';
 import type { ModelProto } from '../io/onnx';
 import type { PresetName } from '../policy/factor';
@@ -60,6 +62,8 @@ export interface PatchReport {
   notes: string[];
   /** Set when every attention length of the model is fixed, or capped below L: the n it can run and what the factor does there. */
   lengths?: LengthReport;
+  /** RoPE rescaled (`rope` option): how, and the constants of frequencies it rescaled. */
+  rope?: RopeSpec & { sites: RopeSiteRecord[] };
 }
 
 export interface PatchResult {

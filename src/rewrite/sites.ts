@@ -30,6 +30,9 @@ import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
 import { insertWindow } from './window';
+import { insertRope, RopeSiteRecord } from './rope';
+import { findRopeFrequencies } from '../detect/rope';
+import type { RopeSpec } from '../policy/rope';
 import { callSiteLabel, SiteRecord } from './record';
 import { PatchedSite } from './report';
 
@@ -75,6 +78,18 @@ export class SitePatcher {
     if (a.kind === 'softmax') return this.softmax(scope, b, a.site, params, this.constants(b, params));
     if (a.kind === 'fused') return this.fused(scope, b, a.site, params, this.constants(b, params));
     return this.call(b, a.site, params);
+  }
+
+  /**
+   * RoPE rescaled in the main graph (rewrite/rope.ts), journalled under its own owner `rope`. Detection's
+   * reason is the refusal where the graph holds no RoPE this reads.
+   */
+  rope(spec: RopeSpec): RopeSiteRecord[] {
+    const scope = this.scopes[0];
+    const found = findRopeFrequencies(scope);
+    if (typeof found === 'string') throw new InputError(`${opt('rope', spec.method)}: ${found}`, 'cannot-patch');
+    const b = new Builder(this.journal.editor(scope.path, scope.graph, 'rope'), namePrefix('rope'), this.irVersion, () => scope.opset);
+    return found.map((f) => insertRope(b, f, spec));
   }
 
   /** Sorts every scope and returns the journal; the original order is noted where the sort had to move a node. */

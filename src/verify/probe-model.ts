@@ -23,6 +23,7 @@ import { readsLogits, VerifySite } from './sites';
 import { STRONG_MASK } from '../detect/mask-form';
 import type { WindowSpec } from '../policy/window';
 import { setWindows } from './runtime-model';
+import type { RopeSiteRecord } from '../rewrite/rope';
 import { SHORT_SEQ } from './plan';
 
 export interface ProbeOutputs {
@@ -65,12 +66,50 @@ export function probeWindow(w: WindowSpec, rows: 'all' | 'last'): WindowSpec {
   return { size: PROBE_WINDOW.size, sinks: Math.min(w.sinks, PROBE_WINDOW.sinks) };
 }
 
-export function addProbeOutputs(model: ModelProto, sites: readonly VerifySite[], rows: 'all' | 'last'): ProbeWiring[] {
+/** A rescaled RoPE constant in the probe copy: its rescaled frequencies, and YaRN's Cos and Sin before and after its factor. */
+export type RopeWiring = { label: string; scaled: string; pairs: { before: string; after: string }[] }
+  | { label: string; unprobed: string } | { label: string; problem: string };
+
+export function addProbeOutputs(model: ModelProto, sites: readonly VerifySite[], rows: 'all' | 'last', rope: readonly RopeSiteRecord[] = []): { sites: ProbeWiring[]; rope: RopeWiring[] } {
   const x = new Exposer(model);
   setWindows(x.scopes, sites.map((s) => s.record), (w) => probeWindow(w, rows));
   const wirings = sites.map((site) => wire(x, site, rows));
+  const ropes = rope.map((r) => ropeWiring(x, r));
   x.finish();
-  return wirings;
+  return { sites: wirings, rope: ropes };
+}
+
+/** What the probe reads of one rescaled RoPE constant: the Mul's output and, for YaRN, each Cos and Sin and what its readers read. */
+function ropeWiring(x: Exposer, r: RopeSiteRecord): RopeWiring {
+  const label = `RoPE '${r.constant}'`;
+  const g = x.scope('main')!.graph;
+  const apply = g.nodes.find((n) => n.name === r.apply);
+  if (!apply) return { label, problem: `its Mul '${r.apply}' is not in the graph` };
+  // The Mul's value can be right while the angles still read the original constant: then nothing was rescaled.
+  const stale = g.consumersOf(r.constant).find((n) => n !== apply);
+  if (stale) return { label, problem: `'${nodeLabel(stale)}' still reads the original frequencies '${r.constant}': the rescaling is bypassed` };
+  for (const t of r.trig ?? []) {
+    const trig = g.nodes.find((n) => nodeLabel(n) === t);
+    const other = trig && g.consumersOf(trig.output[0]).find((c) => c.input[1] !== r.mscale);
+    if (other) return { label, problem: `'${nodeLabel(other)}' reads '${t}' without YaRN's factor` };
+  }
+  const out = (tensor: string, name: string): string => {
+    const e = x.expose('main', tensor, `rope/${name}`);
+    if (e instanceof Unexposable) throw e;
+    return e;
+  };
+  try {
+    const pairs = (r.trig ?? []).map((label, k) => {
+      const trig = g.nodes.find((n) => nodeLabel(n) === label);
+      const after = trig && g.consumersOf(trig.output[0]).find((c) => c.input[1] === r.mscale);
+      if (!trig || !after) throw new Unexposable(`'${label}' and YaRN's factor on it are not in the graph`);
+      return { before: out(trig.output[0], `trig${k}`), after: out(after.output[0], `trig${k}_scaled`) };
+    });
+    return { label, scaled: out(apply.output[0], 'scaled'), pairs };
+  } catch (e) {
+    if (e instanceof Unexposable) return { label, unprobed: e.reason };
+    throw e;
+  }
 }
 
 class Problem extends Error {}

@@ -12,6 +12,7 @@ import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
 import { findFactors } from '../rewrite/existing';
 import { cloneModel } from '../rewrite/patch';
 import { readRecord, SiteRecord } from '../rewrite/record';
+import type { RopeSiteRecord } from '../rewrite/rope';
 import { fusedOwner } from '../rewrite/fuse-attention';
 import { constant, node, PREFIX } from './nodes';
 import { findSites } from './sites';
@@ -54,6 +55,7 @@ export function withUnitFactor(patched: ModelProto): ModelProto {
   }
   // A window wider than any run hides nothing: the wiring copy then computes what the original did.
   setWindows(scopes, record?.sites ?? [], () => ({ size: NO_WINDOW, sinks: 0 }));
+  if (record?.rope) neutralRope(scopes[0], record.rope.sites);
   const inserted = insertedNodes(model, record?.journal);
   for (const scope of touched) {
     dropUnread(scope, inserted);
@@ -88,6 +90,17 @@ function neutralPrior(scope: Scope, theta: Record<string, string>): void {
     if (!t) continue;
     const dims = (t.dims ?? []).map(toNumber);
     scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(0)));
+  }
+  scope.commit();
+}
+
+/** RoPE's multipliers and YaRN's factor on cos and sin set to 1: the frequencies are the original's again. */
+function neutralRope(scope: Scope, sites: readonly RopeSiteRecord[]): void {
+  for (const name of sites.flatMap((r) => [r.factor, ...(r.mscale ? [r.mscale] : [])])) {
+    const t = scope.graph.initializers.get(name);
+    if (!t) continue;
+    const dims = (t.dims ?? []).map(toNumber);
+    scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(1)));
   }
   scope.commit();
 }

@@ -16,7 +16,8 @@ import { ModelProto } from '../io/onnx';
 import { externalFiles } from '../io/external';
 import { encodeModel, inputFiles, writeModel } from '../io/model-file';
 import { cloneModel } from '../rewrite/patch';
-import { addProbeOutputs, ProbeWiring } from './probe-model';
+import { addProbeOutputs, ProbeWiring, RopeWiring } from './probe-model';
+import { readRecord } from '../rewrite/record';
 import { SessionReport } from './report';
 import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Optimization, Runner } from './run';
@@ -44,6 +45,8 @@ const FILE_THRESHOLD = 256 * 1024 * 1024;
 export class SessionFactory {
   /** What each probe copy brings out per site, known once that copy is built. */
   readonly probes: Partial<Record<'probe' | 'probeLast', ProbeWiring[]>> = {};
+  /** What the probe copy brings out of each rescaled RoPE constant, known once that copy is built. */
+  rope: RopeWiring[] = [];
   readonly rowMax: Partial<Record<'original' | 'patched', RowMaxOutputs>> = {};
   readonly reports: SessionReport[] = [];
   private dir: string | null = null;
@@ -126,7 +129,9 @@ export class SessionFactory {
       case 'unit': return withUnitFactor(this.written);
       case 'probe': case 'probeLast': {
         const m = cloneModel(this.patched);
-        this.probes[key] = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last');
+        const r = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last', key === 'probe' ? readRecord(this.patched)?.rope?.sites : []);
+        this.probes[key] = r.sites;
+        if (key === 'probe') this.rope = r.rope;
         return m;
       }
     }

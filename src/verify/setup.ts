@@ -134,7 +134,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const preset = recordedPreset(record);
   const { sites, refused, heads, detection } = siteSetup(analysis, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
-  const identity = identityOf(preset, L, known, sites);
+  const identity = identityOf(preset, L, known, sites, Boolean(record.rope));
   const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection), specs, outputs: original.graph!.output, fixed };
   const table = positionLimit(graph, specs);
   const input: PlanInput = {
@@ -379,9 +379,9 @@ function trainLength(option: number | undefined, record: PatchRecord, preset: Pr
 }
 
 /** Rows where the preset's factor is 1 by promise: none without a train length, or with the bias variant. */
-function identityOf(p: Preset, L: number, known: boolean, sites: readonly VerifySite[]): Identity | null {
-  // A prior that varies with position (θβ ≠ 0 at some head) changes the logits at every length.
-  if (p.kind === 'none' || sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return null;
+function identityOf(p: Preset, L: number, known: boolean, sites: readonly VerifySite[], rope: boolean): Identity | null {
+  // A prior that varies with position (θβ ≠ 0 at some head), or RoPE rescaled, changes the logits at every length.
+  if (p.kind === 'none' || rope || sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return null;
   if (p.kind === 'llama4') return { from: 1, upTo: p.floorScale - 1, text: `n < floor_scale = ${p.floorScale}` };
   if (!known) return null;
   if (p.kind === 'qwen-logn' || p.kind === 'slope') return { from: 1, upTo: L, text: `n ≤ L = ${L}` };

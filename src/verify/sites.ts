@@ -72,7 +72,8 @@ export interface VerifySite {
 /** Every site of the record, found in the patched model through the journal. */
 export function findSites(model: ModelProto, scopes: Scope[], record: PatchRecord, detection: Detection | null): VerifySite[] {
   const byPath = new Map(scopes.map((s) => [s.path, s]));
-  return record.sites.map((r) => {
+  // The none preset with RoPE rescaled alone records its attention sites with nothing added to them.
+  return record.sites.filter((r) => r.apply !== undefined || r.prior || r.window || r.expanded).map((r) => {
     const site: VerifySite = { record: r, label: siteLabel(r), s: [], tensors: null };
     try {
       const scope = byPath.get(r.scope ?? 'main') ?? fail(`its graph ${r.scope} is not in the model`);

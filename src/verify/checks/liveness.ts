@@ -28,7 +28,7 @@ export class LivenessCheck implements CheckUnit {
   constructor(private readonly ctx: UnitContext) {
     const { setup } = ctx;
     const p = setup.preset;
-    this.beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? (setup.liveFrom > 1 ? `W + S = ${setup.liveFrom} keys (the none preset: a window alone hides nothing up to there)` : 'one token (the none preset: the prior alone)') : `L = ${setup.liveFrom}`;
+    this.beyond = p.kind === 'llama4' ? `floor_scale − 1 = ${p.floorScale - 1}` : p.kind === 'none' ? (setup.liveFrom > 1 ? `W + S = ${setup.liveFrom} keys (the none preset: a window alone hides nothing up to there)` : `one token (the none preset: the ${setup.record.rope ? 'rescaled RoPE' : 'prior'} alone)`) : `L = ${setup.liveFrom}`;
   }
 
   readonly criterion = 'beyond where the factor is 1 some output differs from the original\'s by more than 10× the factor-1 float noise and 1e-6 of its scale; no NaN or Inf where the original is finite';
@@ -80,7 +80,7 @@ export class LivenessCheck implements CheckUnit {
     if (setup.integerOutputs) {
       return skippedCheck('liveness', this.criterion, 'every output is an integer (token ids, say): a factor that works may change none of them, so equal outputs prove nothing', 'not applicable');
     }
-    if (setup.preset.kind === 'none' && setup.sites.every((s) => s.theta?.beta.every((b) => b === 0))) {
+    if (setup.preset.kind === 'none' && !setup.record.rope && setup.sites.every((s) => s.theta?.beta.every((b) => b === 0))) {
       return skippedCheck('liveness', this.criterion, 'a neutral prior (θβ = 0 at every head) without a factor changes nothing by design: fine-tune θ, then verify again', 'not applicable');
     }
     // The float noise of a patch that must equal the original: runs that did (a failed run is no noise).

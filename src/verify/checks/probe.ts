@@ -14,6 +14,7 @@ import { Outputs } from '../run';
 import { SessionKey } from '../sessions';
 import { VerifySite } from '../sites';
 import { priorView, siteViews, Unchanged, windowView } from '../views';
+import { RopeProbe } from '../rope-probe';
 import { windowHidden, WindowSpec } from '../../policy/window';
 import { check, e2, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
@@ -105,6 +106,8 @@ export class ProbeCheck implements CheckUnit {
   private readonly windowProbes: (SiteProbe | undefined)[] = [];
   /** Keys the windows hid from rows that could see them, over every run: a window probe that saw none looked at nothing. */
   private windowHidden = 0;
+  /** The rescaled RoPE of the record, if any (rope-probe.ts). */
+  private readonly rope?: RopeProbe;
   /** The windows the probe copy ran cut shorter than the model's, as the report says them. */
   private readonly windowCuts = new Set<string>();
   private readonly problems = new Map<number, string>();
@@ -121,13 +124,16 @@ export class ProbeCheck implements CheckUnit {
     const others = sites.map((s) => ({ layer: s.record.layer, s: s.s }));
     this.probes = sites.map((site) => new SiteProbe(subject(site), ctx.setup.preset, others));
     this.priorProbes = sites.map((site) => (site.theta && site.tensors?.prior ? new SiteProbe(priorSubject(site, ctx.setup.preset), NO_FACTOR) : undefined));
+    const rope = ctx.setup.record.rope;
+    if (rope) this.rope = new RopeProbe(rope, rope.sites, ctx.setup.graph);
   }
 
   get criterion(): string {
     const sites = this.ctx.setup.sites;
     const prior = sites.some((s) => s.theta) ? '; after each positional prior\'s Add = before it + c·B, B from θ as the model holds it, every head, row and key' : '';
     const window = sites.some((s) => s.window) ? '; after each sliding window\'s Add = before it + its bias (0 on the last W keys and the first S, far below any logit on the others), in a copy with W cut below the probe runs\' lengths' : '';
-    return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}${window}`;
+    const rope = this.ctx.setup.record.rope ? '; RoPE\'s rescaled frequencies = the method\'s formula on the original constant, and (YaRN) every Cos and Sin its readers read × 0.1·ln(scale) + 1' : '';
+    return `after each factor = ${formulaText(this.ctx.setup.preset)}·before it, every batch item, head and row, with s as the model holds it${prior}${window}${rope}`;
   }
 
   sessions(run: RunSpec): SessionKey[] {
@@ -142,6 +148,7 @@ export class ProbeCheck implements CheckUnit {
     }
     const last = key === 'probeLast';
     this.runIds.push(last ? `${run.id}, last row` : run.id);
+    if (!last) this.rope?.observe(this.ctx.factory.rope, outcome.outputs, run.id);
     const wirings = this.ctx.factory.probes[key] ?? [];
     this.ctx.setup.sites.forEach((site, i) => this.observeSite(run, site, i, wirings[i], outcome.outputs, last));
   }
@@ -221,10 +228,17 @@ export class ProbeCheck implements CheckUnit {
 
   judge(): CheckResult {
     const { results, unprobed } = this.results();
+    unprobed.push(...(this.rope?.notProbed ?? []));
     const failed = results.filter((s) => !s.passed);
+    const ropeFailure = this.rope?.failure;
+    const rope = this.rope ? `; ${this.rope.summary()}` : '';
     let result: CheckResult;
     if (failed.length) {
       result = check('probe', 'FAILED', `${failed[0].message}${failed.length > 1 ? ` (${failed.length} of ${results.length} sites fail)` : ''}`, this.criterion);
+    } else if (ropeFailure) {
+      result = check('probe', 'FAILED', ropeFailure, this.criterion);
+    } else if (results.length === 0 && this.rope && !this.rope.notProbed.length && this.runIds.length) {
+      result = check('probe', 'PASSED', this.rope.summary(), this.criterion);
     } else if (results.length === 0) {
       result = skippedCheck('probe', this.criterion, `no site could be probed: ${unprobed[0] ?? 'no sites'}`);
     } else {
@@ -237,7 +251,7 @@ export class ProbeCheck implements CheckUnit {
       const nan = nanRows ? `; ${nanRows} row(s) not probed: the original's logits there hold NaN or +Inf (its attention row is NaN, on these inputs)` : '';
       const what = [factors ? `after = ${formulaText(this.ctx.setup.preset)}·before at all ${factors} site(s)` : '', priors ? `after = before + c·B at ${priors} prior(s)` : '',
         windows ? `after = before + its bias at ${windows} window(s), which hid ${this.windowHidden} key(s) from rows that could see them${this.windowCuts.size ? ` (in a copy with ${[...this.windowCuts].join('; ')})` : ''}` : ''].filter(Boolean).join(', ');
-      result = check('probe', 'PASSED', `${what}, ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max error ${e2(Math.max(...results.map((s) => s.maxScaledError)))} of a row's largest value${nan}${left}`, this.criterion);
+      result = check('probe', 'PASSED', `${what}, ${entries} values in ${ids.length} run(s) (${ids.join('; ')}); max error ${e2(Math.max(...results.map((s) => s.maxScaledError)))} of a row's largest value${rope}${nan}${left}`, this.criterion);
     }
     result.sites = results;
     // A window that hid nothing in the runs probed only that it hides nothing there: --strict must not pass it.

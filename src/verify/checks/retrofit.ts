@@ -8,6 +8,7 @@
  * A site whose n never gets there (its key count is fixed by the model's inputs: cross attention over an
  * encoder's frames, say) is listed as not applicable; the whole-model comparison then does not apply either.
  */
+import { ropeText } from '../../policy/rope';
 import { factorValue } from '../../policy/factor';
 import { countsMasks, withMasksOfOnes } from '../../policy/n-mode';
 import { CheckId, RunSpec } from '../plan';
@@ -227,6 +228,7 @@ function parityText(r: RunResult, setup: Setup): string {
 
 function noIdentity(setup: Setup): string {
   const p = setup.preset;
+  if (setup.record.rope) return `RoPE rescaled (${ropeText(setup.record.rope)}) changes the angles at every position, inside L too: no length reproduces the original (the probe checks the frequencies; wiring parity checks the rest with the rescaling undone)`;
   if (p.kind === 'none') return 'the none preset adds a positional prior or a sliding window only: no factor is 1 anywhere, and what it adds changes the logits (the probe checks it)';
   if (setup.sites.some((s) => s.theta?.beta.some((b) => b !== 0))) return 'a positional prior with θβ ≠ 0 changes the logits at every length: no length reproduces the original (the probe checks the prior; wiring parity checks it at neutral θ)';
   if (p.kind === 'ssmax' && p.b !== undefined && p.b !== 0) return `the bias variant's factor s·ln n + ${p.b} is 1 at no length the patch promises`;

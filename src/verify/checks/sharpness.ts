@@ -41,7 +41,7 @@ export class SharpnessCheck implements CheckUnit {
   judge(): CheckResult {
     const { setup, factory } = this.ctx;
     if (setup.preset.kind === 'none') {
-      return skippedCheck('sharpness', this.criterion, 'the none preset adds a prior or a window alone, which promises no sharper attention at long lengths (the probe checks what it adds)', 'not applicable');
+      return skippedCheck('sharpness', this.criterion, 'the none preset adds no factor (a prior, a window or a rescaled RoPE), which promises no sharper attention at long lengths (the probe checks what it adds)', 'not applicable');
     }
     // A site counts where both models show its probabilities: the original's operator may hide what the patch's kernel shows.
     const { original, patched } = factory.rowMax;

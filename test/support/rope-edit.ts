@@ -1,31 +1,16 @@
 /**
- * RoPE rescaled in a copy of a benchmark model, to measure what position interpolation, NTK-aware scaling and YaRN
- * would give past L with and without SSMax (issue 36). Not a feature of the tool yet: the frequencies are found as
- * the benchmark's own models write them (Cos and Sin of positions × one constant of K geometric frequencies,
- * θ_i = base^(−2i/d), d = 2K) and edited in place; anything else is an error. The formulas are Hugging Face
- * transformers' (`linear`, static NTK-aware base scaling, `yarn` with β_fast = 32, β_slow = 1).
+ * RoPE rescaled by editing a model's frequency constant in place, a second path to what `--rope` writes (which adds
+ * a Mul and leaves the constant): test/rope.test.ts compares the two. It reads the form the LM benchmark's models
+ * write (Cos and Sin of positions × one constant of frequencies); anything else is an error. The formulas are the
+ * tool's (policy/rope.ts), checked against Hugging Face's in lm-models.test.ts.
  */
 import * as fs from 'node:fs';
-import { Graph } from '../src/graph/graph';
-import { makeTensor } from '../src/graph/tensor';
-import { topoSort } from '../src/graph/toposort';
-import { readModel, serializeModel } from '../src/io/model-file';
-import { DataType, NodeProto, TensorProto, toNumber } from '../src/io/onnx';
-
-export type RopeMethod = 'pi' | 'ntk' | 'yarn';
-
-/** The new frequencies for a context `scale` times L, and YaRN's factor on cos and sin (1 for the others). */
-export function ropeFrequencies(method: RopeMethod, scale: number, theta: number[], L: number): { theta: number[]; mscale: number } {
-  const K = theta.length, d = 2 * K;
-  if (method === 'pi') return { theta: theta.map((t) => t / scale), mscale: 1 };
-  if (method === 'ntk') return { theta: theta.map((t, i) => t * scale ** (-(2 * i) / (d - 2))), mscale: 1 };
-  const base = theta[1] ** (-d / 2);
-  const correction = (rotations: number): number => (d * Math.log(L / (rotations * 2 * Math.PI))) / (2 * Math.log(base));
-  const low = Math.max(Math.floor(correction(32)), 0), high = Math.min(Math.ceil(correction(1)), d - 1);
-  const ramp = (i: number): number => Math.min(1, Math.max(0, (i - low) / (high === low ? 0.001 : high - low)));
-  // ramp 0: high frequencies kept (extrapolated); ramp 1: interpolated as PI.
-  return { theta: theta.map((t, i) => t / scale * ramp(i) + t * (1 - ramp(i))), mscale: 0.1 * Math.log(scale) + 1 };
-}
+import { Graph } from '../../src/graph/graph';
+import { makeTensor } from '../../src/graph/tensor';
+import { topoSort } from '../../src/graph/toposort';
+import { readModel, serializeModel } from '../../src/io/model-file';
+import { DataType, NodeProto, TensorProto, toNumber } from '../../src/io/onnx';
+import { ropeFrequencies, RopeMethod } from '../../src/policy/rope';
 
 /** The constant of frequencies the Cos and Sin read through one Mul with positions, and those Cos and Sin. */
 function findFrequencies(g: Graph): { name: string; tensor: TensorProto; set: (t: TensorProto) => void; trig: NodeProto[] } {
@@ -57,7 +42,7 @@ export function rescaleRope(file: string, method: RopeMethod, scale: number, L: 
   if (!theta.every((t, i) => t > 0 && (i < 2 || Math.abs(t / theta[i - 1] - theta[1] / theta[0]) < 1e-4 * (theta[1] / theta[0])))) {
     throw new Error('the frequencies are not a geometric series base^(−2i/d)');
   }
-  const next = ropeFrequencies(method, scale, theta, L);
+  const next = ropeFrequencies({ method, scale, trainLen: L }, theta);
   set(makeTensor(tensor.name || name, tensor.dataType ?? DataType.FLOAT, (tensor.dims ?? []).map(toNumber), next.theta));
   if (next.mscale !== 1) {
     for (const n of trig) {
