@@ -132,7 +132,7 @@ const COMMANDS: Record<string, string | CommandRun> = {
       assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'verify.json'), 'utf8')).strict.passed, true);
     },
   },
-  'Positional priors (`--prior ggd|alibi`)': {
+  'Positional priors (`--prior ggd|alibi`), the sliding window and RoPE rescaling': {
     setup: (dir) => {
       fs.copyFileSync(path.join(TORCH, 'gpt2_past.onnx'), path.join(dir, 'model.onnx'));
       fs.writeFileSync(path.join(dir, 'theta.json'), JSON.stringify({ theta_alpha: [-1, -0.5, 0, 0.5], theta_beta: 1 }));
@@ -140,6 +140,14 @@ const COMMANDS: Record<string, string | CommandRun> = {
     check: (r, dir) => {
       assert.deepEqual(r.stdout.match(/^patched 2 attention site\(s\), preset \w+/gm), ['ssmax', 'none', 'ssmax'].map((p) => `patched 2 attention site(s), preset ${p}`));
       for (const f of ['ggd', 'alibi', 'theta']) assert.ok(fs.existsSync(path.join(dir, `model.${f}.onnx`)));
+    },
+  },
+  'RoPE rescaled (`--rope pi|ntk|yarn`, `--rope-scale F`)': {
+    setup: (dir) => fs.copyFileSync(path.join(FIXTURES, 'lm/rope-s0.onnx'), path.join(dir, 'model.onnx')),
+    check: (r, dir) => {
+      assert.match(r.stdout, /RoPE rescaled: YaRN ×16 \(L = 4096\) at 1 constant\(s\)/);
+      assert.match(r.stdout, /RoPE rescaled: NTK-aware ×8 at 1 constant\(s\)/);
+      for (const f of ['yarn', 'ntk']) assert.ok(fs.existsSync(path.join(dir, `model.${f}.onnx`)));
     },
   },
   'Calibration: `ssmax-patch calibrate`': {
