@@ -43,6 +43,8 @@ interface Variant {
   args: string[] | null | 'window' | 'calibrate';
   /** The variant rescales RoPE (`--rope`): RoPE models only. */
   rope?: true;
+  /** More arguments of `calibrate --match loss` (args 'calibrate'). */
+  calibrate?: string[];
 }
 
 function variants(L: string): Variant[] {
@@ -65,6 +67,7 @@ function variants(L: string): Variant[] {
     { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--rope', 'ntk', '--rope-scale', '16', '--train-len', L], rope: true },
     { name: 'RoPE YaRN ×16', args: ['--preset', 'none', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
     { name: 'RoPE YaRN ×16 + ssmax', args: ['--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
+    { name: 'RoPE YaRN, its scale and the slope calibrated by loss', args: 'calibrate', calibrate: ['--rope', 'yarn'], rope: true },
   ];
 }
 
@@ -190,24 +193,25 @@ function filesArg(argv: string[], max: number): number {
 const CALIBRATION_FILES = { from: 32, count: 8 };
 
 /** The slope with s of lowest loss past L on the calibration files; the original where s = 0 was best (calibrate writes no model then). */
-function calibrated(file: string, L: number, dir: string, out: string): string {
+function calibrated(file: string, L: number, dir: string, out: string, extra: string[] = []): string {
   const m = lmManifest();
   if (m.files.length < CALIBRATION_FILES.from + CALIBRATION_FILES.count) throw new Error('eval.json lists too few files to calibrate on files the evaluation does not read');
   const rows = evalText(m, CALIBRATION_FILES.count, CALIBRATION_FILES.from);
   const ids = path.join(dir, 'calibration-ids.json');
   if (!fs.existsSync(ids)) fs.writeFileSync(ids, JSON.stringify({ dims: [rows.length, m.bytes], data: rows.flatMap((r) => Array.from(r)) }));
   const r = spawnSync(process.execPath, [BIN, 'calibrate', file, '--train-len', String(L), '--max-len', String(m.bytes), '--match', 'loss', '--input', `input_ids=${ids}`,
-    '-o', out, '--force', '--quiet', '--json'], { encoding: 'utf8' });
+    ...extra, '-o', out, '--force', '--quiet', '--json'], { encoding: 'utf8' });
   const doc = JSON.parse(r.stdout) as CalibrateDocument;
   const g = doc.calibration?.groups[0];
   if (!g || (r.status !== 0 && g.state !== 'no gain')) throw new Error(`calibrate --match loss (${path.basename(file)}) failed (${r.status}): ${r.stderr.trim()}`);
-  process.stdout.write(`calibrated ${path.basename(file)}: s = ${g.s.toFixed(3)} (${g.state}; ${doc.calibration!.runs} runs, ${(doc.calibration!.totalMs / 1000).toFixed(1)} s)\n`);
+  const rope = doc.calibration!.rope ? `, RoPE ${doc.calibration!.rope.method} ×${doc.calibration!.rope.scale}` : '';
+  process.stdout.write(`calibrated ${path.basename(file)}${extra.length ? ` (${extra.join(' ')})` : ''}: s = ${g.s.toFixed(3)}${rope} (${g.state}; ${doc.calibration!.runs} runs, ${(doc.calibration!.totalMs / 1000).toFixed(1)} s)\n`);
   return g.state === 'no gain' ? file : out;
 }
 
 async function measure(file: string, variant: Variant, text: Uint8Array[], L: number, dir: string, index: number): Promise<Float64Array[]> {
   const out = path.join(dir, `${path.basename(file, '.onnx')}.v${index}.onnx`);
-  const model = variant.args === null || variant.args === 'window' ? file : variant.args === 'calibrate' ? calibrated(file, L, dir, out) : writeVariant(file, [file], variant.args, out);
+  const model = variant.args === null || variant.args === 'window' ? file : variant.args === 'calibrate' ? calibrated(file, L, dir, out, variant.calibrate) : writeVariant(file, [file], variant.args, out);
   const runner = await Runner.create(model, path.basename(model));
   try {
     const whole = await nextByteBits(runner, text);

@@ -15,6 +15,7 @@ import { CalibrateDocument } from '../src/cli/report';
 import { readModel } from '../src/io/model-file';
 import { ModelProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
+import { readRecord } from '../src/rewrite/record';
 import { Runner } from '../src/verify/run';
 import { makeHost } from '../src/verify/tensors';
 import { cli, removeScratch, tmpdir } from './support/io';
@@ -93,6 +94,23 @@ describe('calibrate by loss on the LM benchmark models', { skip: textSkip }, () 
       assert.ok(r.doc.calibration!.runs <= 13, `${r.doc.calibration!.runs} runs`);
     });
   }
+
+  it('rope-s0 with --rope yarn: the RoPE scale of lowest loss is found first, the written model has it, and its loss is the one reported', async () => {
+    const { file, rows } = text!;
+    const r = calibrate(lmModel('rope-s0'), 'rope-yarn', file, '--rope', 'yarn');
+    assert.equal(r.code, 0, r.stderr);
+    const c = r.doc.calibration!, g = c.groups[0];
+    const rope = (c as { rope?: { scale: number; tried: { scale: number; loss: number }[] } }).rope!;
+    // N = 8·L: scales 2 … 32 tried at s = 0; the one written is the lowest of them.
+    assert.deepEqual(rope.tried.map((t) => t.scale), [2, 4, 8, 16, 32]);
+    assert.equal(rope.scale, rope.tried.reduce((a, b) => (b.loss < a.loss ? b : a)).scale);
+    assert.ok(g.afterAtN <= Math.min(...rope.tried.map((t) => t.loss)) + 1e-12);
+    assert.ok(g.afterAtN < 0.9 * g.beforeAtN, `${g.beforeAtN} → ${g.afterAtN}: YaRN holds the loss far better than the original`);
+    const written = readModel(r.out);
+    assert.equal(readRecord(written)!.rope!.scale, rope.scale);
+    const loss = await lossOf(written, rows);
+    assert.ok(Math.abs(loss - g.afterAtN) <= 1e-4 * loss, `the written model's loss ${loss}, reported ${g.afterAtN}`);
+  });
 
   it('nope-s1: the slope lowers its loss past L by more than 1 % (the grid agrees it can)', () => {
     const r = calibrate(lmModel('nope-s1'), 'nope-s1-again', text!.file);

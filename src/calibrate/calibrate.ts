@@ -28,7 +28,8 @@ import { firstLine, LoadFailure, SessionFactory } from '../verify/sessions';
 import { isUniform } from '../verify/sharpness';
 import { prepare, Setup } from '../verify/setup';
 import { Feeds, HostTensor } from '../verify/tensors';
-import { CalibrationModel, calibrationModel, scaleFeeds } from './model';
+import { CalibrationModel, calibrationModel, ropeFeeds, scaleFeeds } from './model';
+import { DEFAULT_ROPE_SCALE, RopeMethod } from '../policy/rope';
 import { CalibrationGroup, CalibrationReport, CurvePoint, MatchStatistic } from './report';
 import { gapOf, predictSlope, SlopeSearch } from './search';
 import { findLogits, LossPoint, LossSearch, lossSpans, nextTokenLoss } from './loss';
@@ -63,6 +64,12 @@ export interface CalibrateOptions {
   progress?: (line: string) => void;
   /** The original's analysis (analyseModel), when the caller has it: calibration then does not analyse it again. */
   analysis?: Analysis;
+  /**
+   * RoPE rescaled too (patchModel's `rope`): at `ropeScale` when given; by loss without it, the scale of lowest loss
+   * of ROPE_SCALES is searched first (at s = 0), then s at that scale.
+   */
+  rope?: RopeMethod;
+  ropeScale?: number;
 }
 
 export interface CalibrationResult {
@@ -80,6 +87,8 @@ interface Plan {
   maxRuns: number;
   maxS: number;
   notes: string[];
+  /** RoPE rescaled with the slope: the method, and its scale (null: searched by loss). */
+  rope?: { method: RopeMethod; scale: number | null };
 }
 
 /** Rows, heads and scales of a session's sites, and how one run is fed. */
@@ -105,10 +114,10 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   const granularity = options.granularity ?? 'global';
   const heads = granularity === 'global' ? [] : layerHeads(original, options, analysis);
   const first = 1 / Math.log(L);
-  const patch = (s: SValue): ReturnType<typeof patchModel> =>
-    patchModel(original, { preset: 'slope', trainLen: L, s, n: options.n, layers: options.layers, analysis });
-  const template = patch(sValue(granularity, heads, () => first));
   const plan = planOf(options, L, granularity);
+  const patch = (s: SValue, ropeScale = plan.rope?.scale ?? DEFAULT_ROPE_SCALE): ReturnType<typeof patchModel> => patchModel(original,
+    { preset: 'slope', trainLen: L, s, n: options.n, layers: options.layers, analysis, ...(plan.rope ? { rope: plan.rope.method, ropeScale } : {}) });
+  const template = patch(sValue(granularity, heads, () => first));
   // N given: runs up to it; by default within verification's default longest length (one attention matrix's budget).
   // Whole prompts even over a cache: the curve is read off every row of one causal run.
   const setup = prepare(original, template.model, {
@@ -134,7 +143,7 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   } finally {
     factory.cleanup();
   }
-  const result = patch(s);
+  const result = patch(s, report.rope?.scale);
   report.totalMs = Math.round(performance.now() - started);
   report.runtime = runtimeReport();
   return { model: result.model, report, patch: result.report };
@@ -157,7 +166,9 @@ function planOf(o: CalibrateOptions, L: number, granularity: Granularity): Plan 
   const N = o.targetLen === undefined ? 8 * L : checkInteger(o.targetLen, 'targetLen', L + 1);
   const maxS = o.maxS ?? 16 / Math.log(L);
   if (!(maxS > 0) || !Number.isFinite(maxS)) throw new InputError(`${opt('maxS')} must be a positive number, got ${maxS}`, 'usage');
-  return { L, N, granularity, match, maxRuns: checkInteger(o.maxRuns ?? (match === 'loss' ? 12 : 10), 'maxRuns', 1), maxS, notes: [] };
+  if (o.ropeScale !== undefined && o.rope === undefined) throw new InputError(`${opt('ropeScale')} sets how far ${opt('rope')} rescales RoPE: give ${opt('rope')} too`, 'usage');
+  const rope = o.rope === undefined ? undefined : { method: o.rope, scale: o.ropeScale ?? (match === 'loss' ? null : DEFAULT_ROPE_SCALE) };
+  return { L, N, granularity, match, maxRuns: checkInteger(o.maxRuns ?? (match === 'loss' ? 12 : 10), 'maxRuns', 1), maxS, notes: [], ...(rope ? { rope } : {}) };
 }
 
 /**
@@ -300,11 +311,15 @@ async function searchLoss(ctx: Context, first: number): Promise<{ report: Calibr
   const spans = lossSpans(plan.L, run.seq);
   let logits: string | undefined;
   const measured: LossPoint[] = [];
-  const at = async (s: number, what: string): Promise<LossPoint> => {
+  const theta = (constant: string): number[] => ctx.setup.graph.constValue(constant)!.values.map(Number);
+  let rope: number | null = null;
+  const at = async (s: number, what: string, scale = rope): Promise<LossPoint> => {
     ctx.progress(`calibrate: run ${++ctx.runs} (${run.id}), ${what}`);
+    const ropeAt = plan.rope ? ropeFeeds(ctx.cm, { method: plan.rope.method, trainLen: plan.L }, theta, scale) : {};
+    const feeds = { ...inputsOf(ctx, run), ...scaleFeeds(ctx.cm, () => s), ...ropeAt };
     let out;
     try {
-      out = await ctx.runner.run({ ...inputsOf(ctx, run), ...scaleFeeds(ctx.cm, () => s) }, logits ? [logits] : ctx.setup.modelOutputs);
+      out = await ctx.runner.run(feeds, logits ? [logits] : ctx.setup.modelOutputs);
     } catch (e) {
       throw await runFailure(ctx, run, e);
     }
@@ -313,23 +328,52 @@ async function searchLoss(ctx: Context, first: number): Promise<{ report: Calibr
     measured.push(p);
     return p;
   };
+  const original = await at(0, 'the original (s = 0)', null);
+  const scales = plan.rope ? await ropeScan(plan, at) : undefined;
+  rope = scales ? scales.best.scale : null;
   const x = new LossSearch(first, plan.maxS, LOSS_WIDTH * first);
-  x.observe(await at(0, 'the original (s = 0)'));
-  for (let k = 0, s = x.next(); k < plan.maxRuns && s !== undefined; k++, s = x.next()) x.observe(await at(s, `s = ${s.toPrecision(4)}`));
-  const best = x.best(), original = measured[0], state = x.state();
-  if (state === 'no gain') plan.notes.push(`the loss past L is lowest at s = 0 (the original) of the ${measured.length} s tried: the slope does not lower this model's loss on these tokens`);
+  x.observe(scales ? scales.best.point : original);
+  // The s tried: the original, then the search's points (from s = 0 at the scale chosen, where RoPE is rescaled).
+  const tried: LossPoint[] = [original, ...(scales ? [scales.best.point] : [])];
+  for (let k = 0, s = x.next(); k < plan.maxRuns && s !== undefined; k++, s = x.next()) {
+    const p = await at(s, `s = ${s.toPrecision(4)}`);
+    x.observe(p);
+    tried.push(p);
+  }
+  const best = x.best().loss < original.loss ? x.best() : original;
+  const state = best === original ? 'no gain' : x.state() === 'no gain' ? 'found' : x.state();
+  if (state === 'no gain') plan.notes.push(`the loss past L is lowest at s = 0 (the original) of the ${measured.length} runs: the slope${plan.rope ? ' and the RoPE rescaling do' : ' does'} not lower this model's loss on these tokens`);
   if (state === 'out of reach') plan.notes.push(`the loss still falls at the largest s allowed, ${plan.maxS.toPrecision(3)}: that s is written`);
   if (state === 'searching') plan.notes.push(`not narrowed in ${plan.maxRuns} runs: the best s measured is kept`);
   const group: CalibrationGroup = {
     group: 'all', s: best.s, state, residual: best.loss / original.loss - 1, target: best.loss, beforeAtN: original.loss, afterAtN: best.loss,
-    tried: measured.map((p) => ({ s: p.s, value: p.loss })),
+    tried: tried.map((p) => ({ s: p.s, value: p.loss })),
   };
   const curve = spans.map(([, hi], k) => ({ length: hi, before: original.spans[k], after: best.spans[k] }));
   const report = reportOf(ctx, best.s, [group], curve, true);
+  const ropeReport = scales && plan.rope ? { rope: { method: plan.rope.method, scale: rope!, tried: scales.tried } } : {};
   return {
     s: best.s,
-    report: { ...report, reached: best.s > 0, rows: `one whole prompt of ${run.seq} given tokens per s: row t predicts token t + 1`, windows: `rows seeing L < t + 1 ≤ ${run.seq - 1} keys, reported in spans ${spans.map(([lo, hi]) => `${lo - 1}–${hi}`).join(', ')}` },
+    report: { ...report, ...ropeReport, reached: best !== original, rows: `one whole prompt of ${run.seq} given tokens per s: row t predicts token t + 1`, windows: `rows seeing L < t + 1 ≤ ${run.seq - 1} keys, reported in spans ${spans.map(([lo, hi]) => `${lo - 1}–${hi}`).join(', ')}` },
   };
+}
+
+/** The RoPE scales tried by loss (where the scale is not given): powers of 2 up to 4·N/L. */
+const ROPE_SCALES = [2, 4, 8, 16, 32, 64, 128];
+
+/** The RoPE scale of lowest loss at s = 0, each scale one run (or the one given). */
+interface RopeScan { best: { scale: number; point: LossPoint }; tried: { scale: number; loss: number }[] }
+
+async function ropeScan(plan: Plan, at: (s: number, what: string, scale: number) => Promise<LossPoint>): Promise<RopeScan> {
+  const given = plan.rope!.scale;
+  const candidates = given !== null ? [given] : ROPE_SCALES.filter((f) => f <= (4 * plan.N) / plan.L);
+  const tried: { scale: number; loss: number; point: LossPoint }[] = [];
+  for (const scale of candidates) {
+    const point = await at(0, `RoPE ×${scale}, s = 0`, scale);
+    tried.push({ scale, loss: point.loss, point });
+  }
+  const best = tried.reduce((a, b) => (b.loss < a.loss ? b : a));
+  return { best: { scale: best.scale, point: best.point }, tried: tried.map(({ scale, loss }) => ({ scale, loss })) };
 }
 
 /** The loss search ends when its bracket is narrower than this share of 1/ln L. */
@@ -353,10 +397,13 @@ async function measure(ctx: Context, lengths: number[], valueOf: (group: string)
     const layout = layouts.get(i);
     return layout ? valueOf(groupOf(plan.granularity, layout.layer, head)) : valueOf(groupOf(plan.granularity, ctx.setup.sites[i].record.layer, head));
   });
+  // A RoPE rescaled with the slope runs at its one scale (the calibration model takes its multipliers as inputs).
+  const theta = (constant: string): number[] => ctx.setup.graph.constValue(constant)!.values.map(Number);
+  const rope = plan.rope ? ropeFeeds(cm, { method: plan.rope.method, trainLen: plan.L }, theta, plan.rope.scale) : {};
   for (const length of lengths) {
     const run = runOf(ctx, length);
     ctx.progress(`calibrate: run ${++ctx.runs} (${run.id}), ${what}`);
-    const feeds: Feeds = { ...inputsOf(ctx, run), ...sFeeds };
+    const feeds: Feeds = { ...inputsOf(ctx, run), ...sFeeds, ...rope };
     let out;
     try {
       out = await ctx.runner.run(feeds, [...cm.outputs.values(), ...cm.keys.values()]);

@@ -9,9 +9,14 @@ import { cloneModel } from '../io/model-file';
 import { addRowMaxOutputs, RowStatistic } from '../verify/row-max';
 import { VerifySite } from '../verify/sites';
 import { HostTensor, makeHost } from '../verify/tensors';
+import { readRecord } from '../rewrite/record';
+import type { RopeSiteRecord } from '../rewrite/rope';
+import { ropeFrequencies, RopeSpec } from '../policy/rope';
 
 export interface CalibrationModel {
   model: ModelProto;
+  /** A rescaled RoPE's multipliers and YaRN's factor as inputs (the record's initializer names), per constant: a RoPE scale per run. */
+  rope: { site: RopeSiteRecord; dims: number[]; dataType: number }[];
   /** Per site index: the input that feeds its s, and that s tensor's dims ([] or [H, 1, 1]). */
   scales: Map<number, { input: string; dims: number[] }>;
   /** Per site index: the output holding its rows' statistic, and the one holding its key count. */
@@ -41,7 +46,40 @@ export function calibrationModel(patched: ModelProto, sites: readonly VerifySite
     main.input.push({ name, type: { tensorType: { elemType: DataType.FLOAT, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } });
     scales.set(i, { input: name, dims });
   });
-  return { model, scales, outputs: rows.outputs, keys: rows.keys, unseen: [...rows.unseen.values()] };
+  return { model, scales, rope: ropeInputs(model), outputs: rows.outputs, keys: rows.keys, unseen: [...rows.unseen.values()] };
+}
+
+/** The rescaled RoPE's initializers (record.rope) moved to inputs of the main graph, in their own type. */
+function ropeInputs(model: ModelProto): CalibrationModel['rope'] {
+  const main = model.graph!;
+  const toInput = (name: string): { dims: number[]; dataType: number } => {
+    const t = main.initializer.find((x) => x.name === name)!;
+    main.initializer = main.initializer.filter((x) => x !== t);
+    main.input = main.input.filter((v) => v.name !== name);
+    const dims = t.dims.map(toNumber);
+    main.input.push({ name, type: { tensorType: { elemType: t.dataType, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } });
+    return { dims, dataType: t.dataType };
+  };
+  return (readRecord(model)?.rope?.sites ?? []).map((site) => {
+    if (site.mscale) toInput(site.mscale);
+    return { site, ...toInput(site.factor) };
+  });
+}
+
+/**
+ * The feeds of a RoPE rescaled for `scale` (policy/rope.ts) from the original frequencies of each constant
+ * (`theta`); null: the original's RoPE (multipliers and YaRN's factor 1).
+ */
+export function ropeFeeds(cm: CalibrationModel, spec: Omit<RopeSpec, 'scale'>, theta: (constant: string) => number[], scale: number | null): Record<string, HostTensor> {
+  const feeds: Record<string, HostTensor> = {};
+  const type = (t: number): 'float16' | 'float32' => (t === DataType.FLOAT16 ? 'float16' : 'float32');
+  for (const r of cm.rope) {
+    const base = theta(r.site.constant);
+    const next = scale === null ? { theta: base, mscale: 1 } : ropeFrequencies({ ...spec, scale }, base);
+    feeds[r.site.factor] = makeHost(type(r.dataType), r.dims, next.theta.map((t, i) => t / base[i]));
+    if (r.site.mscale) feeds[r.site.mscale] = makeHost(type(r.dataType), [], [next.mscale]);
+  }
+  return feeds;
 }
 
 /** The s feeds of every site: `valueOf(site, head)` gives the s of a head of a site. */

@@ -1,6 +1,7 @@
 /** What calibration reports: the s found per group, how the search went, and the statistic against n before and after. */
 import type { RuntimeReport } from '../onnxruntime';
 import type { SValue } from '../policy/scale';
+import type { RopeMethod } from '../policy/rope';
 import { sharpnessSvg } from '../verify/plot';
 import { sharpnessCurve, sharpnessPoint } from '../verify/sharpness';
 import type { Granularity } from './stats';
@@ -59,6 +60,8 @@ export interface CalibrationReport {
   notes: string[];
   totalMs: number;
   runtime: RuntimeReport;
+  /** By loss with `--rope`: the method, the scale written, and each scale tried at s = 0 with its loss. */
+  rope?: { method: RopeMethod; scale: number; tried: { scale: number; loss: number }[] };
 }
 
 /** The statistic against n, original and calibrated, as an SVG. */

@@ -16,7 +16,7 @@ import { onnxruntime } from '../onnxruntime';
 import { N_OPTIONS, parseNOption } from '../policy/n-mode';
 import { readTensorFile } from '../verify/tensor-files';
 import { HostTensor } from '../verify/tensors';
-import { collect, dimsValue, optionalInteger, pairs, rejectExtraArguments } from './parse';
+import { collect, dimsValue, optionalInteger, optionalReal, pairs, rejectExtraArguments } from './parse';
 import type { Warning } from '../policy/warnings';
 import { CalibrateOutcome, documentOf, Verdict } from './outcome';
 import { defaultOutput, EXTERNAL_DATA_HELP, linkWarnings, outputHint, warn, writeOptions } from './patch-command';
@@ -36,6 +36,8 @@ export interface CalibrateCliOptions {
   layers?: string;
   maxRuns?: string;
   maxMemory?: string;
+  rope?: string;
+  ropeScale?: string;
   output?: string;
   force?: boolean;
   report?: string;
@@ -59,6 +61,8 @@ export function calibrateProgram(cmd: Command): Command {
     .option('--layers <list>', 'patch only these attention layers: "3,7,11" or "every:4"')
     .option('--max-runs <k>', 'runs at N with a candidate s, at most (default 10)')
     .option('--max-memory <size>', 'no run estimated to need more memory, e.g. 3G (default half the memory free): N is cut to fit')
+    .option('--rope <method>', 'rescale RoPE too (pi | ntk | yarn, as the patch does); with --match loss and no --rope-scale, the scale of lowest loss is searched first')
+    .option('--rope-scale <F>', 'with --rope: the context it rescales for, as a multiple of L (default 16; searched by --match loss)')
     .option('-o, --output <file>', 'output model (default <name>.slope.onnx beside the input)')
     .option('--force', 'overwrite existing output files')
     .option('--report <file>', 'the JSON report (default <output>.calibration.json)')
@@ -113,6 +117,7 @@ function optionsFrom(o: CalibrateCliOptions): Omit<CalibrateOptions, 'inputs'> {
     trainLen, targetLen: optionalInteger(o.maxLen, '--max-len', trainLen + 1), match: o.match as MatchStatistic | undefined,
     granularity: o.per === undefined ? 'global' : GRANULARITY[o.per], dims, n: parseNOption(o.n), layers: layersValue(o.layers),
     maxRuns: optionalInteger(o.maxRuns, '--max-runs', 1), maxMemory: memoryValue(o.maxMemory),
+    rope: o.rope as CalibrateOptions['rope'], ropeScale: optionalReal(o.ropeScale, '--rope-scale'),
   };
 }
 
@@ -149,6 +154,7 @@ function formatLoss(r: CalibrationReport): string[] {
   const change = `${g.residual <= 0 ? '' : '+'}${(100 * g.residual).toFixed(2)} %`;
   const lines = [`calibrate: L = ${r.trainLen}, N = ${r.targetLen}, next-token loss past L, one s; given tokens, batch ${r.batch}`,
     `  s = ${p3(g.s)}  ${g.state}  loss past L (nats per token): ${g.beforeAtN.toFixed(4)} → ${g.afterAtN.toFixed(4)} (${change})`,
+    ...(r.rope ? [`  RoPE ${r.rope.method} ×${r.rope.scale} of ${r.rope.tried.map((t) => `×${t.scale}: ${t.loss.toFixed(4)}`).join(', ')} (at s = 0)`] : []),
     `  tried: ${g.tried.map((t) => `s = ${p3(t.s)}: ${t.value.toFixed(4)}`).join(', ')}`,
     `  per span of keys seen (before → after): ${r.curve.map((c, k) => `${k === 0 ? r.trainLen : r.curve[k - 1].length}–${c.length}: ${c.before.toFixed(3)} → ${c.after.toFixed(3)}`).join(', ')}`];
   for (const n of r.notes) lines.push(`  note: ${n}`);
