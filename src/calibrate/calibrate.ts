@@ -311,12 +311,10 @@ async function searchLoss(ctx: Context, first: number): Promise<{ report: Calibr
   const spans = lossSpans(plan.L, run.seq);
   let logits: string | undefined;
   const measured: LossPoint[] = [];
-  const theta = (constant: string): number[] => ctx.setup.graph.constValue(constant)!.values.map(Number);
   let rope: number | null = null;
   const at = async (s: number, what: string, scale = rope): Promise<LossPoint> => {
     ctx.progress(`calibrate: run ${++ctx.runs} (${run.id}), ${what}`);
-    const ropeAt = plan.rope ? ropeFeeds(ctx.cm, { method: plan.rope.method, trainLen: plan.L }, theta, scale) : {};
-    const feeds = { ...inputsOf(ctx, run), ...scaleFeeds(ctx.cm, () => s), ...ropeAt };
+    const feeds = { ...inputsOf(ctx, run), ...scaleFeeds(ctx.cm, () => s), ...ropeFeedsAt(ctx, scale) };
     let out;
     try {
       out = await ctx.runner.run(feeds, logits ? [logits] : ctx.setup.modelOutputs);
@@ -356,6 +354,17 @@ async function searchLoss(ctx: Context, first: number): Promise<{ report: Calibr
     s: best.s,
     report: { ...report, ...ropeReport, reached: best !== original, rows: `one whole prompt of ${run.seq} given tokens per s: row t predicts token t + 1`, windows: `rows seeing L < t + 1 ≤ ${run.seq - 1} keys, reported in spans ${spans.map(([lo, hi]) => `${lo - 1}–${hi}`).join(', ')}` },
   };
+}
+
+/**
+ * The feeds of RoPE's multipliers at `scale` (null: the original's RoPE), from the original's frequency constants;
+ * none without --rope.
+ */
+function ropeFeedsAt(ctx: Context, scale: number | null): Feeds {
+  const rope = ctx.plan.rope;
+  if (!rope) return {};
+  const theta = (constant: string): number[] => ctx.setup.graph.constValue(constant)!.values.map(Number);
+  return ropeFeeds(ctx.cm, { method: rope.method, trainLen: ctx.plan.L }, theta, scale);
 }
 
 /** The RoPE scales tried by loss (where the scale is not given): powers of 2 up to 4·N/L. */
@@ -398,8 +407,7 @@ async function measure(ctx: Context, lengths: number[], valueOf: (group: string)
     return layout ? valueOf(groupOf(plan.granularity, layout.layer, head)) : valueOf(groupOf(plan.granularity, ctx.setup.sites[i].record.layer, head));
   });
   // A RoPE rescaled with the slope runs at its one scale (the calibration model takes its multipliers as inputs).
-  const theta = (constant: string): number[] => ctx.setup.graph.constValue(constant)!.values.map(Number);
-  const rope = plan.rope ? ropeFeeds(cm, { method: plan.rope.method, trainLen: plan.L }, theta, plan.rope.scale) : {};
+  const rope = ropeFeedsAt(ctx, plan.rope?.scale ?? null);
   for (const length of lengths) {
     const run = runOf(ctx, length);
     ctx.progress(`calibrate: run ${++ctx.runs} (${run.id}), ${what}`);

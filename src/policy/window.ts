@@ -41,6 +41,11 @@ export function windowN(w: WindowSpec, p: number): number {
   return Math.min(seen, w.size) + Math.min(w.sinks, Math.max(0, seen - w.size));
 }
 
+/** Whether the window keeps key j for the row at absolute position p: its last W keys, and the first S at every row. */
+export function windowKeeps(w: WindowSpec, p: number, j: number): boolean {
+  return p - j < w.size || j < w.sinks;
+}
+
 /**
  * The bias on a hidden key: far below any logit, finite, and exactly representable in the logits' type (float16's
  * −30000 leaves room for logits and masks down to −35000 before the sum overflows).

@@ -88,10 +88,10 @@ function ropeWiring(x: Exposer, r: RopeSiteRecord): RopeWiring {
   // The Mul's value can be right while the angles still read the original constant: then nothing was rescaled.
   const stale = g.consumersOf(r.constant).find((n) => n !== apply);
   if (stale) return { label, problem: `'${nodeLabel(stale)}' still reads the original frequencies '${r.constant}': the rescaling is bypassed` };
-  for (const t of r.trig ?? []) {
-    const trig = g.nodes.find((n) => nodeLabel(n) === t);
-    const other = trig && g.consumersOf(trig.output[0]).find((c) => c.input[1] !== r.mscale);
-    if (other) return { label, problem: `'${nodeLabel(other)}' reads '${t}' without YaRN's factor` };
+  const trigs = (r.trig ?? []).map((t) => ({ label: t, node: g.nodes.find((n) => nodeLabel(n) === t) }));
+  for (const t of trigs) {
+    const other = t.node && g.consumersOf(t.node.output[0]).find((c) => c.input[1] !== r.mscale);
+    if (other) return { label, problem: `'${nodeLabel(other)}' reads '${t.label}' without YaRN's factor` };
   }
   const out = (tensor: string, name: string): string => {
     const e = x.expose('main', tensor, `rope/${name}`);
@@ -99,11 +99,10 @@ function ropeWiring(x: Exposer, r: RopeSiteRecord): RopeWiring {
     return e;
   };
   try {
-    const pairs = (r.trig ?? []).map((label, k) => {
-      const trig = g.nodes.find((n) => nodeLabel(n) === label);
-      const after = trig && g.consumersOf(trig.output[0]).find((c) => c.input[1] === r.mscale);
-      if (!trig || !after) throw new Unexposable(`'${label}' and YaRN's factor on it are not in the graph`);
-      return { before: out(trig.output[0], `trig${k}`), after: out(after.output[0], `trig${k}_scaled`) };
+    const pairs = trigs.map((t, k) => {
+      const after = t.node && g.consumersOf(t.node.output[0]).find((c) => c.input[1] === r.mscale);
+      if (!t.node || !after) throw new Unexposable(`'${t.label}' and YaRN's factor on it are not in the graph`);
+      return { before: out(t.node.output[0], `trig${k}`), after: out(after.output[0], `trig${k}_scaled`) };
     });
     return { label, scaled: out(apply.output[0], 'scaled'), pairs };
   } catch (e) {

@@ -85,22 +85,21 @@ function replaceFactor(scope: Scope, apply: NodeProto): void {
  * copy computes what the original did (up to rounding) whatever θ the model was fine-tuned to.
  */
 function neutralPrior(scope: Scope, theta: Record<string, string>): void {
-  for (const name of Object.values(theta)) {
-    const t = scope.graph.initializers.get(name);
-    if (!t) continue;
-    const dims = (t.dims ?? []).map(toNumber);
-    scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(0)));
-  }
-  scope.commit();
+  fillInitializers(scope, Object.values(theta), 0);
 }
 
 /** RoPE's multipliers and YaRN's factor on cos and sin set to 1: the frequencies are the original's again. */
 function neutralRope(scope: Scope, sites: readonly RopeSiteRecord[]): void {
-  for (const name of sites.flatMap((r) => [r.factor, ...(r.mscale ? [r.mscale] : [])])) {
+  fillInitializers(scope, sites.flatMap((r) => [r.factor, ...(r.mscale ? [r.mscale] : [])]), 1);
+}
+
+/** Every value of these initializers of the scope set to `value` (shape and type kept); names it lacks are left alone. */
+function fillInitializers(scope: Scope, names: readonly string[], value: number): void {
+  for (const name of names) {
     const t = scope.graph.initializers.get(name);
     if (!t) continue;
     const dims = (t.dims ?? []).map(toNumber);
-    scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(1)));
+    scope.graph.replaceInitializer(makeTensor(name, t.dataType, dims, new Array(dims.reduce((a, d) => a * d, 1)).fill(value)));
   }
   scope.commit();
 }

@@ -15,7 +15,7 @@ import { SessionKey } from '../sessions';
 import { VerifySite } from '../sites';
 import { priorView, siteViews, Unchanged, windowView } from '../views';
 import { RopeProbe } from '../rope-probe';
-import { windowHidden, WindowSpec } from '../../policy/window';
+import { windowHidden, windowKeeps, WindowSpec } from '../../policy/window';
 import { check, e2, skippedCheck } from './common';
 import { CheckUnit, Outcome, UnitContext } from './unit';
 
@@ -52,16 +52,16 @@ function priorSubject(site: VerifySite, preset: Preset): ProbeSubject {
   };
 }
 
-/** Whether the window keeps key j for the row at absolute position p: the last W keys, and the first S at every row. */
-function windowKeeps(w: WindowSpec, p: number, j: number): boolean {
-  return p - j < w.size || j < w.sinks;
+/** How the probe copy's window differs from the model's, in the report's words; undefined where it is the model's. */
+function windowCut(spec: WindowSpec, model: WindowSpec): string | undefined {
+  return spec.size !== model.size || spec.sinks !== model.sinks ? `W = ${spec.size}, S = ${spec.sinks} for the model's W = ${model.size}, S = ${model.sinks}` : undefined;
 }
 
 /** The window's probe: after its Add = before it + its bias, 0 on the keys it keeps and windowHidden on the others. */
 function windowSubject(site: VerifySite, w: ProbeOutputs['window'] & object): ProbeSubject {
   const hidden = windowHidden(w.type), spec = w.spec;
   const model = site.window!;
-  const copy = spec.size !== model.size || spec.sinks !== model.sinks ? ` (the probe copy's; the model has W = ${model.size}, S = ${model.sinks})` : '';
+  const copy = windowCut(spec, model) ? ` (the probe copy's; the model has W = ${model.size}, S = ${model.sinks})` : '';
   return {
     layer: site.record.layer, scope: site.record.scope, label: `${site.label} window`, n: site.record.n, s: [1],
     additive: { kind: 'window', expected: 'its bias', from: `W = ${spec.size}, S = ${spec.sinks}${copy}` },
@@ -188,8 +188,8 @@ export class ProbeCheck implements CheckUnit {
     if (typeof v === 'string') { probe.fail(v); return; }
     probe.observe(v);
     this.windowHidden += hiddenKeys(v, w.window!.spec);
-    const spec = w.window!.spec, model = site.window!;
-    if (spec.size !== model.size || spec.sinks !== model.sinks) this.windowCuts.add(`W = ${spec.size}, S = ${spec.sinks} for the model's W = ${model.size}, S = ${model.sinks}`);
+    const cut = windowCut(w.window!.spec, site.window!);
+    if (cut) this.windowCuts.add(cut);
   }
 
   private checkUnchanged(probe: SiteProbe, u: Unchanged, rtol: number, run: RunSpec): void {
