@@ -34,8 +34,13 @@ const CHAINS = 2;
 /** Classes to run (SSMAX_VARIANT_CLASSES=a,b): all when unset; random chains are drawn from these only. */
 const CLASSES = process.env.SSMAX_VARIANT_CLASSES?.split(',').map((c) => c.trim()).filter(Boolean);
 const SELECTED = CLASSES ? REWRITES.filter((r) => CLASSES.includes(r.name)) : REWRITES;
-/** Models with more nodes than this (over every graph and function) are left out of the sample: each variant re-patches and reloads the whole model. */
-const MAX_NODES = 400;
+/**
+ * Models with more nodes than this (over every graph and function) are left out of the sample: each variant re-patches
+ * and reloads the whole model. SSMAX_VARIANT_MIN_NODES / SSMAX_VARIANT_MAX_NODES choose another range (the long run
+ * over the large models: MIN 401, MAX Infinity).
+ */
+const MAX_NODES = Number(process.env.SSMAX_VARIANT_MAX_NODES ?? 400);
+const MIN_NODES = Number(process.env.SSMAX_VARIANT_MIN_NODES ?? 0);
 /** Outputs of a variant's patch against the unrewritten patch: |a − b| ≤ abs + rel·|b| (fp16 outputs: 1e-2 each). */
 const TOLERANCE = { abs: 1e-4, rel: 1e-3 };
 const TOLERANCE_FP16 = { abs: 1e-2, rel: 1e-2 };
@@ -74,7 +79,7 @@ function candidates(): { file: string; anchor: Anchor | null; label: string }[] 
     let d;
     try {
       const m = readModel(file);
-      if (nodeCount(m) > MAX_NODES) return [];
+      if (nodeCount(m) > MAX_NODES || nodeCount(m) < MIN_NODES) return [];
       d = findAttentionSoftmax(m);
     } catch {
       return [];
@@ -247,7 +252,7 @@ describe(`exporter variants (seed ${SEED}, ${SAMPLE} sampled sites, ${CHAINS} ra
     const rnd = seeded(SEED);
     const all = candidates();
     const chosen = sample(all, SAMPLE, rnd);
-    process.stdout.write(`# variants: ${chosen.length} of ${all.length} sites of models with at most ${MAX_NODES} nodes (seed ${SEED}${fs.existsSync(CORPUS) ? '' : '; corpus absent: fixtures only'})\n`);
+    process.stdout.write(`# variants: ${chosen.length} of ${all.length} sites of models with ${MIN_NODES ? `${MIN_NODES} to ` : 'at most '}${MAX_NODES} nodes (seed ${SEED}${fs.existsSync(CORPUS) ? '' : '; corpus absent: fixtures only'})\n`);
     for (const c of chosen) {
       const u = await makeUnit(c);
       if (typeof u === 'string') process.stdout.write(`# variants: ${short(c.file)} ${c.label} not used: ${u}\n`);
