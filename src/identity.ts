@@ -36,6 +36,8 @@ export const PART = {
   window: 'window',
   /** RoPE rescaled: the frequencies' multipliers (`rope_factor`), their Mul, and YaRN's factor on cos and sin and its Muls. */
   ropeFactor: 'rope_factor', rope: 'rope', ropeMscale: 'rope_mscale', ropeMscaled: 'rope_mscaled',
+  /** RoPE's rotary caches recomputed: the frequencies fitted to them (`rope_theta`), the positions, and the new caches. */
+  ropeTheta: 'rope_theta', ropePositions: 'rope_positions', ropeCos: 'rope_cos', ropeSin: 'rope_sin',
 } as const;
 
 export type Part = (typeof PART)[keyof typeof PART];

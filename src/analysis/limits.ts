@@ -5,13 +5,15 @@
  * tables (indices clamped with Min/Log/Where) are not limits and are left alone.
  */
 import { Graph } from '../graph/graph';
-import { opInfo } from '../graph/ops';
+import { opInfo, positionTableOf } from '../graph/ops';
 import { NodeProto, toNumber } from '../io/onnx';
 import { InputSpec } from './signature';
 
 export interface LengthLimit {
   length: number;
   reason: string;
+  /** What lifts the cap, where something does (RoPE's caches: --rope recomputes them); absent, nothing does. */
+  lift?: string;
 }
 
 export function positionLimit(graph: Graph, specs: readonly InputSpec[]): LengthLimit | null {
@@ -37,15 +39,17 @@ export function positionLimit(graph: Graph, specs: readonly InputSpec[]): Length
  * Position ids given to the op cap the length only when they are positions (ids fed from tokens cap nothing).
  */
 function operatorTable(graph: Graph, node: NodeProto, roles: Map<string, string>): LengthLimit | null {
-  const t = opInfo(node).positionTable;
-  if (!t || (t.when && !t.when(node))) return null;
+  const t = positionTableOf(node);
+  if (!t) return null;
   const ids = t.positionIds === undefined ? '' : node.input[t.positionIds] ?? '';
   if (ids && !isPositionIndex(graph, ids, roles)) return null;
   const name = node.input[t.input];
   const table = name ? graph.initializers.get(name) : undefined;
   if (!table || table.dims.length < 2 || graph.inputs.has(name)) return null;
   const rows = toNumber(table.dims[0]);
-  return rows >= 2 ? { length: rows, reason: `${node.opType} '${node.name || node.output[0]}': its ${t.what} '${name}' has ${rows} rows` } : null;
+  if (rows < 2) return null;
+  const lift = t.sin !== undefined ? { lift: `--rope pi|ntk|yarn recomputes the rotary caches with room for the context it rescales for` } : {};
+  return { length: rows, reason: `${node.opType} '${node.name || node.output[0]}': its ${t.what} '${name}' has ${rows} rows`, ...lift };
 }
 
 /**

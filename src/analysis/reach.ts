@@ -140,6 +140,8 @@ export interface LengthReport {
   kind: 'fixed' | 'capped';
   why: string;
   cap?: number;
+  /** What lifts the cap (LengthLimit.lift). */
+  lift?: string;
   /** Per patched site: the n its rows can have (null: the graph does not tell) and the factor's range there. */
   sites: { node: string; layer: number; scope: string; n: [number, number] | null; factor: [number, number] | null }[];
   /** What the patch does at the lengths the model can run: nothing, something, or unknown (a length the graph does not tell). */
@@ -175,7 +177,8 @@ export function lengthReport(lengths: ModelLengths, patched: PatchedLengthSite[]
   const unchanged = sites.every((x) => x.factor && isOne(x.factor));
   const effect = unchanged ? 'none' : sites.some((x) => x.factor && !isOne(x.factor)) ? 'changed' : 'unknown';
   const why = lengths.fixed ?? lengths.cap!.reason;
-  const report: LengthReport = { kind, why, ...(cap !== undefined ? { cap } : {}), sites, effect, message: '' };
+  const lift = lengths.cap?.lift;
+  const report: LengthReport = { kind, why, ...(cap !== undefined ? { cap } : {}), ...(lift ? { lift } : {}), sites, effect, message: '' };
   report.message = lengthMessage(report, preset, trainLen);
   return report;
 }
@@ -221,7 +224,7 @@ function lengthMessage(r: LengthReport, preset: Preset, L: number | undefined): 
       : `the patched model differs from the original at every length it can run (never n = L = ${L}) and never runs beyond L`;
   const fit = !reached && longest >= 2 ? `give --train-len ${longest} to reproduce the original at n = ${longest}` : '';
   const longer = r.kind === 'fixed' ? `re-export the model with dynamic axes to see SSMax at longer lengths${fit ? `, or ${fit}` : ''}`
-    : `the cap is the model's own, which no option lifts${fit ? `; ${fit}` : ''}`;
+    : `${r.lift ? `the cap is the model's own: ${r.lift}` : 'the cap is the model\'s own, which no option lifts'}${fit ? `; ${fit}` : ''}`;
   return `${where}, where the factor ${formula} is ${factorText(r)}: ${train}; ${longer}`;
 }
 
@@ -231,14 +234,17 @@ export interface LengthBound {
   longest?: number;
   kind: 'fixed' | 'capped';
   why: string;
+  /** What lifts the cap (LengthLimit.lift). */
+  lift?: string;
 }
 
 /**
  * What would let a bounded model run longer, to do `goal`: re-exporting it with dynamic axes where its inputs fix
  * the lengths; nothing where a table of positions caps them (no option of this tool and no re-export adds rows).
  */
-export function longerAdvice(bound: Pick<LengthBound, 'kind'>, goal: string): string {
-  return bound.kind === 'fixed' ? `re-export it with dynamic axes ${goal}` : 'the model\'s own cap, which no option lifts';
+export function longerAdvice(bound: Pick<LengthBound, 'kind' | 'lift'>, goal: string): string {
+  if (bound.kind === 'fixed') return `re-export it with dynamic axes ${goal}`;
+  return bound.lift ? `the model's own cap: ${bound.lift}` : 'the model\'s own cap, which no option lifts';
 }
 
 /** The model's bound from its lengths, read at one run's shape (a fixed model's counts do not depend on it). */
@@ -248,5 +254,5 @@ export function lengthBound(lengths: ModelLengths, specs: readonly InputSpec[], 
     const known = keys.every((k) => k !== undefined);
     return { kind: 'fixed', why: lengths.fixed, ...(known && keys.length ? { longest: Math.max(...(keys as number[])) } : {}) };
   }
-  return lengths.cap ? { kind: 'capped', why: lengths.cap.reason, longest: lengths.cap.length } : null;
+  return lengths.cap ? { kind: 'capped', why: lengths.cap.reason, longest: lengths.cap.length, ...(lengths.cap.lift ? { lift: lengths.cap.lift } : {}) } : null;
 }

@@ -30,6 +30,7 @@ import { prepare, Setup } from '../verify/setup';
 import { Feeds, HostTensor } from '../verify/tensors';
 import { CalibrationModel, calibrationModel, ropeFeeds, scaleFeeds } from './model';
 import { DEFAULT_ROPE_SCALE, RopeMethod } from '../policy/rope';
+import { originalTheta } from '../rewrite/rope';
 import { CalibrationGroup, CalibrationReport, CurvePoint, MatchStatistic } from './report';
 import { gapOf, predictSlope, SlopeSearch } from './search';
 import { findLogits, LossPoint, LossSearch, lossSpans, nextTokenLoss } from './loss';
@@ -363,8 +364,7 @@ async function searchLoss(ctx: Context, first: number): Promise<{ report: Calibr
 function ropeFeedsAt(ctx: Context, scale: number | null): Feeds {
   const rope = ctx.plan.rope;
   if (!rope) return {};
-  const theta = (constant: string): number[] => ctx.setup.graph.constValue(constant)!.values.map(Number);
-  return ropeFeeds(ctx.cm, { method: rope.method, trainLen: ctx.plan.L }, theta, scale);
+  return ropeFeeds(ctx.cm, { method: rope.method, trainLen: ctx.plan.L }, (site) => originalTheta(site, ctx.setup.graph), scale);
 }
 
 /** The RoPE scales tried by loss (where the scale is not given): powers of 2 up to 4·N/L. */

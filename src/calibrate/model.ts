@@ -70,11 +70,11 @@ function ropeInputs(model: ModelProto): CalibrationModel['rope'] {
  * The feeds of a RoPE rescaled for `scale` (policy/rope.ts) from the original frequencies of each constant
  * (`theta`); null: the original's RoPE (multipliers and YaRN's factor 1).
  */
-export function ropeFeeds(cm: CalibrationModel, spec: Omit<RopeSpec, 'scale'>, theta: (constant: string) => number[], scale: number | null): Record<string, HostTensor> {
+export function ropeFeeds(cm: CalibrationModel, spec: Omit<RopeSpec, 'scale'>, theta: (site: RopeSiteRecord) => number[], scale: number | null): Record<string, HostTensor> {
   const feeds: Record<string, HostTensor> = {};
   const type = (t: number): 'float16' | 'float32' => (t === DataType.FLOAT16 ? 'float16' : 'float32');
   for (const r of cm.rope) {
-    const base = theta(r.site.constant);
+    const base = theta(r.site);
     const next = scale === null ? { theta: base, mscale: 1 } : ropeFrequencies({ ...spec, scale }, base);
     feeds[r.site.factor] = makeHost(type(r.dataType), r.dims, next.theta.map((t, i) => t / base[i]));
     if (r.site.mscale) feeds[r.site.mscale] = makeHost(type(r.dataType), [], [next.mscale]);

@@ -1,13 +1,17 @@
 /**
- * RoPE's frequencies as exporters write them in the graph: Cos and Sin of angles = positions × a constant of
- * frequencies (θ_i = base^(−2i/d), a geometric series), the angles maybe concatenated with themselves, cast or
- * transposed on the way. Other forms are named so that `--rope` can refuse them: RotaryEmbedding operators and
- * GroupQueryAttention's `do_rotary` hold their cos/sin caches inside, and a model with Cos/Sin of anything else
- * is not one this reads.
+ * RoPE's frequencies as exporters write them, in two forms:
+ * - in the graph: Cos and Sin of angles = positions × a constant of frequencies (θ_i = base^(−2i/d), a geometric
+ *   series), the angles maybe concatenated with themselves, cast or transposed on the way;
+ * - as tables: the cos and sin caches [P, K] a rotary operator reads by position (RotaryEmbedding, GroupQueryAttention
+ *   with do_rotary; ops.ts's positionTable), cos(p·θ_i) and sin(p·θ_i), from which θ is fitted and checked entry by entry.
+ * Other forms are named so that `--rope` can refuse them: caches fed at run time, tables of anything else, Cos/Sin of
+ * anything else.
  */
-import { nodeLabel } from '../graph/graph';
+import { Graph, nodeLabel } from '../graph/graph';
+import { positionTableOf } from '../graph/ops';
 import { Scope } from '../graph/scopes';
-import { NodeProto } from '../io/onnx';
+import { ConstTensor } from '../graph/tensor';
+import { DataType, NodeProto } from '../io/onnx';
 
 export interface RopeFrequencies {
   /** The constant of frequencies, as the graph names it (an initializer or a Constant's output). */
@@ -31,16 +35,108 @@ const SHAPE = new Set(['Cast', 'Unsqueeze', 'Reshape', 'Transpose', 'Expand', 'I
 /** The products of positions and frequencies: the angles. */
 const PRODUCT = new Set(['Mul', 'MatMul', 'FusedMatMul', 'Einsum']);
 
-/** Fused forms whose rotary caches are inside the operator. */
-function fusedRotary(scope: Scope): NodeProto | undefined {
-  return scope.graph.nodes.find((n) => n.opType === 'RotaryEmbedding'
-    || (n.opType === 'GroupQueryAttention' && n.attribute.some((a) => a.name === 'do_rotary' && Number(a.i ?? 0) === 1)));
+/** A pair of rotary caches, cos(p·θ_i) and sin(p·θ_i) for p < rows, and the operators that read them. */
+export interface RopeTable {
+  cos: string;
+  sin: string;
+  /** The frequencies fitted to the tables (a geometric series every entry matches). */
+  theta: number[];
+  rows: number;
+  type: number;
+  readers: { node: NodeProto; cos: number; sin: number }[];
 }
 
-/** Every constant of frequencies of the scope, or why RoPE cannot be rescaled there. */
+/** The scope's RoPE in both forms, or why it cannot be rescaled there. */
+export function findRope(scope: Scope): { frequencies: RopeFrequencies[]; tables: RopeTable[] } | string {
+  const tables = findRopeTables(scope.graph);
+  if (typeof tables === 'string') return tables;
+  const frequencies = findRopeFrequencies(scope);
+  if (typeof frequencies === 'string') return frequencies;
+  if (!tables.length && !frequencies.length) return 'no Cos or Sin of positions × a constant of frequencies, and no rotary operator with cos/sin caches: the model has no RoPE this reads';
+  return { frequencies, tables };
+}
+
+/** The rotary caches of every operator that reads them by position, grouped by pair; why, where one cannot be recomputed. */
+function findRopeTables(g: Graph): RopeTable[] | string {
+  const found = new Map<string, RopeTable>();
+  for (const node of g.nodes) {
+    const t = positionTableOf(node);
+    if (t?.sin === undefined) continue;
+    const [cos, sin] = [node.input[t.input], node.input[t.sin]];
+    const label = `'${nodeLabel(node)}' (${node.opType})`;
+    if (!cos || !sin) return `${label} has no cos/sin caches`;
+    const fed = [cos, sin].find((x) => g.inputs.has(x) || !g.constValue(x));
+    if (fed) return `${label} reads its rotary cache '${fed}' ${g.inputs.has(fed) ? 'as a model input' : 'computed at run time'}: --rope recomputes constant caches only (feed caches computed for the rescaled frequencies instead)`;
+    const key = `${cos}|${sin}`;
+    let entry = found.get(key);
+    if (!entry) {
+      const c = g.constValue(cos)!, s = g.constValue(sin)!;
+      const theta = fitRotaryTables(c, s);
+      if (typeof theta === 'string') return `${label}: its caches '${cos}', '${sin}' ${theta}`;
+      entry = { cos, sin, theta, rows: c.dims[0], type: c.dataType, readers: [] };
+      found.set(key, entry);
+    }
+    entry.readers.push({ node, cos: t.input, sin: t.sin });
+  }
+  return [...found.values()];
+}
+
+/**
+ * θ of tables cos(p·θ_i), sin(p·θ_i) [P, K]: each column's angle unwrapped along the rows (RoPE's θ_i ≤ 1 < π turns
+ * less than half a circle per row) gives θ_i from its last row; a geometric series is fitted to those (least squares
+ * on ln θ_i) and must reproduce every entry, within the tables' rounding (fp16's, or fp32's angle p·θ).
+ */
+export function fitRotaryTables(cos: ConstTensor, sin: ConstTensor): number[] | string {
+  if (cos.dims.length !== 2 || sin.dims.join() !== cos.dims.join()) return `are not two [positions, K] tables of one shape (${cos.dims.join('×')}, ${sin.dims.join('×')})`;
+  const [P, K] = cos.dims;
+  if (P < 2 || K < 2) return `have ${P} row(s) of ${K}: too few to fit frequencies`;
+  const raw = Array.from({ length: K }, (_, i) => {
+    let angle = 0;
+    for (let p = 1; p < P; p++) {
+      const step = Math.atan2(sin.values[p * K + i], cos.values[p * K + i]) - Math.atan2(sin.values[(p - 1) * K + i], cos.values[(p - 1) * K + i]);
+      angle += step - 2 * Math.PI * Math.round(step / (2 * Math.PI));
+    }
+    return angle / (P - 1);
+  });
+  if (!raw.every((t) => t > 0)) return 'are not cos and sin of position × positive frequencies';
+  const theta = geometricFit(raw);
+  const fits = (th: readonly number[]): boolean => tableError(cos, sin, th) === undefined;
+  if (fits(theta)) return theta;
+  return fits(raw) ? 'hold frequencies that are not a geometric series base^(−2i/d) (a RoPE already rescaled, as Llama 3\'s is): --rope does not rescale it again'
+    : `are not cos and sin of position × frequencies (${tableError(cos, sin, raw)})`;
+}
+
+/**
+ * The geometric series θ_0·r^i nearest to `raw` in log terms, each ln θ_i weighted by θ_i²: a fitted θ_i is off by
+ * about the same angle per row whatever its size, so the small ones are the least sure in log terms.
+ */
+function geometricFit(raw: readonly number[]): number[] {
+  const w = raw.map((t) => t * t), W = w.reduce((a, b) => a + b, 0);
+  const logs = raw.map(Math.log);
+  const meanI = w.reduce((a, wi, i) => a + wi * i, 0) / W, meanLog = w.reduce((a, wi, i) => a + wi * logs[i], 0) / W;
+  let num = 0, den = 0;
+  logs.forEach((l, i) => { num += w[i] * (i - meanI) * (l - meanLog); den += w[i] * (i - meanI) ** 2; });
+  const slope = num / den, intercept = meanLog - slope * meanI;
+  return raw.map((_, i) => Math.exp(intercept + slope * i));
+}
+
+/** The first entry the frequencies do not reproduce (rows sampled evenly past 4096), or undefined. */
+function tableError(cos: ConstTensor, sin: ConstTensor, theta: readonly number[]): string | undefined {
+  const [P, K] = cos.dims;
+  const tol = cos.dataType === DataType.FLOAT16 ? 2e-3 : cos.dataType === DataType.BFLOAT16 ? 1.6e-2 : 2e-5;
+  const stride = Math.max(1, Math.floor(P / 4096));
+  for (let p = 0; p < P; p += p < 4096 ? 1 : stride) {
+    for (let i = 0; i < K; i++) {
+      const a = p * theta[i], slack = tol + 4e-7 * a;
+      const [c, s] = [cos.values[p * K + i], sin.values[p * K + i]];
+      if (!(Math.abs(c - Math.cos(a)) <= slack && Math.abs(s - Math.sin(a)) <= slack)) return `row ${p}, column ${i}: ${c.toPrecision(4)}, ${s.toPrecision(4)} where cos, sin of ${a.toPrecision(4)} are ${Math.cos(a).toPrecision(4)}, ${Math.sin(a).toPrecision(4)}`;
+    }
+  }
+  return undefined;
+}
+
+/** Every constant of frequencies of the scope (none where it has no Cos or Sin), or why RoPE cannot be rescaled there. */
 export function findRopeFrequencies(scope: Scope): RopeFrequencies[] | string {
-  const fused = fusedRotary(scope);
-  if (fused) return `'${nodeLabel(fused)}' (${fused.opType}) rotates with cos/sin caches inside the operator, which --rope does not rescale yet`;
   const found = new Map<string, RopeFrequencies>();
   for (const trig of scope.graph.nodes.filter((n) => (n.opType === 'Cos' || n.opType === 'Sin') && (n.domain ?? '') === '')) {
     const products = anglesOf(scope, trig);
@@ -54,7 +150,6 @@ export function findRopeFrequencies(scope: Scope): RopeFrequencies[] | string {
       found.set(key, entry);
     }
   }
-  if (found.size === 0) return 'no Cos or Sin of positions × a constant of frequencies: the model has no RoPE this reads (cos/sin caches precomputed as tables are not rescaled yet)';
   return [...found.values()];
 }
 

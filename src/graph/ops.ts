@@ -26,6 +26,8 @@ import { attr, attrInt } from './node';
 import { constantOf, Poly, show } from './poly';
 import * as R from './shape-rules';
 
+const GQA = GROUP_QUERY_ATTENTION.inputs;
+
 export type TypeRule = 'bool' | 'int64' | ((node: NodeProto, typeOf: (name: string) => number | undefined, graph: ConstantReader) => number | undefined);
 
 export interface OpInfo {
@@ -40,19 +42,36 @@ export interface OpInfo {
   view?: boolean;
   shapeOnly?: boolean;
   product?: boolean;
-  positionTable?: PositionTable;
+  positionTable?: (node: NodeProto) => PositionTable | undefined;
   inputsAt?: { opset: number; attrs: string[] };
 }
 
 /**
  * An op's input of [positions, …] rows; the input that gives the op its position ids, if it takes one (absent, the
- * op counts positions itself); and when the op reads the table (the rotary cache of GroupQueryAttention only with do_rotary).
+ * op counts positions itself); for a rotary cos cache, the input of its sine cache (the two are RoPE's cos and sin of
+ * position × frequency, which `--rope` recomputes). The op's rule gives none where the op reads no table (the rotary
+ * cache of GroupQueryAttention only with do_rotary; ONNX's RotaryEmbedding only with position ids).
  */
 export interface PositionTable {
   input: number;
   what: string;
   positionIds?: number;
-  when?: (node: NodeProto) => boolean;
+  sin?: number;
+}
+
+/** The table of positions the node reads, if any (OpInfo.positionTable). */
+export function positionTableOf(node: NodeProto): PositionTable | undefined {
+  return opInfo(node).positionTable?.(node);
+}
+
+/**
+ * RotaryEmbedding: com.microsoft's takes (input, position_ids, cos_cache, sin_cache); ONNX's (opset 23) takes
+ * (X, cos_cache, sin_cache, position_ids), and without position ids its caches are [batch, sequence, …] already gathered.
+ */
+function rotaryTable(node: NodeProto): PositionTable | undefined {
+  const what = 'rotary cos cache';
+  if (node.domain === 'com.microsoft') return { input: 2, sin: 3, positionIds: 1, what };
+  return node.input[3] ? { input: 1, sin: 2, positionIds: 3, what } : undefined;
 }
 
 /** What a condition of the table reads of the shape pass (Shapes): symbolic dims, and the values of shape tensors. */
@@ -129,7 +148,7 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   // Shape and type only.
   Softmax: unary, LogSoftmax: unary, Relu: unary, Gelu: unary, FastGelu: unary, Sigmoid: unary, Erf: unary, Sqrt: unary,
   Exp: unary, Log: unary, Abs: unary, Reciprocal: unary, LayerNormalization: unary, SimplifiedLayerNormalization: unary,
-  RotaryEmbedding: { shape: R.unary, positionTable: { input: 2, what: 'rotary cos cache', positionIds: 1 } }, Softplus: unary,
+  RotaryEmbedding: { shape: R.unary, positionTable: rotaryTable }, Softplus: unary,
   Trilu: unary, Round: unary, Floor: unary, Ceil: unary, Sin: unary, Cos: unary, HardSigmoid: unary, Mish: unary,
   ScatterND: unary, ScatterElements: unary,
   IsNaN: { shape: R.unary, type: 'bool' }, IsInf: { shape: R.unary, type: 'bool' }, Not: { shape: R.unary, type: 'bool' },
@@ -149,11 +168,13 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   ArgMax: { type: 'int64' }, ArgMin: { type: 'int64' },
   // Type only: input 0's (the query of the attention operators, the activations of the others).
   Attention: {}, MultiHeadAttention: {}, DecoderMaskedMultiHeadAttention: {}, PackedAttention: {},
-  GroupQueryAttention: { positionTable: { input: GROUP_QUERY_ATTENTION.inputs.cos_cache, what: 'rotary cos cache', positionIds: GROUP_QUERY_ATTENTION.inputs.position_ids, when: (n) => attrInt(n, 'do_rotary') === 1 } },
+  GroupQueryAttention: {
+    positionTable: (n) => (attrInt(n, 'do_rotary') === 1 ? { input: GQA.cos_cache, sin: GQA.sin_cache, what: 'rotary cos cache', positionIds: GQA.position_ids } : undefined),
+  },
   PackedMultiHeadAttention: {}, BiasGelu: {}, QuickGelu: {}, BiasAdd: {}, Conv: {}, MaxPool: {}, AveragePool: {},
   GlobalAveragePool: {}, RemovePadding: {}, RestorePadding: {}, Compress: {},
   // Ids in, embeddings out: the type of the word embedding table (input 2).
-  EmbedLayerNormalization: { type: (n, typeOf) => typeOf(n.input[2]), positionTable: { input: 3, what: 'position embedding', positionIds: 8 } },
+  EmbedLayerNormalization: { type: (n, typeOf) => typeOf(n.input[2]), positionTable: () => ({ input: 3, what: 'position embedding', positionIds: 8 }) },
 };
 
 const OPAQUE: OpInfo = { type: () => undefined };

@@ -20,10 +20,13 @@ import { isPatchNode } from '../identity';
 import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchResult } from './report';
+import type { RopeSiteRecord } from './rope';
 import { AnySite, FusedAttention, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
 import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
-import { lengthReport, modelLengths } from '../analysis/reach';
+import { lengthReport, ModelLengths, modelLengths } from '../analysis/reach';
+import { positionLimit } from '../analysis/limits';
+import { describeInputs } from '../analysis/signature';
 
 export { cloneModel } from '../io/model-file';
 export type { PatchedSite, PatchReport, PatchResult } from './report';
@@ -91,7 +94,7 @@ function patchClone(out: ModelProto, scopes: Scope[], detection: Detection, plan
   const lengths = modelLengths(scopes, detection);
   const report = insertFactors(out, scopes, detection, all, plan, fusionOption(options.fusedAttention));
   checkInsertedTypes(out);
-  const reach = lengthReport(lengths, report.sites, plan.preset, plan.trainLen);
+  const reach = lengthReport(ropeCap(lengths, scopes, report.rope?.sites ?? []), report.sites, plan.preset, plan.trainLen);
   if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message, 'cannot-patch');
   return { model: out, report: { ...report, notes: [...notes, ...report.notes], ...(reach ? { lengths: reach } : {}) } };
 }
@@ -148,6 +151,26 @@ function fusionOption(value: unknown): FusedAttention {
   throw new InputError(`${opt('fusedAttention', String(value))}: expected auto or off`, 'usage');
 }
 
+/**
+ * The cap on the patched model's lengths where RoPE's caches were recomputed: the operators read the new caches,
+ * so their rows are the cap, or another table of the patched graph where it is shorter.
+ */
+function ropeCap(lengths: ModelLengths, scopes: Scope[], rope: readonly RopeSiteRecord[]): ModelLengths {
+  const tables = rope.flatMap((r) => r.table ?? []);
+  if (!tables.length) return lengths;
+  const rows = Math.min(...tables.map((t) => t.newRows));
+  const other = positionLimit(scopes[0].graph, describeInputs(scopes[0].graph));
+  const cap = other && other.length < rows ? other : { length: rows, reason: `the rotary caches --rope recomputed have ${rows} rows` };
+  return { ...lengths, cap };
+}
+
+/** How the patch's note names one rescaled RoPE: its constant of frequencies, or the caches it recomputed. */
+function ropeSiteText(r: RopeSiteRecord): string {
+  if (!r.table) return `the constant of frequencies '${r.constant}'`;
+  const grown = r.table.newRows > r.table.rows ? `, for ${r.table.newRows} positions where they had ${r.table.rows} rows (the operators' cap on the length rises with them)` : ` (${r.table.rows} rows)`;
+  return `the rotary caches '${r.table.cos}', '${r.table.sin}', recomputed from the frequencies fitted to them${grown}`;
+}
+
 function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan, fusion: FusedAttention): PatchResult['report'] {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
   const scales = plan.spec && scalesForSites(plan.spec, sites, skipped);
@@ -163,7 +186,7 @@ function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, a
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const fused = results.filter((r) => r.site.fused).length;
   const fusedNote = fused ? [`${fused} site(s) written as com.microsoft MultiHeadAttention, so they stay fused on onnxruntime: the patched model now needs onnxruntime (--fused-attention off, or the option fusedAttention 'off', keeps plain ONNX ops for other runtimes)`] : [];
-  const ropeNote = rope ? [`RoPE rescaled: ${ropeText(rope)} at ${rope.sites.length} constant(s) of frequencies (${rope.sites.map((r) => `'${r.constant}'`).join(', ')}); the angles change at every position, inside L too`] : [];
+  const ropeNote = rope ? [`RoPE rescaled: ${ropeText(rope)} at ${rope.sites.map(ropeSiteText).join(', ')}; the angles change at every position, inside L too`] : [];
   return {
     sites: results.map((r) => r.site), skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources,
     notes: [...notes, ...fusedNote, ...ropeNote], ...(rope ? { rope } : {}),

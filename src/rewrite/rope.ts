@@ -3,10 +3,16 @@
  * node that reads it, and for YaRN every reader of the Cos and Sin reads them times its factor. The constant itself
  * is left as it was, so revert (the journal) restores the model exactly, and verification can undo the rescaling by
  * setting the multipliers to 1.
+ *
+ * Rotary caches (tables cos(p·θ_i), sin(p·θ_i) an operator reads by position) are first written in that form: new
+ * caches Cos and Sin of positions × the frequencies fitted to the tables (detect/rope.ts), which the operators read
+ * instead; the rescaling then applies to them as above. The new caches may have more rows than the old (room for the
+ * context the rescaling is for); onnxruntime folds them to constants when the session starts.
  */
 import { InputError } from '../errors';
-import { nodeLabel } from '../graph/graph';
-import { RopeFrequencies } from '../detect/rope';
+import { Graph, nodeLabel } from '../graph/graph';
+import { RopeFrequencies, RopeTable } from '../detect/rope';
+import { DataType } from '../io/onnx';
 import { PART } from '../identity';
 import { ropeFrequencies, RopeSpec } from '../policy/rope';
 import { Builder } from './builder';
@@ -23,6 +29,52 @@ export interface RopeSiteRecord {
   mscale?: string;
   /** YaRN: the Cos and Sin whose readers read them times that factor (by label). */
   trig?: string[];
+  /**
+   * Rotary caches recomputed: the original caches (left in the model, read by nothing), their rows, the rows of
+   * the new ones, and the frequencies fitted to them (`constant` is then the patch's initializer of those).
+   */
+  table?: { cos: string; sin: string; rows: number; newRows: number; theta: number[] };
+}
+
+/** The original frequencies of a rescaled site: its constant's values in the original graph, or those fitted to its caches. */
+export function originalTheta(site: RopeSiteRecord, original: Graph): number[] {
+  return site.table?.theta ?? original.constValue(site.constant)?.values.map(Number) ?? [];
+}
+
+/** How checks name a rescaled site: its constant, or its caches. */
+export function ropeLabel(r: RopeSiteRecord): string {
+  return r.table ? `RoPE caches '${r.table.cos}', '${r.table.sin}'` : `RoPE '${r.constant}'`;
+}
+
+/** Most rows a recomputed cache gets (room for 16× a 64k context): 2^20 positions. */
+const MAX_ROWS = 1 << 20;
+
+/** The rows of a recomputed cache: the old ones, or the context the rescaling is for (`scale`·L, L = the old rows without --train-len). */
+export function tableRows(t: RopeTable, spec: RopeSpec): number {
+  return Math.max(t.rows, Math.min(MAX_ROWS, Math.ceil(spec.scale * (spec.trainLen ?? t.rows))));
+}
+
+/**
+ * The caches of `t` written as Cos and Sin of positions × its fitted frequencies, read by its operators instead:
+ * the in-graph form insertRope rescales (returned as such).
+ */
+export function recomputeTables(b: Builder, t: RopeTable, rows: number): RopeFrequencies {
+  const K = t.theta.length;
+  const theta = b.constant(PART.ropeTheta, DataType.FLOAT, [K], t.theta);
+  const positions = b.constant(PART.ropePositions, DataType.FLOAT, [rows, 1], Array.from({ length: rows }, (_, p) => p));
+  const angles = b.op('Mul', [positions, theta], {}, 'rope_angles');
+  const reader = b.last!;
+  const trig = (op: 'Cos' | 'Sin', part: string): { node: typeof reader; out: string } => {
+    const out = b.op(op, [angles], {}, t.type === DataType.FLOAT ? part : `${part}_f`);
+    const node = b.last!;
+    return { node, out: t.type === DataType.FLOAT ? out : b.op('Cast', [out], { to: t.type }, part) };
+  };
+  const cos = trig('Cos', PART.ropeCos), sin = trig('Sin', PART.ropeSin);
+  for (const r of t.readers) {
+    b.editor.setInput(r.node, r.cos, cos.out);
+    b.editor.setInput(r.node, r.sin, sin.out);
+  }
+  return { constant: theta, theta: t.theta, dims: [K], type: DataType.FLOAT, reader: { node: reader, input: 1 }, trig: [cos.node, sin.node] };
 }
 
 export function insertRope(b: Builder, f: RopeFrequencies, spec: RopeSpec): RopeSiteRecord {

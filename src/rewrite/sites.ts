@@ -30,8 +30,8 @@ import { NSources } from './n-source';
 import { OpsetGuard } from './opset';
 import { insertPrior, thetaConstants, ThetaTensors } from './prior';
 import { insertWindow } from './window';
-import { insertRope, RopeSiteRecord } from './rope';
-import { findRopeFrequencies } from '../detect/rope';
+import { insertRope, recomputeTables, RopeSiteRecord, tableRows } from './rope';
+import { findRope } from '../detect/rope';
 import type { RopeSpec } from '../policy/rope';
 import { callSiteLabel, SiteRecord } from './record';
 import { PatchedSite } from './report';
@@ -86,10 +86,15 @@ export class SitePatcher {
    */
   rope(spec: RopeSpec): RopeSiteRecord[] {
     const scope = this.scopes[0];
-    const found = findRopeFrequencies(scope);
+    const found = findRope(scope);
     if (typeof found === 'string') throw new InputError(`${opt('rope', spec.method)}: ${found}`, 'cannot-patch');
     const b = new Builder(this.journal.editor(scope.path, scope.graph, 'rope'), namePrefix('rope'), this.irVersion, () => scope.opset);
-    return found.map((f) => insertRope(b, f, spec));
+    const tables = found.tables.map((t) => {
+      const newRows = tableRows(t, spec);
+      const table = { cos: t.cos, sin: t.sin, rows: t.rows, newRows, theta: t.theta };
+      return { ...insertRope(b, recomputeTables(b, t, newRows), spec), table };
+    });
+    return [...found.frequencies.map((f) => insertRope(b, f, spec)), ...tables];
   }
 
   /** Sorts every scope and returns the journal; the original order is noted where the sort had to move a node. */

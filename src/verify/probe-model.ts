@@ -23,7 +23,7 @@ import { readsLogits, VerifySite } from './sites';
 import { STRONG_MASK } from '../detect/mask-form';
 import type { WindowSpec } from '../policy/window';
 import { setWindows } from './runtime-model';
-import type { RopeSiteRecord } from '../rewrite/rope';
+import { ropeLabel, RopeSiteRecord } from '../rewrite/rope';
 import { SHORT_SEQ } from './plan';
 
 export interface ProbeOutputs {
@@ -81,13 +81,15 @@ export function addProbeOutputs(model: ModelProto, sites: readonly VerifySite[],
 
 /** What the probe reads of one rescaled RoPE constant: the Mul's output and, for YaRN, each Cos and Sin and what its readers read. */
 function ropeWiring(x: Exposer, r: RopeSiteRecord): RopeWiring {
-  const label = `RoPE '${r.constant}'`;
+  const label = ropeLabel(r);
   const g = x.scope('main')!.graph;
   const apply = g.nodes.find((n) => n.name === r.apply);
   if (!apply) return { label, problem: `its Mul '${r.apply}' is not in the graph` };
   // The Mul's value can be right while the angles still read the original constant: then nothing was rescaled.
   const stale = g.consumersOf(r.constant).find((n) => n !== apply);
   if (stale) return { label, problem: `'${nodeLabel(stale)}' still reads the original frequencies '${r.constant}': the rescaling is bypassed` };
+  const staleCache = r.table && [r.table.cos, r.table.sin].flatMap((c) => g.consumersOf(c).map((n) => ({ c, n })))[0];
+  if (staleCache) return { label, problem: `'${nodeLabel(staleCache.n)}' still reads the original cache '${staleCache.c}': the rescaling is bypassed` };
   const trigs = (r.trig ?? []).map((t) => ({ label: t, node: g.nodes.find((n) => nodeLabel(n) === t) }));
   for (const t of trigs) {
     const other = t.node && g.consumersOf(t.node.output[0]).find((c) => c.input[1] !== r.mscale);

@@ -5,7 +5,7 @@
  */
 import { DataType } from '../io/onnx';
 import { ropeFrequencies, RopeSpec, ropeText } from '../policy/rope';
-import type { RopeSiteRecord } from '../rewrite/rope';
+import { originalTheta, ropeLabel, RopeSiteRecord } from '../rewrite/rope';
 import type { Graph } from '../graph/graph';
 import { fmt } from './probe';
 import type { RopeWiring } from './probe-model';
@@ -18,14 +18,18 @@ export class RopeProbe {
   private readonly problems: string[] = [];
   private readonly unprobed = new Set<string>();
   private readonly expected: Map<string, { theta: number[]; mscale: number; rtol: number }>;
+  /** What the rescaled sites are: `1 constant(s)`, `1 cache pair(s)`. */
+  private readonly where: string;
 
   /** `graph`: the original's, whose constants of frequencies the patch left as they were. */
   constructor(private readonly spec: RopeSpec, sites: readonly RopeSiteRecord[], graph: Graph) {
     this.expected = new Map(sites.map((r) => {
-      const c = graph.constValue(r.constant);
-      const next = ropeFrequencies(spec, c?.values.map(Number) ?? []);
-      return [`RoPE '${r.constant}'`, { ...next, rtol: c?.dataType === DataType.FLOAT16 ? 2e-3 : 2e-6 }];
+      const next = ropeFrequencies(spec, originalTheta(r, graph));
+      const half = !r.table && graph.constValue(r.constant)?.dataType === DataType.FLOAT16;
+      return [ropeLabel(r), { ...next, rtol: half ? 2e-3 : 2e-6 }];
     }));
+    const tables = sites.filter((r) => r.table).length;
+    this.where = [[sites.length - tables, 'constant(s)'], [tables, 'cache pair(s) recomputed']].filter(([k]) => k).map(([k, what]) => `${k} ${what}`).join(' and ');
   }
 
   observe(wirings: readonly RopeWiring[], out: Outputs, run: string): void {
@@ -66,6 +70,6 @@ export class RopeProbe {
   /** The PASSED line's part. */
   summary(): string {
     const yarn = this.spec.method === 'yarn' ? ' and cos, sin × (0.1 ln s + 1)' : '';
-    return `RoPE frequencies = ${ropeText(this.spec)}'s${yarn} at ${this.expected.size} constant(s), ${this.entries} values in ${this.runs} run(s), max rel error ${fmt(this.worst)}`;
+    return `RoPE frequencies = ${ropeText(this.spec)}'s${yarn} at ${this.where}, ${this.entries} values in ${this.runs} run(s), max rel error ${fmt(this.worst)}`;
   }
 }

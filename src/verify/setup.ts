@@ -136,7 +136,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites, Boolean(record.rope));
   const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection), specs, outputs: original.graph!.output, fixed };
-  const table = positionLimit(graph, specs);
+  const table = ropeTableNote(positionLimit(graph, specs), record);
   const input: PlanInput = {
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned, limit: null,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads, wholePrompts: form.wholePrompts,
@@ -180,6 +180,16 @@ function retrofitRunsOf(setup: SetupDraft, identity: Identity): string[] | strin
  * would pass the budget, is cut to the longest that fits. Its run is the sweep's (batch 1, the whole sequence, or
  * the query tokens after a cache).
  */
+/**
+ * The original's cap, which the checks keep (they compare with the original), saying where --rope gave the patched
+ * model longer rotary caches than the original's.
+ */
+function ropeTableNote(cap: LengthLimit | null, record: PatchRecord): LengthLimit | null {
+  const grown = (record.rope?.sites ?? []).flatMap((r) => (r.table && r.table.newRows > r.table.rows ? [r.table.newRows] : []));
+  if (!cap || !grown.length) return cap;
+  return { length: cap.length, reason: `${cap.reason}; the patched model's recomputed caches have ${Math.min(...grown)}, but the checks compare with the original` };
+}
+
 function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, table: LengthLimit | null): LengthLimit | null {
   const longest = options.maxLen ?? defaultCap(p).cap;
   const want = Math.min(Math.max(p.trainLen, ...(options.lengths ?? defaultSweep(p.trainLen))), longest, table?.length ?? Infinity);

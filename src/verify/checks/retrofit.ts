@@ -8,6 +8,7 @@
  * A site whose n never gets there (its key count is fixed by the model's inputs: cross attention over an
  * encoder's frames, say) is listed as not applicable; the whole-model comparison then does not apply either.
  */
+import { longerAdvice } from '../../analysis/reach';
 import { ropeText } from '../../policy/rope';
 import { factorValue } from '../../policy/factor';
 import { countsMasks, withMasksOfOnes } from '../../policy/n-mode';
@@ -62,7 +63,7 @@ export class RetrofitCheck implements CheckUnit {
     const runs = setup.retrofitRuns!;
     const bound = setup.bound;
     if (typeof runs === 'string' && bound?.longest !== undefined && bound.longest < setup.identity.from) {
-      return { why: `no attention row of this model can see ${setup.identity.text} keys: at most ${bound.longest} (${bound.why}); ${bound.kind === 'fixed' ? 're-export it with dynamic axes, or patch' : 'the model\'s own cap, which no option lifts; patch'} with --train-len ${bound.longest}`, kind: 'not applicable' };
+      return { why: `no attention row of this model can see ${setup.identity.text} keys: at most ${bound.longest} (${bound.why}); ${bound.kind === 'fixed' ? 're-export it with dynamic axes, or patch' : `${longerAdvice(bound, '')}; patch`} with --train-len ${bound.longest}`, kind: 'not applicable' };
     }
     if (typeof runs === 'string' && bound?.kind === 'fixed' && !setup.seqFree && !setup.pastFree) {
       return { why: `the model's inputs fix every length (${bound.why}) and no row of its one run is at ${setup.identity.text}; re-export it with dynamic axes`, kind: 'not applicable' };
