@@ -23,12 +23,12 @@ import { verifyPatch, VerifyReport } from '../src/verify/verify';
 import { cliError } from './support/io';
 import { CORPUS, corpusSkip } from './support/ref';
 
-/** Tables cos(p·θ_i), sin(p·θ_i) of P rows, rounded to the type's precision. */
-function tables(theta: readonly number[], P: number, dataType: number = DataType.FLOAT): [ConstTensor, ConstTensor] {
-  const K = theta.length;
+/** Tables cos(p·θ_i), sin(p·θ_i) of P rows, column j holding θ[column[j]], rounded to the type's precision. */
+function tables(theta: readonly number[], P: number, dataType: number = DataType.FLOAT, column = theta.map((_, i) => i)): [ConstTensor, ConstTensor] {
+  const C = column.length;
   const round = (v: number): number => (dataType === DataType.FLOAT16 ? Math.round(v * 2048) / 2048 : Math.fround(v));
   const make = (f: (a: number) => number): ConstTensor => ({
-    dims: [P, K], dataType, values: Array.from({ length: P * K }, (_, j) => round(f(Math.floor(j / K) * theta[j % K]))),
+    dims: [P, C], dataType, values: Array.from({ length: P * C }, (_, j) => round(f(Math.floor(j / C) * theta[column[j % C]]))),
   });
   return [make(Math.cos), make(Math.sin)];
 }
@@ -42,10 +42,20 @@ describe('fitting RoPE frequencies to rotary caches', () => {
     ];
     for (const [base, K, P, type] of cases) {
       const want = geometric(base, K);
-      const got = fitRotaryTables(...tables(want, P, type));
-      assert.ok(Array.isArray(got), `base ${base}, ${P} rows: ${String(got)}`);
-      const worst = Math.max(...got.map((t, i) => Math.abs(t / want[i] - 1)));
+      const fit = fitRotaryTables(...tables(want, P, type));
+      assert.ok(typeof fit !== 'string', `base ${base}, ${P} rows: ${fit}`);
+      const worst = Math.max(...fit.theta.map((t, i) => Math.abs(t / want[i] - 1)));
       assert.ok(worst < (type === DataType.FLOAT16 ? 1e-4 : 1e-7), `base ${base}: relative error ${worst}`);
+    }
+  });
+
+  it('reads the columns as written: K frequencies, repeated as halves (rotate-half), or in pairs (interleaved)', () => {
+    const want = geometric(10000, 4);
+    for (const column of [[0, 1, 2, 3], [0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 1, 1, 2, 2, 3, 3]]) {
+      const fit = fitRotaryTables(...tables(want, 512, DataType.FLOAT, column));
+      assert.ok(typeof fit !== 'string', fit as string);
+      assert.deepEqual(fit.column, column);
+      assert.ok(fit.theta.every((t, i) => Math.abs(t / want[i] - 1) < 1e-6), String(fit.theta));
     }
   });
 

@@ -4,6 +4,7 @@
  * inside an operator (a position embedding, a rotary cache). Relative-position bucket
  * tables (indices clamped with Min/Log/Where) are not limits and are left alone.
  */
+import { ropeTableNames } from '../detect/rope';
 import { Graph } from '../graph/graph';
 import { opInfo, positionTableOf } from '../graph/ops';
 import { NodeProto, toNumber } from '../io/onnx';
@@ -18,18 +19,35 @@ export interface LengthLimit {
 
 export function positionLimit(graph: Graph, specs: readonly InputSpec[]): LengthLimit | null {
   const roles = new Map(specs.map((s) => [s.name, s.role]));
+  let tables: ReadonlySet<string> | undefined;
+  // Which tables are RoPE's (fitted, detect/rope.ts), asked only of a table that caps the length.
+  const rope = (): ReadonlySet<string> => (tables ??= ropeTableNames(graph));
   let best: LengthLimit | null = null;
   for (const node of graph.nodes) {
     const inOp = operatorTable(graph, node, roles);
     if (inOp && (!best || inOp.length < best.length)) best = inOp;
     if (node.opType !== 'Gather') continue;
-    const table = graph.initializers.get(node.input[0]);
-    if (!table || table.dims.length !== 2 || graph.inputs.has(node.input[0])) continue;
-    const rows = toNumber(table.dims[0]);
+    const dims = constantDims(graph, node.input[0]);
+    if (!dims || dims.length !== 2 || graph.inputs.has(node.input[0])) continue;
+    const rows = dims[0];
     if (rows < 2 || !isPositionIndex(graph, node.input[1], roles)) continue;
-    if (!best || rows < best.length) best = { length: rows, reason: `position table '${node.input[0]}' has ${rows} rows` };
+    if (!best || rows < best.length) {
+      best = rope().has(node.input[0]) ? { length: rows, reason: `RoPE's table '${node.input[0]}' (cos or sin by position) has ${rows} rows`, lift: ROPE_LIFT }
+        : { length: rows, reason: `position table '${node.input[0]}' has ${rows} rows` };
+    }
   }
   return best;
+}
+
+const ROPE_LIFT = '--rope pi|ntk|yarn recomputes the rotary caches with room for the context it rescales for';
+
+/** The dims of an initializer or a Constant node's value (read without decoding the values). */
+function constantDims(graph: Graph, name: string): number[] | undefined {
+  const init = graph.initializers.get(name);
+  if (init) return init.dims.map(toNumber);
+  const c = graph.producer.get(name);
+  const t = c?.opType === 'Constant' ? c.attribute.find((a) => a.name === 'value')?.t : undefined;
+  return t?.dims?.map(toNumber);
 }
 
 /**
@@ -48,7 +66,7 @@ function operatorTable(graph: Graph, node: NodeProto, roles: Map<string, string>
   if (!table || table.dims.length < 2 || graph.inputs.has(name)) return null;
   const rows = toNumber(table.dims[0]);
   if (rows < 2) return null;
-  const lift = t.sin !== undefined ? { lift: `--rope pi|ntk|yarn recomputes the rotary caches with room for the context it rescales for` } : {};
+  const lift = t.sin !== undefined ? { lift: ROPE_LIFT } : {};
   return { length: rows, reason: `${node.opType} '${node.name || node.output[0]}': its ${t.what} '${name}' has ${rows} rows`, ...lift };
 }
 

@@ -12,7 +12,7 @@
 import { InputError } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
 import { RopeFrequencies, RopeTable } from '../detect/rope';
-import { DataType } from '../io/onnx';
+import { DataType, NodeProto } from '../io/onnx';
 import { PART } from '../identity';
 import { ropeFrequencies, RopeSpec } from '../policy/rope';
 import { Builder } from './builder';
@@ -55,26 +55,27 @@ export function tableRows(t: RopeTable, spec: RopeSpec): number {
 }
 
 /**
- * The caches of `t` written as Cos and Sin of positions × its fitted frequencies, read by its operators instead:
- * the in-graph form insertRope rescales (returned as such).
+ * The caches of `t` written as Cos and Sin of positions × its fitted frequencies (repeated as the tables' columns
+ * repeat them, reshaped to the tables' leading dims), read by its readers instead: the in-graph form insertRope
+ * rescales, returned as such (the frequencies' reader is the Gather that repeats them).
  */
 export function recomputeTables(b: Builder, t: RopeTable, rows: number): RopeFrequencies {
   const K = t.theta.length;
   const theta = b.constant(PART.ropeTheta, DataType.FLOAT, [K], t.theta);
-  const positions = b.constant(PART.ropePositions, DataType.FLOAT, [rows, 1], Array.from({ length: rows }, (_, p) => p));
-  const angles = b.op('Mul', [positions, theta], {}, 'rope_angles');
+  const columns = b.op('Gather', [theta, b.int64('rope_columns', t.column)], {}, 'rope_columns');
   const reader = b.last!;
-  const trig = (op: 'Cos' | 'Sin', part: string): { node: typeof reader; out: string } => {
-    const out = b.op(op, [angles], {}, t.type === DataType.FLOAT ? part : `${part}_f`);
+  const positions = b.constant(PART.ropePositions, DataType.FLOAT, [rows, 1], Array.from({ length: rows }, (_, p) => p));
+  const angles = b.op('Mul', [positions, columns], {}, 'rope_angles');
+  const dims = [...t.dims.slice(0, -2), rows, t.dims[t.dims.length - 1]];
+  const trig = (op: 'Cos' | 'Sin', part: string): { node: NodeProto; out: string } => {
+    const out = b.op(op, [angles], {}, part);
     const node = b.last!;
-    return { node, out: t.type === DataType.FLOAT ? out : b.op('Cast', [out], { to: t.type }, part) };
+    const typed = t.type === DataType.FLOAT ? out : b.op('Cast', [out], { to: t.type }, `${part}_cast`);
+    return { node, out: dims.length === 2 ? typed : b.op('Reshape', [typed, b.int64('rope_dims', dims)], {}, `${part}_shaped`) };
   };
-  const cos = trig('Cos', PART.ropeCos), sin = trig('Sin', PART.ropeSin);
-  for (const r of t.readers) {
-    b.editor.setInput(r.node, r.cos, cos.out);
-    b.editor.setInput(r.node, r.sin, sin.out);
-  }
-  return { constant: theta, theta: t.theta, dims: [K], type: DataType.FLOAT, reader: { node: reader, input: 1 }, trig: [cos.node, sin.node] };
+  const made = { cos: trig('Cos', PART.ropeCos), sin: trig('Sin', PART.ropeSin) };
+  for (const r of t.readers) b.editor.setInput(r.node, r.input, made[r.table].out);
+  return { constant: theta, theta: t.theta, dims: [K], type: DataType.FLOAT, reader: { node: reader, input: 0 }, trig: [made.cos.node, made.sin.node] };
 }
 
 export function insertRope(b: Builder, f: RopeFrequencies, spec: RopeSpec): RopeSiteRecord {

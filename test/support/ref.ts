@@ -35,7 +35,7 @@ export function onnxFiles(dir: string): string[] {
   });
 }
 
-interface RefTensor { dtype: 'int64' | 'float32' | 'int32' | 'float16' | 'bool'; dims: number[]; data: string }
+export interface RefTensor { dtype: 'int64' | 'float32' | 'int32' | 'float16' | 'bool'; dims: number[]; data: string }
 export interface RefCase {
   name: string;
   patch: null | { n?: 'keys' | 'causal'; s: number | number[] | number[][] };
