@@ -8,13 +8,14 @@ import * as path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { smallTransformer } from '../bench/transformer';
 import { Graph } from '../src/graph/graph';
-import { parseModel, writeModel } from '../src/io/model-file';
+import { parseModel, readModel, writeModel } from '../src/io/model-file';
 import { encodeModel } from '../src/io/model-file';
 import { detectAttention } from '../src/detect/find-attention';
 import { modelScopes } from '../src/graph/scopes';
 import { attentionMatrices, estimatePeak, memoryLimit, MemoryModel, parseSize, weightBytes } from '../src/verify/memory';
 import { describeInputs, RunShape } from '../src/analysis/signature';
 import { cli, removeScratch, tmpdir } from './support/io';
+import { CORPUS, corpusSkip } from './support/ref';
 
 after(removeScratch);
 
@@ -82,6 +83,25 @@ describe('--max-memory', () => {
     const all = JSON.parse(cli([input, '--train-len', '256', '--verify', '--max-len', '4096', '--dry-run', '--json', '--checks', 'wiring']).stdout).verification;
     assert.deepEqual(all.sweep, [64, 128, 256, 512, 1024, 2048, 4096]);
   });
+
+  it('a fused operator counts its qk output where sharpness reads it; --max-memory alone sets the longest length (corpus Whisper decoder, 1500 fixed queries)',
+    { skip: corpusSkip('ort_whisper_decoder_with_past_self_mha_fused.onnx') }, () => {
+      const whisper = path.join(CORPUS, 'ort_whisper_decoder_with_past_self_mha_fused.onnx');
+      const fused = detectAttention(readModel(whisper), modelScopes(readModel(whisper)));
+      assert.deepEqual([attentionMatrices(fused), attentionMatrices(fused, true)], [5, 10]);
+      const plan = (...extra: string[]): { sweep: number[]; notes: string[] } => {
+        const r = cli([whisper, '--train-len', '32768', '--verify', '--dry-run', '--json', ...extra]);
+        assert.equal(r.code, 0, r.stderr);
+        return JSON.parse(r.stdout).verification;
+      };
+      // 3.0 GB allows [10 · 1500 · T] float32 matrices to about 49 000 keys: run there, beyond L, not at 2L = 65536.
+      const v = plan('--max-memory', '3G');
+      assert.deepEqual(v.sweep.slice(0, 3), [8192, 16384, 32768]);
+      assert.ok(v.sweep.length === 4 && v.sweep[3] > 45000 && v.sweep[3] < 52000, String(v.sweep));
+      assert.ok(v.notes.some((n) => n === `length ${v.sweep[3]}, the longest the cap allows, run beyond L instead`), v.notes.join('\n'));
+      assert.ok(v.notes.some((n) => /over the memory budget 3\.0 GB \(given with --max-memory\)/.test(n)), v.notes.join('\n'));
+      assert.deepEqual(plan().sweep, [8192, 16384], 'without it, the default cap on one attention matrix (22369 keys)');
+    });
 
   it('a size that is not one is a usage error naming the flag', () => {
     const r = cli([input, '--train-len', '256', '--verify', '--max-memory', 'lots', '--dry-run']);

@@ -27,6 +27,14 @@ describe('the default longest length', () => {
     assert.match(plan.notes.join('\n'), /lengths 2048, 4096, 8192, 16384, 32768 not run: capped at 1448 \(the default plan keeps one attention matrix \[64, T, T\] within 128 Mi values;/);
   });
 
+  it('runs the longest length a cap allows where it falls between 1.25·L and 2L, so a check beyond L has a run', () => {
+    const between = makePlan(input({ trainLen: 4096, maxLen: 6000 }));
+    assert.deepEqual(between.sweep, [1024, 2048, 4096, 6000]);
+    assert.match(between.notes.join('\n'), /length 6000, the longest the cap allows, run beyond L instead/);
+    assert.deepEqual(makePlan(input({ trainLen: 4096, maxLen: 5000 })).sweep, [1024, 2048, 4096], 'below 1.25·L the factor is too near 1 to check');
+    assert.deepEqual(makePlan(input({ trainLen: 4096, maxLen: 6000, lengths: [4096, 8192] })).sweep, [4096], 'lengths asked for are kept as asked');
+  });
+
   it('counts a pinned batch, and leaves lengths or a longest length asked for alone', () => {
     assert.deepEqual(makePlan(input({ heads: 4, pinned: { batch: 4 } })).sweep, [128, 256, 512, 1024, 2048]);
     assert.deepEqual(makePlan(input({ heads: 12, lengths: [4096] })).sweep, [4096]);

@@ -197,6 +197,12 @@ function sweepOf(p: PlanInput, cap: number, capReason: string, notes: string[]):
   const sweep = wanted.filter((t) => t <= cap && t >= least);
   const dropped = wanted.filter((t) => t > cap);
   if (dropped.length) notes.push(`lengths ${dropped.join(', ')} not run: capped at ${cap} (${capReason})`);
+  // The default sweep doubles past L; where the cap falls between L and 2L, the longest length it allows runs
+  // instead of none beyond L (from 1.25·L, where the factor s·ln n differs from 1 by a share checks can see).
+  if (!p.lengths && dropped.length && cap >= 1.25 * p.trainLen && !sweep.some((t) => t > p.trainLen)) {
+    sweep.push(cap);
+    notes.push(`length ${cap}, the longest the cap allows, run beyond L instead`);
+  }
   const short = wanted.filter((t) => t < least);
   const tokens = p.seqFree ? 'a query token' : `the fixed ${fixed} tokens`;
   if (short.length && p.lengths) notes.push(`lengths ${short.join(', ')} not run: every run has at least ${least} keys (${tokens}${p.minPast ? ` after ${p.minPast} cached` : ''})`);

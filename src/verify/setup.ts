@@ -135,10 +135,11 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const { sites, refused, heads, detection } = siteSetup(analysis, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites, Boolean(record.rope));
-  const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection), specs, outputs: original.graph!.output, fixed };
+  const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection, checks.has('sharpness')), specs, outputs: original.graph!.output, fixed };
   const table = ropeTableNote(positionLimit(graph, specs), record);
   const input: PlanInput = {
-    trainLen: L, lengths: options.lengths, maxLen: options.maxLen, batch: options.batch ?? 2, seqFree, pastFree, pinned, limit: null,
+    trainLen: L, lengths: options.lengths, maxLen: options.maxLen ?? memoryLongest(options, L), batch: options.batch ?? 2,
+    seqFree, pastFree, pinned, limit: null,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads, wholePrompts: form.wholePrompts,
   };
   const budget = memoryCap(memory, options, input, table);
@@ -190,8 +191,16 @@ function ropeTableNote(cap: LengthLimit | null, record: PatchRecord): LengthLimi
   return { length: cap.length, reason: `${cap.reason}; the patched model's recomputed caches have ${Math.min(...grown)}, but the checks compare with the original` };
 }
 
+/**
+ * With --max-memory and no --max-len, the memory budget sets the longest length, not the default cap on the
+ * attention matrix: the sweep's longest length (16·L) is the bound the budget lowers.
+ */
+function memoryLongest(options: FileVerifyOptions, L: number): number | undefined {
+  return options.maxMemory !== undefined ? Math.max(...(options.lengths ?? defaultSweep(L))) : undefined;
+}
+
 function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, table: LengthLimit | null): LengthLimit | null {
-  const longest = options.maxLen ?? defaultCap(p).cap;
+  const longest = p.maxLen ?? defaultCap(p).cap;
   const want = Math.min(Math.max(p.trainLen, ...(options.lengths ?? defaultSweep(p.trainLen))), longest, table?.length ?? Infinity);
   const budget = options.maxMemory !== undefined ? { bytes: options.maxMemory, why: `given with ${opt('maxMemory')}` } : defaultBudget();
   return memoryLimit(m, want, (t) => sweepShape(p, t), budget);
