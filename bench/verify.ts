@@ -8,6 +8,11 @@
  * time and peak RSS from /usr/bin/time.
  * Baseline: loading the original into one onnxruntime session and running it once at 512 tokens.
  *
+ * verify-100m-cache (issue 33): the 12L x 768 decoder of the latency bench (bench/decoder.ts: ~91 M parameters, a KV
+ * cache, no position table), patched at L = 512 and at L = 32768 and verified with --strict: over a cache each length
+ * is a few query tokens after the rest cached, so L = 32768 should cost about what L = 512 does (targets: within
+ * 2x its time, within 2.5 GB). Then calibrate at L = 8192 (target: within verify's time and memory).
+ *
  * --large adds a 2.3 GB model with external data (40 layers, d = 1024; its causal mask covers 1024 tokens, so the
  * sweep stops there), verified the same way: sessions are made from files, never from a 2 GB buffer.
  */
@@ -19,6 +24,8 @@ import { makeHost } from '../src/verify/tensors';
 import { VerifyReport } from '../src/verify/verify';
 import { formatVerify } from '../src/cli/format';
 import { benchCacheDir, DECODER_100M, decoderModelFile, parameterCount } from './decoder-model';
+import { decoderFile } from './decoder';
+import { WIDE } from './latency';
 import { BIN, timed } from './io';
 import { writeBenchModel } from './models';
 
@@ -66,6 +73,29 @@ async function verify100m(): Promise<void> {
   verifyPair(file, 'causal', ['--train-len', '512', '--n', 'auto'], ['--max-len', '4096']);
 }
 
+/** The KV-cache decoder verified at a short and a real training length, and calibrated at 8192: time and peak RSS of each. */
+function verify100mCache(): void {
+  const file = decoderFile(WIDE);
+  process.stdout.write(`\n== verify-100m-cache: ${file} (${WIDE.layers}L x ${WIDE.hidden}, a KV cache, no position table)\n`);
+  const measured: Record<string, { seconds: number; rssMB: number; code: number }> = {};
+  for (const L of [512, 32768]) {
+    const patched = file.replace(/\.onnx$/, `.ssmax-cache-L${L}.onnx`);
+    if (!fs.existsSync(patched)) timed(process.execPath, [BIN, file, '--train-len', String(L), '-o', patched, '--quiet']);
+    const v = timed(process.execPath, [BIN, 'verify', file, patched, '--strict', '--json'], false);
+    measured[`verify L=${L}`] = v;
+    const report = JSON.parse(v.stdout) as VerifyReport;
+    process.stdout.write([`verify --strict at L = ${L}: ${v.seconds.toFixed(1)} s wall, peak RSS ${v.rssMB.toFixed(0)} MB, exit ${v.code}`, ...describeVerify(report)].join('\n') + '\n');
+  }
+  const out = path.join(os.tmpdir(), `ssmax-bench-calibrate-${process.pid}.onnx`);
+  const c = timed(process.execPath, [BIN, 'calibrate', file, '--train-len', '8192', '-o', out, '--quiet'], false);
+  for (const f of fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith(path.basename(out, '.onnx')))) fs.rmSync(path.join(os.tmpdir(), f), { force: true });
+  measured['calibrate L=8192'] = c;
+  process.stdout.write(`calibrate at L = 8192: ${c.seconds.toFixed(1)} s wall, peak RSS ${c.rssMB.toFixed(0)} MB, exit ${c.code}${c.code ? `: ${c.stderr.trim().split('\n').pop()}` : ''}\n`);
+  const [short, long] = [measured['verify L=512'], measured['verify L=32768']];
+  process.stdout.write(`verify L = 32768 / L = 512: time ${(long.seconds / short.seconds).toFixed(2)}x (target <= 2), memory ${(long.rssMB / 1024).toFixed(2)} GB (target <= 2.5); `
+    + `calibrate L = 8192 / verify L = 32768: time ${(c.seconds / long.seconds).toFixed(2)}x, memory ${(c.rssMB / long.rssMB).toFixed(2)}x (targets <= 1)\n`);
+}
+
 /** Over 2 GB of weights in an external data file beside the model. */
 function largeExternal(): void {
   const spec = { layers: 40, d: 1024, heads: 16, ff: 4096, vocab: 32000, tmax: 1024 };
@@ -81,6 +111,7 @@ function largeExternal(): void {
 }
 
 export async function verifyBench(argv: string[] = []): Promise<void> {
-  await verify100m();
+  if (!argv.includes('--cache-only')) await verify100m();
+  verify100mCache();
   if (argv.includes('--large')) largeExternal();
 }
