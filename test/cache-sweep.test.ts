@@ -10,6 +10,7 @@ import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
 import { ModelProto } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
+import { grownCaches } from '../src/verify/execute';
 import { estimatePeak } from '../src/verify/memory';
 import { prepare } from '../src/verify/setup';
 import { verifyPatch, VerifyOptions, VerifyReport, withUnitFactor } from '../src/verify/verify';
@@ -130,5 +131,14 @@ describe('a decoder that takes a cache under one query token only', () => {
     const liveness = dead.checks.find((c) => c.id === 'liveness')!;
     assert.equal(liveness.status, 'FAILED', liveness.summary);
     assert.match(liveness.summary, /seq=1 past=\d+: outputs equal the original's within tolerance/);
+  });
+});
+
+describe('the caches a run returns', () => {
+  it('are the outputs a past input\'s dims but one axis, longer by the run\'s tokens: stacked, split, and not a cross-attention cache or the logits', () => {
+    const t = (...dims: number[]): { dims: number[]; data: Float32Array } => ({ dims, data: new Float32Array(0) });
+    const outputs = { logits: t(1, 3, 50), 'present.0.key': t(1, 4, 10, 16), present_0: t(2, 1, 4, 10, 16), 'present.cross.key': t(1, 4, 1500, 16) };
+    assert.deepEqual([...grownCaches([[1, 4, 7, 16], [2, 1, 4, 7, 16], [1, 4, 1500, 16]], outputs, 3)].sort(), ['present.0.key', 'present_0']);
+    assert.deepEqual([...grownCaches([[1, 4, 7, 16]], outputs, 2)], [], 'grown by another count: not this run\'s cache');
   });
 });
