@@ -8,10 +8,12 @@ import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
-import { ModelProto } from '../src/io/onnx';
+import { ModelProto, ValueInfoProto } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
-import { grownCaches } from '../src/verify/execute';
-import { estimatePeak } from '../src/verify/memory';
+import { CACHE_OUTPUT_BYTES, cacheOutputs, estimatePeak, pastBytes } from '../src/verify/memory';
+import { buildDecoder } from '../bench/decoder';
+import { Graph } from '../src/graph/graph';
+import { describeInputs, InputSpec } from '../src/analysis/signature';
 import { prepare } from '../src/verify/setup';
 import { verifyPatch, VerifyOptions, VerifyReport, withUnitFactor } from '../src/verify/verify';
 import { CORPUS, corpusSkip, TORCH } from './support/ref';
@@ -135,10 +137,26 @@ describe('a decoder that takes a cache under one query token only', () => {
 });
 
 describe('the caches a run returns', () => {
-  it('are the outputs a past input\'s dims but one axis, longer by the run\'s tokens: stacked, split, and not a cross-attention cache or the logits', () => {
-    const t = (...dims: number[]): { dims: number[]; data: Float32Array } => ({ dims, data: new Float32Array(0) });
-    const outputs = { logits: t(1, 3, 50), 'present.0.key': t(1, 4, 10, 16), present_0: t(2, 1, 4, 10, 16), 'present.cross.key': t(1, 4, 1500, 16) };
-    assert.deepEqual([...grownCaches([[1, 4, 7, 16], [2, 1, 4, 7, 16], [1, 4, 1500, 16]], outputs, 3)].sort(), ['present.0.key', 'present_0']);
-    assert.deepEqual([...grownCaches([[1, 4, 7, 16]], outputs, 2)], [], 'grown by another count: not this run\'s cache');
+  const dim = (d: number | string): { dimValue?: number; dimParam?: string } => (typeof d === 'number' ? { dimValue: d } : { dimParam: d });
+  const out = (name: string, ...dims: (number | string)[]): ValueInfoProto => ({ name, type: { tensorType: { elemType: 1, shape: { dim: dims.map(dim) } } } });
+  const past = (name: string, ...dims: (number | string)[]): InputSpec => ({
+    name, elemType: 1, role: 'past', dims: dims.map((d) => (typeof d === 'number' ? { value: d } : { param: d })),
+  });
+
+  it('are the outputs declared as a past input grown on its symbolic axis: split and stacked, not a cross-attention cache or the logits', () => {
+    const specs = [past('past_key_0', 'batch', 4, 'past', 16), past('past_0', 2, 'batch', 4, 'past', 16), past('cross_key', 'batch', 4, 1500, 16)];
+    const outputs = [out('logits', 'batch', 'seq', 50), out('present_key_0', 'batch', 4, 'total', 16), out('present_0', 2, 'batch', 4, 'past + 1', 16),
+      out('cross_present', 'batch', 4, 1500, 16), out('other', 'batch', 8, 'total', 16)];
+    assert.deepEqual(cacheOutputs(specs, outputs), ['present_key_0', 'present_0']);
+  });
+
+  it('are dropped from the sessions where the longest run feeds a large cache, and only there (the 12L × 768 bench decoder\'s shapes)', () => {
+    const decoder = buildDecoder({ layers: 12, heads: 12, hidden: 768, vocab: 64 });
+    const g = new Graph(decoder.graph!);
+    const m = { weights: 0, matrices: 25, specs: describeInputs(g), outputs: decoder.graph!.output, fixed: new Map<string, number>() };
+    assert.equal(cacheOutputs(m.specs, m.outputs).length, 24);
+    // K and V of 12 layers x 12 heads x 64 at 32768 keys: 2.25 GB; at 512, 36 MB.
+    assert.equal(pastBytes(m, { batch: 1, seq: 4, past: 32764 }), 24 * 12 * 32764 * 64 * 4);
+    assert.ok(pastBytes(m, { batch: 1, seq: 4, past: 508 }) < CACHE_OUTPUT_BYTES);
   });
 });

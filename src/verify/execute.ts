@@ -72,11 +72,6 @@ interface StepState {
   factory: SessionFactory;
   /** The original failed on a sweep run of several query tokens over a cache and ran it as one: `<run>: <error>`. */
   decodeOnly?: string;
-  /** The outputs that are the cache fed back grown by the run's tokens, learnt from the original's first run over a cache. */
-  caches?: Set<string>;
-  /** The past inputs, and whether the note on unfetched caches was made. */
-  pastInputs?: string[];
-  cacheNoted?: boolean;
 }
 
 /** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
@@ -153,56 +148,13 @@ async function runOnce(setup: Setup, runner: Runner, run: RunSpec, st: StepState
   reports.set(run.id, report);
   const start = performance.now();
   try {
-    const fetches = fetchesOf(runner, run, feeds, st);
-    if (fetches) cacheNote(st);
-    const outputs = await runner.run(feeds, fetches);
-    if (!st.caches && run.past > 0 && runner.label === SESSION_LABELS.original) learnCaches(setup, feeds, outputs, run, st);
-    return { outputs };
+    return { outputs: await runner.run(feeds) };
   } catch (e) {
     report.errors = { ...report.errors, [runner.label]: firstLine(e) };
     return { error: firstLine(e) };
   } finally {
     report.ms[runner.label] = Math.round(performance.now() - start);
   }
-}
-
-/** Caches fed at least this large (bytes, over every past input) are not fetched back as presents. */
-const CACHE_FETCH_BYTES = 256 * 2 ** 20;
-
-/**
- * The outputs a sweep or retrofit run over a large cache fetches: all but the caches. A present is the cache fed
- * plus the new tokens' keys and values; those of later layers do move with the factor (their hidden states pass
- * through the attention before), but the logits carry the same change, and at a real training length the presents
- * are the largest outputs by far (2.4 GB for 12 layers × 768 at 32768 keys). Not fetched, onnxruntime frees each
- * as its layer is done, and nothing keeps it for the comparison. Small caches are fetched and compared as always.
- */
-function fetchesOf(runner: Runner, run: RunSpec, feeds: Feeds, st: StepState): string[] | undefined {
-  if (!st.caches?.size || run.kind === 'short' || run.past === 0) return undefined;
-  if (pastBytes(feeds, st) < CACHE_FETCH_BYTES) return undefined;
-  return runner.outputNames.filter((n) => !st.caches!.has(n));
-}
-
-const pastBytes = (feeds: Feeds, st: StepState): number => (st.pastInputs ?? []).reduce((n, name) => n + (feeds[name]?.data.byteLength ?? 0), 0);
-
-/** Outputs of the original's first run over a cache whose dims are a past input's but one axis, longer by the run's tokens. */
-function learnCaches(setup: Setup, feeds: Feeds, outputs: Outputs, run: RunSpec, st: StepState): void {
-  st.pastInputs = setup.specs.filter((s) => s.role === 'past' && feeds[s.name]).map((s) => s.name);
-  st.caches = grownCaches(st.pastInputs.map((name) => feeds[name].dims), outputs, run.seq);
-}
-
-/** The outputs whose dims are one of `pasts` but on one axis, where they are longer by `seq` (the run's new tokens). */
-export function grownCaches(pasts: readonly (readonly number[])[], outputs: Outputs, seq: number): Set<string> {
-  const grown = (out: readonly number[], past: readonly number[]): boolean => out.length === past.length
-    && out.filter((d, a) => d !== past[a]).length === 1 && out.some((d, a) => d === past[a] + seq);
-  return new Set(Object.entries(outputs).filter(([, t]) => pasts.some((p) => grown(t.dims, p))).map(([name]) => name));
-}
-
-/** The note for a run whose caches were not fetched (once). */
-function cacheNote(st: StepState): void {
-  if (st.cacheNoted || !st.caches?.size) return;
-  st.cacheNoted = true;
-  const names = [...st.caches];
-  st.notes.push(`runs over a cache of ${CACHE_FETCH_BYTES / 2 ** 20} MB or more fetch every output but the ${names.length} cache output(s) (${names.slice(0, 2).join(', ')}${names.length > 2 ? ', …' : ''}), the largest by far: the logits and the other outputs are compared there`);
 }
 
 /** onnxruntime's words for a kernel that lacks a feature (its NOT_IMPLEMENTED status, or a kernel's own check). */

@@ -95,6 +95,34 @@ function ioBytes(m: MemoryModel, run: RunShape): number {
   return total;
 }
 
+/** A plan whose longest run feeds past inputs of this many bytes or more runs its sessions without the cache outputs. */
+export const CACHE_OUTPUT_BYTES = 256 * 2 ** 20;
+
+/** The bytes of the past inputs at a run's shape. */
+export function pastBytes(m: MemoryModel, run: RunShape): number {
+  return m.specs.filter((s) => s.role === 'past' && !s.unshaped)
+    .reduce((n, s) => n + (rawByteLength(s.elemType, elementCount(s.dims.map((_, axis) => resolveDim(s, axis, run, m.fixed).size))) ?? 0), 0);
+}
+
+/**
+ * The outputs declared as a past input grown on one axis (the presents): the same rank and the same dims but on one
+ * axis, where the past's is symbolic (its length) and the output's is another symbol (a fixed one is another cache).
+ */
+export function cacheOutputs(specs: readonly InputSpec[], outputs: readonly ValueInfoProto[]): string[] {
+  const pasts = specs.filter((s) => s.role === 'past' && !s.unshaped);
+  const text = (d: { dimValue?: unknown; dimParam?: string }): string => (d.dimValue !== undefined && toNumber(d.dimValue as number) > 0 ? String(toNumber(d.dimValue as number)) : d.dimParam ?? '?');
+  return outputs.filter((o) => {
+    const dims = o.type?.tensorType?.shape?.dim.map(text);
+    return dims && pasts.some((p) => {
+      if (p.dims.length !== dims.length) return false;
+      const past = p.dims.map((d) => ('value' in d ? String(d.value) : 'param' in d ? d.param : '?'));
+      const differ = past.map((d, a) => d !== dims[a]);
+      const axis = differ.indexOf(true);
+      return differ.filter(Boolean).length === 1 && 'param' in p.dims[axis] && !/^\d+$/.test(dims[axis]);
+    });
+  }).map((o) => o.name);
+}
+
 /** The default budget: half the memory free now (and within a container's limit), so no run swaps the machine. */
 export function defaultBudget(): { bytes: number; why: string } {
   const constrained = typeof process.constrainedMemory === 'function' ? process.constrainedMemory() ?? 0 : 0;

@@ -63,10 +63,15 @@ export class SessionFactory {
     this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
   }
 
+  /** Graph outputs every variant runs without (the caches of a plan that feeds a large one, Setup.droppedOutputs). */
+  dropOutputs: ReadonlySet<string> = new Set();
+
   /** Builds the variant and opens its session. */
   async open(key: SessionKey): Promise<Runner> {
     const model = this.variant(key);
     carryBf16AsFloat(model);
+    // Not a graph output, a present is freed as soon as its layer has read it.
+    if (this.dropOutputs.size) model.graph!.output = model.graph!.output.filter((o) => !this.dropOutputs.has(o.name));
     // The probe copies read a tensor twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
     // tensor read that way, and the probe only reads values, so they run with basic optimisations.
     const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : this.optimization;

@@ -14,12 +14,12 @@ import { DataType, ModelProto, NodeProto, TensorProto, toNumber, ValueInfoProto 
 import { Preset } from '../policy/factor';
 import { RECORD_KEY } from '../identity';
 import { PatchRecord, readRecord, recordedNode, recordedPreset } from '../rewrite/record';
-import { CHECK_IDS, CheckId, defaultCap, defaultSweep, FrozenPlan, makePlan, Plan, PlanInput, retrofitRuns, sweepShape } from './plan';
+import { CHECK_IDS, CheckId, defaultCap, defaultSweep, FrozenPlan, makePlan, Plan, PlanInput, retrofitRuns, RunSpec, sweepShape } from './plan';
 import { dimSources, synthesize } from './inputs';
 import { LengthLimit, positionLimit } from '../analysis/limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
 import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from '../analysis/signature';
-import { attentionMatrices, defaultBudget, memoryLimit, MemoryModel, weightBytes } from './memory';
+import { attentionMatrices, CACHE_OUTPUT_BYTES, cacheOutputs, defaultBudget, gb, memoryLimit, MemoryModel, pastBytes, weightBytes } from './memory';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
 import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
@@ -80,6 +80,8 @@ interface SetupDraft {
    * when retrofit is not selected or the preset promises no factor of 1.
    */
   retrofitRuns: string[] | string | null;
+  /** Cache outputs the sessions run without (droppedCaches): none unless the plan feeds a large cache. */
+  droppedOutputs: string[];
 }
 
 /** What verification decided before any run: read by the checks and the executor, changed by neither. */
@@ -155,7 +157,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,
     keysOf: (run) => runKeys(lengths, specs, fixed, run),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
-    memory, retrofitRuns: null,
+    memory, retrofitRuns: null, droppedOutputs: droppedCaches(plan, memory),
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
@@ -181,6 +183,24 @@ function retrofitRunsOf(setup: SetupDraft, identity: Identity): string[] | strin
  * would pass the budget, is cut to the longest that fits. Its run is the sweep's (batch 1, the whole sequence, or
  * the query tokens after a cache).
  */
+/**
+ * The cache outputs the sessions do without, where the plan's longest run feeds a large cache: a present is the cache
+ * fed plus the new tokens' keys and values, as large as the cache, and onnxruntime keeps a graph output for the
+ * whole run (2.25 GB more at 32768 keys for 12 layers × 768). The new keys and values of later layers do move with
+ * the factor, and so do the logits, which are compared.
+ */
+function droppedCaches(plan: Plan, memory: MemoryModel): string[] {
+  const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
+  const bytes = longest ? pastBytes(memory, longest) : 0;
+  if (bytes < CACHE_OUTPUT_BYTES) return [];
+  const names = cacheOutputs(memory.specs, memory.outputs);
+  if (names.length && names.length < memory.outputs.length) {
+    plan.notes.push(`the longest run feeds a cache of ${gb(bytes)}: the sessions return no cache outputs (${names.slice(0, 2).join(', ')}${names.length > 2 ? `, … ${names.length} in all` : ''}), each as large as the cache; the logits and the other outputs are compared`);
+    return names;
+  }
+  return [];
+}
+
 /**
  * The original's cap, which the checks keep (they compare with the original), saying where --rope gave the patched
  * model longer rotary caches than the original's.

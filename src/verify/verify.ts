@@ -121,6 +121,7 @@ interface Execution {
 async function executePlan(subject: PlanSubject, optimization: Optimization, why?: string): Promise<Execution> {
   const { original, patched, written, setup, lifted, progress } = subject;
   const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'), optimization, written);
+  factory.dropOutputs = new Set(setup.droppedOutputs);
   const notes = [...setup.plan.notes, ...subject.notes, ...(why ? [why] : [])];
   const { units, sharpness } = checkUnits({ setup, factory, lifted, notes });
   progress(`verify: L = ${setup.L} (${setup.trainLenSource}); ${setup.plan.runs.length} runs; lengths ${setup.plan.sweep.join(', ') || 'none'}`);
