@@ -137,15 +137,20 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const { sites, refused, heads, detection } = siteSetup(analysis, patched, record);
   const { L, known, source } = trainLength(options.trainLen, record, preset, sites);
   const identity = identityOf(preset, L, known, sites, Boolean(record.rope));
-  const memory: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection, checks.has('sharpness')), specs, outputs: original.graph!.output, fixed };
+  const full: MemoryModel = { weights: weightBytes(graph), matrices: attentionMatrices(detection, checks.has('sharpness')), specs, outputs: original.graph!.output, fixed };
   const table = ropeTableNote(positionLimit(graph, specs), record);
   const input: PlanInput = {
     trainLen: L, lengths: options.lengths, maxLen: options.maxLen ?? memoryLongest(options, L), batch: options.batch ?? 2,
     seqFree, pastFree, pinned, limit: null,
     canPad: specs.some((s) => s.role === 'mask' && !given[s.name]), fixedSeq, minPast, heads, wholePrompts: form.wholePrompts,
   };
-  const budget = memoryCap(memory, options, input, table);
+  const want = wantedLongest(options, input, table);
+  const dropped = droppedCaches(full, sweepShape(input, want));
+  // The runs' estimates leave out the outputs the sessions will not return.
+  const memory: MemoryModel = { ...full, outputs: full.outputs.filter((o) => !dropped.includes(o.name)) };
+  const budget = memoryCap(memory, options, input, want);
   const plan = makePlan({ ...input, limit: budget && (!table || budget.length < table.length) ? budget : table });
+  if (dropped.length) plan.notes.push(droppedNote(dropped, plan, memory));
   const lengths = modelLengths(analysis.scopes, detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
@@ -157,7 +162,7 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
     bound: plan.runs[0] ? lengthBound(lengths, specs, plan.runs[0]) : null,
     keysOf: (run) => runKeys(lengths, specs, fixed, run),
     integerOutputs: original.graph!.output.every((o) => INTEGER_TYPES.has(o.type?.tensorType?.elemType ?? 0)),
-    memory, retrofitRuns: null, droppedOutputs: droppedCaches(plan, memory),
+    memory, retrofitRuns: null, droppedOutputs: dropped,
   };
   if (lowPrecisionOutputs.size && !setup.toleranceGiven) {
     plan.notes.push(`float16/bfloat16 outputs (${[...lowPrecisionOutputs].join(', ')}) compared with atol 1e-2, rtol 1e-2`);
@@ -189,16 +194,16 @@ function retrofitRunsOf(setup: SetupDraft, identity: Identity): string[] | strin
  * whole run (2.25 GB more at 32768 keys for 12 layers × 768). The new keys and values of later layers do move with
  * the factor, and so do the logits, which are compared.
  */
-function droppedCaches(plan: Plan, memory: MemoryModel): string[] {
-  const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
-  const bytes = longest ? pastBytes(memory, longest) : 0;
-  if (bytes < CACHE_OUTPUT_BYTES) return [];
+function droppedCaches(memory: MemoryModel, longest: RunShape): string[] {
+  if (pastBytes(memory, longest) < CACHE_OUTPUT_BYTES) return [];
   const names = cacheOutputs(memory.specs, memory.outputs);
-  if (names.length && names.length < memory.outputs.length) {
-    plan.notes.push(`the longest run feeds a cache of ${gb(bytes)}: the sessions return no cache outputs (${names.slice(0, 2).join(', ')}${names.length > 2 ? `, … ${names.length} in all` : ''}), each as large as the cache; the logits and the other outputs are compared`);
-    return names;
-  }
-  return [];
+  return names.length < memory.outputs.length ? names : [];
+}
+
+function droppedNote(names: readonly string[], plan: Plan, memory: MemoryModel): string {
+  const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
+  const listed = `${names.slice(0, 2).join(', ')}${names.length > 2 ? `, … ${names.length} in all` : ''}`;
+  return `the longest run feeds a cache of ${gb(longest ? pastBytes(memory, longest) : 0)}: the sessions return no cache outputs (${listed}), each as large as the cache; the logits and the other outputs are compared`;
 }
 
 /**
@@ -219,9 +224,13 @@ function memoryLongest(options: FileVerifyOptions, L: number): number | undefine
   return options.maxMemory !== undefined ? Math.max(...(options.lengths ?? defaultSweep(L))) : undefined;
 }
 
-function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, table: LengthLimit | null): LengthLimit | null {
+/** The longest length the plan would run before the memory budget: the sweep's, capped by --max-len (or the default) and a table. */
+function wantedLongest(options: FileVerifyOptions, p: PlanInput, table: LengthLimit | null): number {
   const longest = p.maxLen ?? defaultCap(p).cap;
-  const want = Math.min(Math.max(p.trainLen, ...(options.lengths ?? defaultSweep(p.trainLen))), longest, table?.length ?? Infinity);
+  return Math.min(Math.max(p.trainLen, ...(options.lengths ?? defaultSweep(p.trainLen))), longest, table?.length ?? Infinity);
+}
+
+function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, want: number): LengthLimit | null {
   const budget = options.maxMemory !== undefined ? { bytes: options.maxMemory, why: `given with ${opt('maxMemory')}` } : defaultBudget();
   return memoryLimit(m, want, (t) => sweepShape(p, t), budget);
 }
