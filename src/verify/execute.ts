@@ -77,7 +77,7 @@ interface StepState {
 /** One run of one session, its outputs handed on; nothing of them outlives the call. Returns their size in bytes. */
 async function step(setup: Setup, runner: Runner, key: SessionKey, run: RunSpec, st: StepState): Promise<number> {
   if (key === 'original' && st.decodeOnly && cachedPrompt(run)) asDecode(run, st);
-  let outcome = await runOnce(setup, runner, run, st);
+  let outcome = await runOnce(setup, runner, run, st.reports);
   if (key === 'original' && 'error' in outcome && !st.decodeOnly && cachedPrompt(run) && decodes(setup, st)) {
     outcome = await decodeInstead(setup, runner, run, outcome.error, st);
   }
@@ -114,7 +114,7 @@ async function bareOriginal(setup: Setup, run: RunSpec, st: StepState): Promise<
 async function decodeInstead(setup: Setup, runner: Runner, run: RunSpec, error: string, st: StepState): Promise<Outcome> {
   const failed = run.id;
   asDecode(run, st);
-  const outcome = await runOnce(setup, runner, run, st);
+  const outcome = await runOnce(setup, runner, run, st.reports);
   if ('error' in outcome) return outcome;
   st.decodeOnly = `${failed}: ${error}`;
   st.notes.push(`the original model fails on several query tokens over a cache (${st.decodeOnly}) and runs one: from there on, each length of the sweep is one query token after the rest cached`);
@@ -138,8 +138,7 @@ export function feedsFor(setup: Setup, run: RunSpec): Feeds {
   return synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
 }
 
-async function runOnce(setup: Setup, runner: Runner, run: RunSpec, st: StepState): Promise<Outcome> {
-  const { reports } = st;
+async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {
   const feeds = feedsFor(setup, run);
   const peak = estimatePeak(setup.memory, run);
   const report = reports.get(run.id) ?? {

@@ -49,11 +49,6 @@ export class Runner {
     return Runner.create(encodeModel(model), label);
   }
 
-  /** The session's output names. */
-  get outputNames(): readonly string[] {
-    return this.session.outputNames;
-  }
-
   /** Runs the session; `fetches` limits which outputs are copied back (default: all). */
   async run(feeds: Feeds, fetches?: readonly string[]): Promise<Outputs> {
     const ortFeeds: Record<string, ort.Tensor> = {};
