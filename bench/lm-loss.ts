@@ -47,6 +47,9 @@ interface Variant {
   calibrate?: string[];
 }
 
+/** θ of a GGD prior between ALiBi and none: B = −m_h·√|j − i| with ALiBi's slopes m_h (4 heads). */
+const GGD_SQRT = path.join(FIXTURES, 'ggd-sqrt.json');
+
 function variants(L: string): Variant[] {
   return [
     { name: 'original', args: null },
@@ -58,6 +61,10 @@ function variants(L: string): Variant[] {
     { name: 'slope, s calibrated by loss', args: 'calibrate' },
     { name: 'ALiBi prior alone', args: ['--preset', 'none', '--prior', 'alibi'] },
     { name: 'ALiBi prior + ssmax', args: ['--prior', 'alibi', '--train-len', L] },
+    { name: 'GGD prior, neutral θ (`--prior ggd`) alone', args: ['--preset', 'none', '--prior', 'ggd'] },
+    { name: 'GGD prior, neutral θ + ssmax', args: ['--prior', 'ggd', '--train-len', L] },
+    { name: 'GGD prior, √distance (θβ = 0.5, ALiBi slopes) alone', args: ['--preset', 'none', '--prior', 'ggd', '--prior-file', GGD_SQRT] },
+    { name: 'GGD prior, √distance + ssmax', args: ['--prior', 'ggd', '--prior-file', GGD_SQRT, '--train-len', L] },
     { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
     { name: 'window prior W = L, 4 sinks', args: ['--preset', 'none', '--window', L, '--sinks', '4'] },
     { name: 'window prior W = L + ssmax', args: ['--window', L, '--train-len', L] },
