@@ -10,7 +10,8 @@ import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
 import { ModelProto, ValueInfoProto } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
-import { CACHE_OUTPUT_BYTES, cacheOutputs, estimatePeak, pastBytes } from '../src/verify/memory';
+import { CACHE_OUTPUT_BYTES, cacheOutputs, estimatePeak, pastBytes, sharedPasts } from '../src/verify/memory';
+import { synthesize } from '../src/verify/inputs';
 import { buildDecoder } from '../bench/decoder';
 import { Graph } from '../src/graph/graph';
 import { describeInputs, InputSpec } from '../src/analysis/signature';
@@ -150,13 +151,42 @@ describe('the caches a run returns', () => {
     assert.deepEqual(cacheOutputs(specs, outputs), ['present_key_0', 'present_0']);
   });
 
+  // The 12L × 768 bench decoder, built once: its weights are 91 M random parameters.
+  let wide: ModelProto | undefined;
+  const wideDecoder = (): ModelProto => (wide ??= buildDecoder({ layers: 12, heads: 12, hidden: 768, vocab: 64 }));
+
   it('are dropped from the sessions where the longest run feeds a large cache, and only there (the 12L × 768 bench decoder\'s shapes)', () => {
-    const decoder = buildDecoder({ layers: 12, heads: 12, hidden: 768, vocab: 64 });
+    const decoder = wideDecoder();
     const g = new Graph(decoder.graph!);
     const m = { weights: 0, matrices: 25, specs: describeInputs(g), outputs: decoder.graph!.output, fixed: new Map<string, number>() };
     assert.equal(cacheOutputs(m.specs, m.outputs).length, 24);
     // K and V of 12 layers x 12 heads x 64 at 32768 keys: 2.25 GB; at 512, 36 MB.
     assert.equal(pastBytes(m, { batch: 1, seq: 4, past: 32764 }), 24 * 12 * 32764 * 64 * 4);
     assert.ok(pastBytes(m, { batch: 1, seq: 4, past: 508 }) < CACHE_OUTPUT_BYTES);
+  });
+
+  it('share two buffers\' values between the layers where a run feeds a large cache, and only there: synthesis fills two, the estimate counts two', () => {
+    const decoder = wideDecoder();
+    const g = new Graph(decoder.graph!);
+    const specs = describeInputs(g);
+    const m = { weights: 0, matrices: 25, specs, outputs: [], fixed: new Map<string, number>() };
+    const pasts = specs.filter((s) => s.role === 'past').map((s) => s.name);
+    assert.equal(pasts.length, 24);
+    const long = { batch: 1, seq: 4, past: 32764 }, short = { batch: 1, seq: 4, past: 508 };
+    const shared = sharedPasts(specs, long, m.fixed);
+    // Keys and values of layer 0 are the two buffers; every later layer's keys take the first, its values the second.
+    assert.deepEqual([...shared.keys()], pasts.slice(2));
+    assert.deepEqual([...shared.values()], pasts.slice(2).map((_, i) => pasts[i % 2]));
+    assert.equal(sharedPasts(specs, short, m.fixed).size, 0, 'a small cache: every layer its own values, as before');
+    assert.equal(sharedPasts(specs, long, m.fixed, new Set([pasts[5]])).has(pasts[5]), false, 'an input the user gave is never shared');
+    // The run's inputs: two caches of 12 x 32764 x 64 float32 and the ids; the estimate counts them so.
+    const io = estimatePeak({ ...m, matrices: 1 }, long)!.io;
+    assert.equal(io, 2 * 12 * 32764 * 64 * 4 + 4 * 8);
+    const feeds = synthesize(g, specs, long, { seed: 3 });
+    assert.equal(new Set(pasts.map((n) => feeds[n])).size, 2, 'the layers\' inputs are two buffers');
+    assert.equal(feeds[pasts[22]], feeds[pasts[0]]);
+    assert.notDeepEqual(feeds[pasts[0]].data.subarray(0, 8), feeds[pasts[1]].data.subarray(0, 8));
+    const small = synthesize(g, specs, short, { seed: 3 });
+    assert.equal(new Set(pasts.map((n) => small[n])).size, 24);
   });
 });

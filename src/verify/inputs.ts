@@ -10,6 +10,7 @@ import { DataType, NodeProto, toNumber } from '../io/onnx';
 import { InputError, opt } from '../errors';
 import { DimSource, InputSpec, resolveDim, RunShape } from '../analysis/signature';
 import { elementCount, Feeds, HostTensor, hostTypeOf, makeHost } from './tensors';
+import { sharedPasts } from './memory';
 
 export type { Feeds, HostTensor } from './tensors';
 
@@ -38,9 +39,11 @@ export function synthesize(graph: Graph, specs: readonly InputSpec[], shape: Run
   const feeds: Feeds = {};
   const random = rng(options.seed ?? 1);
   const fixed = options.fixed ?? new Map<string, number>();
+  // A large cache: the layers' past inputs take two buffers' values in turn (their first two come first in order).
+  const shared = sharedPasts(specs, shape, fixed, new Set(Object.keys(options.given ?? {})));
   // Lengths last: their values follow from the shapes of the inputs they describe.
   for (const spec of [...specs.filter((s) => s.role !== 'lengths'), ...specs.filter((s) => s.role === 'lengths')]) {
-    const given = options.given?.[spec.name];
+    const given = options.given?.[spec.name] ?? feeds[shared.get(spec.name) ?? ''];
     if (given) {
       feeds[spec.name] = given;
       continue;
@@ -170,7 +173,9 @@ export function dimSources(specs: readonly InputSpec[], fixed: ReadonlyMap<strin
 
 function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, padded: boolean, random: () => number): HostTensor {
   const count = elementCount(dims);
-  const values = new Float64Array(count);
+  const type = hostTypeOf(spec.elemType, spec.name);
+  // float32 filled in place: a large cache is not held twice (the values are the ones a float64 copy would round to).
+  const values = type === 'float32' ? new Float32Array(count) : new Float64Array(count);
   const last = dims.length ? dims[dims.length - 1] : 1;
   switch (spec.role) {
     case 'ids': {
@@ -212,7 +217,7 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       if (spec.elemType === DataType.BOOL) values.fill(shape.seq % 2 === 0 ? 1 : 0);
       else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
   }
-  return makeHost(hostTypeOf(spec.elemType, spec.name), dims, values);
+  return values instanceof Float32Array ? { type, dims, data: values } : makeHost(type, dims, values);
 }
 
 /** The input is a mask whose 1-D form holds key ends (com.microsoft Attention's mask_index), directly or through Casts. */

@@ -76,8 +76,9 @@ export function estimatePeak(m: MemoryModel, run: RunShape): PeakEstimate | null
 function ioBytes(m: MemoryModel, run: RunShape): number {
   const byParam = new Map<string, number>();
   let total = 0;
+  const shared = sharedPasts(m.specs, run, m.fixed);
   for (const s of m.specs) {
-    if (s.unshaped) continue;
+    if (s.unshaped || shared.has(s.name)) continue;
     const dims = s.dims.map((d, axis) => {
       const size = resolveDim(s, axis, run, m.fixed).size;
       if ('param' in d) byParam.set(d.param, size);
@@ -95,13 +96,40 @@ function ioBytes(m: MemoryModel, run: RunShape): number {
   return total;
 }
 
-/** A plan whose longest run feeds past inputs of this many bytes or more runs its sessions without the cache outputs. */
+/**
+ * A plan whose longest run feeds past inputs of this many bytes or more runs its sessions without the cache outputs;
+ * a run that feeds this many shares their values between layers (sharedPasts).
+ */
 export const CACHE_OUTPUT_BYTES = 256 * 2 ** 20;
 
-/** The bytes of the past inputs at a run's shape. */
-export function pastBytes(m: MemoryModel, run: RunShape): number {
-  return m.specs.filter((s) => s.role === 'past' && !s.unshaped)
-    .reduce((n, s) => n + (rawByteLength(s.elemType, elementCount(s.dims.map((_, axis) => resolveDim(s, axis, run, m.fixed).size))) ?? 0), 0);
+const pastSpecs = (specs: readonly InputSpec[]): InputSpec[] => specs.filter((s) => s.role === 'past' && !s.unshaped);
+const specBytes = (s: InputSpec, run: RunShape, fixed: ReadonlyMap<string, number>): number =>
+  rawByteLength(s.elemType, elementCount(s.dims.map((_, axis) => resolveDim(s, axis, run, fixed).size))) ?? 0;
+
+/** The bytes of the past inputs at a run's shape: the cache the model's layers hold (and their presents return). */
+export function pastBytes(m: { specs: readonly InputSpec[]; fixed: ReadonlyMap<string, number> }, run: RunShape): number {
+  return pastSpecs(m.specs).reduce((n, s) => n + specBytes(s, run, m.fixed), 0);
+}
+
+/**
+ * The past inputs a run feeds with another's values, each to the input whose values it takes, where the run's past
+ * inputs are CACHE_OUTPUT_BYTES or more: inputs of one type and one shape at the run (a layer's keys, its values, the
+ * next layer's …) take the values of the first two of them in turn, so keys and values stay distinct. Every session
+ * is fed the same values, so the checks compare as before; onnxruntime reads a fed buffer in place, so the run holds
+ * two caches' worth of inputs instead of one per layer (the 12-layer × 768 decoder at 65536 keys: 0.4 GB, not 4.5),
+ * and synthesis fills two. `given`: inputs the user gave, never shared.
+ */
+export function sharedPasts(specs: readonly InputSpec[], run: RunShape, fixed: ReadonlyMap<string, number>, given: ReadonlySet<string> = new Set()): Map<string, string> {
+  const pasts = pastSpecs(specs).filter((s) => !given.has(s.name));
+  const out = new Map<string, string>();
+  if (pastBytes({ specs, fixed }, run) < CACHE_OUTPUT_BYTES) return out;
+  const groups = new Map<string, InputSpec[]>();
+  for (const s of pasts) {
+    const key = `${s.elemType}:${s.dims.map((_, axis) => resolveDim(s, axis, run, fixed).size).join('x')}`;
+    groups.set(key, [...(groups.get(key) ?? []), s]);
+  }
+  for (const group of groups.values()) group.slice(2).forEach((s, i) => out.set(s.name, group[i % 2].name));
+  return out;
 }
 
 /**

@@ -19,7 +19,7 @@ import { dimSources, synthesize } from './inputs';
 import { LengthLimit, positionLimit } from '../analysis/limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
 import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from '../analysis/signature';
-import { attentionMatrices, CACHE_OUTPUT_BYTES, cacheOutputs, defaultBudget, gb, memoryLimit, MemoryModel, pastBytes, weightBytes } from './memory';
+import { attentionMatrices, CACHE_OUTPUT_BYTES, cacheOutputs, defaultBudget, gb, memoryLimit, MemoryModel, pastBytes, sharedPasts, weightBytes } from './memory';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
 import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
@@ -151,6 +151,8 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const budget = memoryCap(memory, options, input, want);
   const plan = makePlan({ ...input, limit: budget && (!table || budget.length < table.length) ? budget : table });
   if (dropped.length) plan.notes.push(droppedNote(dropped, plan, memory));
+  const shared = sharedNote(plan, memory, given);
+  if (shared) plan.notes.push(shared);
   const lengths = modelLengths(analysis.scopes, detection, specs);
   const lowPrecisionOutputs = new Set(original.graph!.output
     .filter((o) => o.type?.tensorType?.elemType === DataType.FLOAT16 || o.type?.tensorType?.elemType === DataType.BFLOAT16).map((o) => o.name));
@@ -204,6 +206,15 @@ function droppedNote(names: readonly string[], plan: Plan, memory: MemoryModel):
   const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
   const listed = `${names.slice(0, 2).join(', ')}${names.length > 2 ? `, … ${names.length} in all` : ''}`;
   return `the longest run feeds a cache of ${gb(longest ? pastBytes(memory, longest) : 0)}: the sessions return no cache outputs (${listed}), each as large as the cache; the logits and the other outputs are compared`;
+}
+
+/** What the runs over a large cache feed (sharedPasts), said once for the longest: which inputs take whose values. */
+function sharedNote(plan: Plan, memory: MemoryModel, given: Feeds): string | undefined {
+  const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
+  const shared = longest ? sharedPasts(memory.specs, longest, memory.fixed, new Set(Object.keys(given))) : new Map<string, string>();
+  if (!shared.size) return undefined;
+  const sources = [...new Set(shared.values())];
+  return `runs over a cache of ${CACHE_OUTPUT_BYTES / 2 ** 20} MB or more feed ${shared.size + sources.length} past inputs the values of ${sources.length} (${sources.join(', ')}) in turn: every model is fed the same values, and a run holds ${sources.length} caches' worth of inputs, not one per input`;
 }
 
 /**
