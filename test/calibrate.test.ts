@@ -25,6 +25,9 @@ import { patchModel } from '../src/rewrite/patch';
 import { Exposer } from '../src/verify/expose';
 import { Runner } from '../src/verify/run';
 import { prepare } from '../src/verify/setup';
+import { synthesize } from '../src/verify/inputs';
+import { describeInputs } from '../src/analysis/signature';
+import { buildDecoder } from '../bench/decoder';
 import { makeHost } from '../src/verify/tensors';
 import { cli, removeScratch, tmpdir } from './support/io';
 import { CORPUS, corpusSkip } from './support/ref';
@@ -151,6 +154,58 @@ describe('calibrate on a fused operator', () => {
     assert.match(c.notes.join(), /about uniform/);
     assert.equal(fs.existsSync(r.out), false, 'no model written');
     assert.equal(fs.existsSync(r.out.replace(/\.onnx$/, '.calibration.json')), true);
+  });
+});
+
+describe('calibrate over a KV cache', () => {
+  // A decoder with a cache (random weights whose attention is not uniform), L = 1024: N = 8192 is beyond a whole
+  // prompt's default longest length (4096), so each length is 4 query tokens over a synthesised cache.
+  const decoder = buildDecoder({ layers: 2, heads: 4, hidden: 64, vocab: 64 });
+  const file = path.join(dir, 'decoder-cache.onnx');
+  fs.writeFileSync(file, encodeModel(decoder));
+  const [cacheL, cacheN] = [1024, 8192];
+
+  /** The mean largest probability of a model's Softmax rows in one run of 4 tokens over `keys` − 4 cached, read from the Softmax outputs. */
+  async function rowMax(model: string, keys: number): Promise<number> {
+    const m = readModel(model);
+    const x = new Exposer(m);
+    const outs = findAttentionSoftmax(m).sites.map((site) => x.expose('main', site.softmax.output[0], `test/L${site.layer}`) as string);
+    x.finish();
+    const g = new Graph(m.graph!);
+    const shape = { batch: 1, seq: 4, past: keys - 4 };
+    // The inputs calibration synthesised for that run (its seed: 1 + seq + past).
+    const feeds = synthesize(g, describeInputs(g), shape, { seed: 1 + keys });
+    const runner = await Runner.fromModel(m, 'test');
+    const result = await runner.run(feeds, outs);
+    await runner.release();
+    let sum = 0, count = 0;
+    for (const o of outs) {
+      const t = result[o];
+      for (let r = 0; r < t.data.length / keys; r++) {
+        let max = 0;
+        for (let j = r * keys; j < (r + 1) * keys; j++) max = Math.max(max, t.data[j]);
+        sum += max;
+        count++;
+      }
+    }
+    return sum / count;
+  }
+
+  it('reads rows at n ≈ N over a cache, one run per length, and writes the s that makes them as sharp as at n ≈ L', async () => {
+    const out = path.join(dir, 'decoder-cache.slope.onnx');
+    const r = cli(['calibrate', file, '--train-len', String(cacheL), '-o', out, '--json', '--quiet']);
+    assert.equal(r.code, 0, r.stderr);
+    const c = (JSON.parse(r.stdout) as CalibrateDocument).calibration!;
+    assert.equal(c.targetLen, cacheN);
+    assert.match(c.notes.join('\n'), /N = 8192 is beyond a whole prompt \(the default longest length 4096; --max-len N runs longer\): the model takes a KV cache, so each length is 4 query token\(s\) after a synthesised cache of the rest/);
+    assert.deepEqual(c.curve.map((p) => p.length), [256, 512, 1024, 2048, 4096, 8192]);
+    assert.equal(c.rows, 'runs at each length: a few query tokens over a synthesised cache of the rest');
+    // Read independently from the written model's Softmax outputs on the same inputs: the target at L is the
+    // original's, the original fades by N, and the calibrated model at N is back at the target.
+    const [target, fadedAtN, calibratedAtN] = [await rowMax(file, cacheL), await rowMax(file, cacheN), await rowMax(out, cacheN)];
+    assert.ok(fadedAtN < 0.8 * target, `the original fades: ${fadedAtN} against ${target} at L`);
+    assert.ok(Math.abs(calibratedAtN - target) < 0.02 * target, `at N ${calibratedAtN}, target ${target}`);
+    assert.ok(Math.abs(c.groups[0].afterAtN - calibratedAtN) < 1e-3 * target, `the report's ${c.groups[0].afterAtN}, read ${calibratedAtN}`);
   });
 });
 

@@ -22,7 +22,7 @@ import { SValue } from '../policy/scale';
 import { patchModel } from '../rewrite/patch';
 import { PatchReport } from '../rewrite/report';
 import { synthesize } from '../verify/inputs';
-import { runId, RunSpec } from '../verify/plan';
+import { runId, RunSpec, sweepShape } from '../verify/plan';
 import { Runner } from '../verify/run';
 import { firstLine, LoadFailure, SessionFactory } from '../verify/sessions';
 import { isUniform } from '../verify/sharpness';
@@ -103,6 +103,8 @@ interface Context {
   given?: { batch: number; ids: Record<string, HostTensor> };
   progress: (line: string) => void;
   runs: number;
+  /** Each length is a few query tokens over a synthesised cache (wholePromptsShort), not a whole prompt. */
+  overCache: boolean;
 }
 
 export async function calibrateSlope(original: ModelProto, options: CalibrateOptions): Promise<CalibrationResult> {
@@ -121,21 +123,26 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   const template = patch(sValue(granularity, heads, () => first));
   // N given: runs up to it; by default within verification's default longest length (one attention matrix's budget).
   // Whole prompts even over a cache: the curve is read off every row of one causal run.
-  const setup = prepare(original, template.model, {
+  const setupOf = (wholePrompts: boolean): Setup => prepare(original, template.model, {
     trainLen: L, maxLen: options.targetLen === undefined ? undefined : plan.N, checks: ['sharpness'], dims: options.dims, maxMemory: options.maxMemory, analysis,
-  }, { wholePrompts: true });
+  }, { wholePrompts });
+  let setup = setupOf(true);
+  const overCache = wholePromptsShort(plan, setup, options);
+  if (overCache) setup = setupOf(false);
   fitTargetLength(plan, setup, options.targetLen !== undefined);
+  if (overCache) plan.notes.push(overCache);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
   const cm = calibrationModel(template.model, setup.sites, plan.match === 'entropy' ? 'entropy' : 'max');
   const byLoss = plan.match === 'loss';
   const layouts = byLoss ? new Map<number, SiteLayout>() : siteLayouts(setup, template.report, detection, cm, granularity);
   const factory = new SessionFactory(original, template.model, setup.sites, false);
+  factory.dropOutputs = new Set(setup.droppedOutputs);
   let report: CalibrationReport;
   let s: SValue;
   try {
     progress('calibrate: loading the slope patch with s as an input');
     const runner = await openCalibration(factory, cm.model);
-    const ctx: Context = { plan, setup, cm, layouts, runner, factory, given, progress, runs: 0 };
+    const ctx: Context = { plan, setup, cm, layouts, runner, factory, given, progress, runs: 0, overCache: Boolean(overCache) };
     try {
       ({ report, s } = byLoss ? await searchLoss(ctx, first) : await search(ctx, heads, first));
     } finally {
@@ -187,6 +194,19 @@ function fitTargetLength(plan: Plan, setup: Setup, given: boolean): void {
   // Calibration's notes are printed as they are: the flags in the reason are the command line's.
   plan.notes.push(render(`N = ${longest}, not 8·L = ${plan.N}, the longest length verification runs: ${setup.plan.capReason} (the longest length is ${setup.plan.cap})`, 'cli'));
   plan.N = longest;
+}
+
+/**
+ * Why whole prompts give way to runs over a cache, or undefined where they do not: a model that takes a cache,
+ * max-prob or entropy on synthesised tokens, and N beyond what a whole prompt may run (one attention matrix's budget,
+ * or the memory budget). A run of a few query tokens over a cache of N − 4 keys reads rows at n ≈ N with memory
+ * growing with the cache, as verification's sweep does; every length is then its own run. Given tokens or the loss
+ * need every row of one prompt, so they keep whole prompts.
+ */
+function wholePromptsShort(plan: Plan, setup: Setup, o: CalibrateOptions): string | undefined {
+  if (plan.N <= setup.plan.cap || plan.match === 'loss' || Object.keys(o.inputs ?? {}).length || !setup.pastFree) return undefined;
+  const query = sweepShape({ ...setup, wholePrompts: false }, plan.N).seq;
+  return `N = ${plan.N} is beyond a whole prompt (${render(setup.plan.capReason, 'cli')}): the model takes a KV cache, so each length is ${query} query token(s) after a synthesised cache of the rest (random keys and values, as verification's runs over a cache), one run per length`;
 }
 
 /** Token ids given by value: each a [B, T] ids input with T ≥ N, all of one batch; the runs cut them to length. */
@@ -262,7 +282,8 @@ function curveLengths(L: number, N: number): number[] {
 
 async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{ report: CalibrationReport; s: SValue }> {
   const { plan } = ctx;
-  const causalOnly = [...ctx.layouts.values()].every((l) => l.rows === 'causal');
+  // One causal prompt of N holds every row from 1 to N; a run over a cache only the rows near its length.
+  const causalOnly = !ctx.overCache && [...ctx.layouts.values()].every((l) => l.rows === 'causal');
   const lengths = curveLengths(plan.L, plan.N);
   const before = await measure(ctx, causalOnly ? [plan.N] : lengths, () => 0, 'the original (s = 0)');
   const searches = new Map<string, SlopeSearch>();
@@ -465,6 +486,10 @@ async function runFailure(ctx: Context, run: RunSpec, e: unknown): Promise<Error
 /** A run of `length` tokens in context, as verification's sweep makes it: the sequence, or the cache when only it grows. */
 function runOf(ctx: Context, length: number): RunSpec {
   const { setup } = ctx;
+  if (ctx.overCache) {
+    const shape = sweepShape({ ...setup, wholePrompts: false }, length);
+    return { id: runId(shape), kind: 'sweep', ...shape, padded: false };
+  }
   const batch = ctx.given?.batch ?? setup.pinned.batch ?? 1;
   const minPast = setup.pastFree ? setup.minPast : 0;
   const past = setup.pinned.past ?? minPast;
@@ -515,7 +540,8 @@ function reportOf(ctx: Context, s: SValue, groups: CalibrationGroup[], curve: Cu
     reached: groups.some((g) => g.state === 'found' || g.state === 'searching'),
     trainLen: plan.L, targetLen: plan.N, match: plan.match, granularity: plan.granularity, s,
     tokens: ctx.given ? 'given' : 'synthesised', batch: ctx.given?.batch ?? setup.pinned.batch ?? 1,
-    rows: causalOnly ? 'one causal run per s: row i sees i + 1 keys' : 'runs at each length (some site\'s rows see every key)',
+    rows: causalOnly ? 'one causal run per s: row i sees i + 1 keys' : ctx.overCache ? 'runs at each length: a few query tokens over a synthesised cache of the rest'
+      : 'runs at each length (some site\'s rows see every key)',
     windows: `rows with 3X/4 < n ≤ X for n ≈ X (X = ${plan.L} and ${plan.N})`,
     runs: ctx.runs, groups, curve, unseen: ctx.cm.unseen, notes, totalMs: 0, runtime: runtimeReport(),
   };

@@ -70,8 +70,7 @@ export class SessionFactory {
   async open(key: SessionKey): Promise<Runner> {
     const model = this.variant(key);
     carryBf16AsFloat(model);
-    // Not a graph output, a present is freed as soon as its layer has read it.
-    if (this.dropOutputs.size) model.graph!.output = model.graph!.output.filter((o) => !this.dropOutputs.has(o.name));
+    this.drop(model);
     // The probe copies read a tensor twice (scaled and unscaled); onnxruntime 1.30's extended fusions can drop a
     // tensor read that way, and the probe only reads values, so they run with basic optimisations.
     const optimization = key === 'probe' || key === 'probeLast' ? 'basic' : this.optimization;
@@ -108,12 +107,18 @@ export class SessionFactory {
    */
   async openModel(model: ModelProto, label: string): Promise<Runner> {
     carryBf16AsFloat(model);
+    this.drop(model);
     try {
       return await Runner.create(this.fromFile ? this.write(label.replace(/\W+/g, '-'), model) : encodeModel(model), label);
     } catch (e) {
       if (e instanceof InputError) throw e;
       throw new LoadFailure(`onnxruntime cannot load the ${label} model: ${firstLine(e)}`);
     }
+  }
+
+  /** Not a graph output, a present is freed as soon as its layer has read it. */
+  private drop(model: ModelProto): void {
+    if (this.dropOutputs.size) model.graph!.output = model.graph!.output.filter((o) => !this.dropOutputs.has(o.name));
   }
 
   async release(runner: Runner): Promise<void> {
