@@ -113,6 +113,25 @@ describe(`the self-test matrix's wrong patches at L = ${L}, over a cache`, () =>
   }
 });
 
+describe('runs over a cache of 256 MB or more: the layers share two caches', () => {
+  // 2 layers x 4 heads x 32: 2 KB of past inputs per key, so the run at 4L = 262144 keys feeds 512 MB and shares.
+  const decoder = buildDecoder({ layers: 2, heads: 4, hidden: 128, vocab: 64 });
+  const big = 65536;
+  const right = patchModel(decoder, { trainLen: big }).model;
+  const options: VerifyOptions = { strict: true, lengths: [big, 4 * big], maxLen: 4 * big };
+
+  it('the right patch passes strictly, the note saying which inputs share; a factor held at 1 fails liveness on the shared run', async () => {
+    const r = await verifyPatch(decoder, right, options);
+    assert.equal(r.passed, true, explain(r));
+    assert.ok(r.notes.includes('runs over a cache of 256 MB or more feed 4 past inputs the values of 2 (past_key_0, past_value_0) in turn: every model is fed the same values, and a run holds 2 caches\' worth of inputs, not one per input'), r.notes.join('\n'));
+    assert.match(r.checks.find((c) => c.id === 'liveness')!.summary, /^outputs differ from the original's at 262144 /);
+    const dead = await verifyPatch(decoder, withUnitFactor(right), options);
+    const liveness = dead.checks.find((c) => c.id === 'liveness')!;
+    assert.equal(liveness.status, 'FAILED', liveness.summary);
+    assert.match(liveness.summary, /batch=1 seq=4 past=262140: outputs equal the original's within tolerance/);
+  });
+});
+
 describe('a decoder that takes a cache under one query token only', () => {
   // onnxruntime-genai's MHA Llama builds its causal mask [S, S] and expands it to S + past keys: a prompt without a
   // cache or one token over one runs, several tokens over a cache do not (the original's own Expand fails).
@@ -188,5 +207,21 @@ describe('the caches a run returns', () => {
     assert.notDeepEqual(feeds[pasts[0]].data.subarray(0, 8), feeds[pasts[1]].data.subarray(0, 8));
     const small = synthesize(g, specs, short, { seed: 3 });
     assert.equal(new Set(pasts.map((n) => small[n])).size, 24);
+    // With a pool, each run's two caches are the front of two buffers filled once at the pool's capacity, whatever
+    // the order of the runs; a run beyond the capacity fills its own.
+    const capacity = { batch: 1, seq: 0, past: 40000 };
+    const [a, b] = [{ capacity, buffers: new Map() }, { capacity, buffers: new Map() }];
+    const longer = { batch: 1, seq: 4, past: 39996 };
+    const [first, second] = [synthesize(g, specs, long, { seed: 3, pool: a }), synthesize(g, specs, longer, { seed: 9, pool: a })];
+    const reversed = [synthesize(g, specs, longer, { seed: 9, pool: b }), synthesize(g, specs, long, { seed: 3, pool: b })];
+    assert.equal(a.buffers.size, 2);
+    assert.equal(first[pasts[0]].data.buffer, second[pasts[0]].data.buffer, 'one buffer for both runs');
+    assert.deepEqual(first[pasts[0]].dims, [1, 12, 32764, 64]);
+    assert.equal(first[pasts[0]].data.length, 12 * 32764 * 64);
+    assert.deepEqual(reversed[1][pasts[1]].data, first[pasts[1]].data, 'the same values in either order');
+    assert.equal(first[pasts[3]], first[pasts[1]]);
+    const beyond = synthesize(g, specs, { batch: 1, seq: 4, past: 50000 }, { seed: 3, pool: a });
+    assert.notEqual(beyond[pasts[0]].data.buffer, first[pasts[0]].data.buffer);
+    assert.equal(beyond[pasts[0]].data.length, 12 * 50000 * 64);
   });
 });

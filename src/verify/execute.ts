@@ -10,8 +10,8 @@ import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
 import { InputError, opt } from '../errors';
 import { runtimeLabel, runtimeReport } from '../onnxruntime';
-import { Feeds, synthesize } from './inputs';
-import { estimatePeak } from './memory';
+import { CachePool, Feeds, synthesize } from './inputs';
+import { estimatePeak, sharedPasts } from './memory';
 import { runId, RunSpec } from './plan';
 import { RunReport } from './report';
 import { Outputs, OutputTensor, Runner } from './run';
@@ -135,7 +135,25 @@ function asDecode(run: RunSpec, st: StepState): void {
 
 /** The inputs of a run: the same for every session. */
 export function feedsFor(setup: Setup, run: RunSpec): Feeds {
-  return synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id) });
+  return synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: setup.given, padded: run.padded, seed: seedOf(run.id), pool: poolOf(setup) });
+}
+
+const pools = new WeakMap<Setup, CachePool | null>();
+
+/**
+ * The shared caches of a verification: sized by the largest batch and key count of its runs over a large cache (a
+ * run turned into one query token keeps its key count); null where no run shares its caches.
+ */
+function poolOf(setup: Setup): CachePool | undefined {
+  if (!pools.has(setup)) {
+    const given = new Set(Object.keys(setup.given));
+    const large = setup.plan.runs.filter((r) => sharedPasts(setup.specs, r, setup.fixed, given).size > 0);
+    pools.set(setup, large.length ? {
+      capacity: { batch: Math.max(...large.map((r) => r.batch)), seq: 0, past: Math.max(...large.map((r) => r.seq + r.past)) },
+      buffers: new Map(),
+    } : null);
+  }
+  return pools.get(setup) ?? undefined;
 }
 
 async function runOnce(setup: Setup, runner: Runner, run: RunSpec, reports: Map<string, RunReport>): Promise<Outcome> {

@@ -22,7 +22,16 @@ export interface SynthesisOptions {
   /** Zero the last quarter of the attention mask of the last batch item. */
   padded?: boolean;
   seed?: number;
+  /** Where the shared caches of runs over a large cache come from (CachePool); without it each run fills its own. */
+  pool?: CachePool;
 }
+
+/**
+ * The two buffers the runs over a large cache share (sharedPasts), filled once at the plan's largest shape with a
+ * seed of their own: a run's cache is the front of each, so no run synthesises one again (the 12-layer × 768 decoder's
+ * verification to 131072 keys filled 930 M values before, one cache per session and run; now 200 M).
+ */
+export interface CachePool { capacity: RunShape; buffers: Map<string, HostTensor> }
 
 /** A deterministic generator, so every session sees the same inputs for the same run. */
 export function rng(seed: number): () => number {
@@ -49,11 +58,33 @@ export function synthesize(graph: Graph, specs: readonly InputSpec[], shape: Run
       continue;
     }
     const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
+    const fromPool = options.pool && [...shared.values()].includes(spec.name) ? pooled(graph, spec, dims, options.pool, fixed) : undefined;
+    if (fromPool) {
+      feeds[spec.name] = fromPool;
+      continue;
+    }
     const slot = slotValue(graph, spec, shape) ?? beamValue(graph, spec, specs, shape, fixed);
     feeds[spec.name] = slot !== undefined ? makeHost(hostTypeOf(spec.elemType, spec.name), dims, new Array<number>(elementCount(dims)).fill(slot))
       : spec.role === 'lengths' ? lengths(graph, spec, specs, dims, shape, feeds) : fill(graph, spec, dims, shape, options.padded ?? false, random);
   }
   return feeds;
+}
+
+/**
+ * The front of the pool's buffer for `spec` as a tensor of `dims`, the buffer filled at the pool's capacity on first
+ * use; undefined for a run larger than the pool (it fills its own).
+ */
+function pooled(graph: Graph, spec: InputSpec, dims: number[], pool: CachePool, fixed: ReadonlyMap<string, number>): HostTensor | undefined {
+  let buffer = pool.buffers.get(spec.name);
+  if (!buffer) {
+    const full = spec.dims.map((_, axis) => resolveDim(spec, axis, pool.capacity, fixed).size);
+    const seed = [...spec.name].reduce((h, c) => Math.imul(h ^ c.charCodeAt(0), 16777619) >>> 0, 2166136261);
+    buffer = fill(graph, spec, full, pool.capacity, false, rng(seed));
+    pool.buffers.set(spec.name, buffer);
+  }
+  const count = elementCount(dims);
+  if (count > buffer.data.length) return undefined;
+  return { type: buffer.type, dims, data: buffer.data.subarray(0, count) } as HostTensor;
 }
 
 /** The keys of ONNX Attention's K ([B, Tk, H·D] or [B, H, Tk, D]), or past + sequence when K is not an input. */
