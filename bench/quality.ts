@@ -55,6 +55,10 @@ export const VARIANTS: Variant[] = [
   // The locality and RoPE retrofits of the LM benchmark (issue 36), on retrieval: what the window cannot see, and
   // whether a rescaled RoPE that holds the loss still answers.
   { name: 'window prior W = L alone', args: ['--preset', 'none', '--window', L] },
+  // Local and global layers (as Gemma and Llama 4 mix them): the window on layer 0 only, the last layer sees every key.
+  { name: 'window prior W = L on layer 0, layer 1 global', args: ['--preset', 'none', '--window', L, '--layers', '0'] },
+  { name: 'window prior W = L on layer 0, layer 1 global + ssmax', args: ['--window', L, '--layers', '0', '--train-len', L] },
+  { name: 'window prior W = L on layer 0, RoPE YaRN ×16', args: ['--preset', 'none', '--window', L, '--layers', '0', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
   { name: 'RoPE NTK-aware ×16', args: ['--preset', 'none', '--rope', 'ntk', '--rope-scale', '16'], rope: true },
   { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--rope', 'ntk', '--rope-scale', '16', '--train-len', L], rope: true },
   { name: 'RoPE YaRN ×16', args: ['--preset', 'none', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },

@@ -11,7 +11,7 @@ import { InputError } from '../src/errors';
 import { readModel } from '../src/io/model-file';
 import { DataType, ModelProto, NodeProto, TensorProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
-import { synthesize } from '../src/verify/inputs';
+import { rng, synthesize } from '../src/verify/inputs';
 import { positionLimit } from '../src/analysis/limits';
 import { describeInputs, resolveDim, ruledDims, RunShape } from '../src/analysis/signature';
 import { readTensorFile } from '../src/verify/tensor-files';
@@ -260,5 +260,19 @@ describe('synthesised signatures verify end to end', () => {
     // 16×12 pixels in 4×4 patches: 12 tokens, so the probe saw 12 query rows of head size 4 per head (issue 9: the
     // factor on the query is read there, not as 12×12 logits).
     assert.equal(r.checks.find((c) => c.id === 'probe')!.sites![0].entries, 2 * 2 * 12 * 4);
+  });
+});
+
+describe('the input generator', () => {
+  it('fills an array with the values one draw at a time gives, and goes on from where the fill ended', () => {
+    const [calls, bulk] = [rng(77), rng(77)];
+    calls();
+    bulk();
+    const a = Float32Array.from({ length: 4099 }, () => calls() * 2 - 1);
+    const b = new Float32Array(4099);
+    bulk.signed(b);
+    assert.deepEqual(b, a);
+    assert.ok(b.every((v) => v >= -1 && v < 1) && new Set(b).size > 4000);
+    assert.equal(bulk(), calls());
   });
 });

@@ -33,15 +33,30 @@ export interface SynthesisOptions {
  */
 export interface CachePool { capacity: RunShape; buffers: Map<string, HostTensor> }
 
+/** A uniform draw in [0, 1); `signed` fills an array with draws in [−1, 1), the same values as calls would give. */
+export interface Random { (): number; signed(out: Float32Array | Float64Array): void }
+
 /** A deterministic generator, so every session sees the same inputs for the same run. */
-export function rng(seed: number): () => number {
+export function rng(seed: number): Random {
   let x = seed >>> 0 || 1;
-  return () => {
+  const next = (): number => {
     x ^= x << 13; x >>>= 0;
     x ^= x >>> 17;
     x ^= x << 5; x >>>= 0;
     return x / 4294967296;
   };
+  // The loop inlined: a cache of 100 M values fills in half the time of 100 M calls.
+  const signed = (out: Float32Array | Float64Array): void => {
+    let y = x;
+    for (let i = 0; i < out.length; i++) {
+      y ^= y << 13; y >>>= 0;
+      y ^= y >>> 17;
+      y ^= y << 5; y >>>= 0;
+      out[i] = (y / 4294967296) * 2 - 1;
+    }
+    x = y;
+  };
+  return Object.assign(next, { signed });
 }
 
 export function synthesize(graph: Graph, specs: readonly InputSpec[], shape: RunShape, options: SynthesisOptions = {}): Feeds {
@@ -202,7 +217,7 @@ export function dimSources(specs: readonly InputSpec[], fixed: ReadonlyMap<strin
   return out;
 }
 
-function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, padded: boolean, random: () => number): HostTensor {
+function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, padded: boolean, random: Random): HostTensor {
   const count = elementCount(dims);
   const type = hostTypeOf(spec.elemType, spec.name);
   // float32 filled in place: a large cache is not held twice (the values are the ones a float64 copy would round to).
@@ -246,7 +261,7 @@ function fill(graph: Graph, spec: InputSpec, dims: number[], shape: RunShape, pa
       // Other bool inputs (an If's condition, say) alternate with the run: true at even lengths, false at odd
       // ones, so the short runs (12 and 7 tokens) take both branches.
       if (spec.elemType === DataType.BOOL) values.fill(shape.seq % 2 === 0 ? 1 : 0);
-      else for (let i = 0; i < count; i++) values[i] = random() * 2 - 1;
+      else random.signed(values);
   }
   return values instanceof Float32Array ? { type, dims, data: values } : makeHost(type, dims, values);
 }
