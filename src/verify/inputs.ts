@@ -65,6 +65,7 @@ export function synthesize(graph: Graph, specs: readonly InputSpec[], shape: Run
   const fixed = options.fixed ?? new Map<string, number>();
   // A large cache: the layers' past inputs take two buffers' values in turn (their first two come first in order).
   const shared = sharedPasts(specs, shape, fixed, new Set(Object.keys(options.given ?? {})));
+  const sources = new Set(shared.values());
   // Lengths last: their values follow from the shapes of the inputs they describe.
   for (const spec of [...specs.filter((s) => s.role !== 'lengths'), ...specs.filter((s) => s.role === 'lengths')]) {
     const given = options.given?.[spec.name] ?? feeds[shared.get(spec.name) ?? ''];
@@ -73,7 +74,7 @@ export function synthesize(graph: Graph, specs: readonly InputSpec[], shape: Run
       continue;
     }
     const dims = spec.dims.map((_, axis) => resolveDim(spec, axis, shape, fixed).size);
-    const fromPool = options.pool && [...shared.values()].includes(spec.name) ? pooled(graph, spec, dims, options.pool, fixed) : undefined;
+    const fromPool = options.pool && sources.has(spec.name) ? pooled(graph, spec, dims, options.pool, fixed) : undefined;
     if (fromPool) {
       feeds[spec.name] = fromPool;
       continue;
