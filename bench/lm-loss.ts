@@ -72,6 +72,8 @@ function variants(L: string): Variant[] {
     { name: 'window prior W = L on layers 0-2, layer 3 global', args: ['--preset', 'none', '--window', L, '--layers', '0,1,2'] },
     { name: 'window prior W = L on layers 0-2, layer 3 global + ssmax', args: ['--window', L, '--layers', '0,1,2', '--train-len', L] },
     { name: 'window prior W = L on layers 0-2, RoPE YaRN ×16', args: ['--preset', 'none', '--window', L, '--layers', '0,1,2', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
+    { name: 'window prior W = L on layers 1-3, layer 0 global', args: ['--preset', 'none', '--window', L, '--layers', '1,2,3'] },
+    { name: 'window prior W = L on layers 1-3, RoPE YaRN ×16', args: ['--preset', 'none', '--window', L, '--layers', '1,2,3', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
     // RoPE rescaled for 16·L (2,048 bytes).
     { name: 'RoPE PI ×16', args: ['--preset', 'none', '--rope', 'pi', '--rope-scale', '16'], rope: true },
     { name: 'RoPE NTK-aware ×16', args: ['--preset', 'none', '--rope', 'ntk', '--rope-scale', '16'], rope: true },

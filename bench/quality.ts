@@ -59,6 +59,8 @@ export const VARIANTS: Variant[] = [
   { name: 'window prior W = L on layer 0, layer 1 global', args: ['--preset', 'none', '--window', L, '--layers', '0'] },
   { name: 'window prior W = L on layer 0, layer 1 global + ssmax', args: ['--window', L, '--layers', '0', '--train-len', L] },
   { name: 'window prior W = L on layer 0, RoPE YaRN ×16', args: ['--preset', 'none', '--window', L, '--layers', '0', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
+  { name: 'window prior W = L on layer 1, layer 0 global', args: ['--preset', 'none', '--window', L, '--layers', '1'] },
+  { name: 'window prior W = L on layer 1, RoPE YaRN ×16', args: ['--preset', 'none', '--window', L, '--layers', '1', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
   { name: 'RoPE NTK-aware ×16', args: ['--preset', 'none', '--rope', 'ntk', '--rope-scale', '16'], rope: true },
   { name: 'RoPE NTK-aware ×16 + ssmax', args: ['--rope', 'ntk', '--rope-scale', '16', '--train-len', L], rope: true },
   { name: 'RoPE YaRN ×16', args: ['--preset', 'none', '--rope', 'yarn', '--rope-scale', '16', '--train-len', L], rope: true },
