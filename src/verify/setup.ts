@@ -203,14 +203,19 @@ function droppedCaches(memory: MemoryModel, longest: RunShape): string[] {
 }
 
 function droppedNote(names: readonly string[], plan: Plan, memory: MemoryModel): string {
-  const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
+  const longest = longestRun(plan);
   const listed = `${names.slice(0, 2).join(', ')}${names.length > 2 ? `, … ${names.length} in all` : ''}`;
   return `the longest run feeds a cache of ${gb(longest ? pastBytes(memory, longest) : 0)}: the sessions return no cache outputs (${listed}), each as large as the cache; the logits and the other outputs are compared`;
 }
 
+/** The plan's run of the most keys (past + sequence), if it has runs. */
+function longestRun(plan: Plan): RunSpec | undefined {
+  return plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
+}
+
 /** What the runs over a large cache feed (sharedPasts), said once for the longest: which inputs take whose values. */
 function sharedNote(plan: Plan, memory: MemoryModel, given: Feeds): string | undefined {
-  const longest = plan.runs.reduce<RunSpec | undefined>((a, r) => (!a || r.seq + r.past > a.seq + a.past ? r : a), undefined);
+  const longest = longestRun(plan);
   const shared = longest ? sharedPasts(memory.specs, longest, memory.fixed, new Set(Object.keys(given))) : new Map<string, string>();
   if (!shared.size) return undefined;
   const sources = [...new Set(shared.values())];
