@@ -91,7 +91,8 @@ describe('calibrate by loss on the LM benchmark models', { skip: textSkip }, () 
         assert.ok(!fs.existsSync(r.out));
         assert.match(r.stderr, /the loss past L is lowest at s = 0 \(the original\)/);
       }
-      assert.ok(r.doc.calibration!.runs <= 13, `${r.doc.calibration!.runs} runs`);
+      // 3 and 4 runs here (s = 0, 1/ln L, its half, a vertex); the search before took 6–8 on such curves.
+      assert.ok(r.doc.calibration!.runs <= 6, `${r.doc.calibration!.runs} runs`);
     });
   }
 

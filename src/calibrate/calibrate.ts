@@ -141,7 +141,7 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   let s: SValue;
   try {
     progress('calibrate: loading the slope patch with s as an input');
-    const runner = await openCalibration(factory, cm.model);
+    const runner = await openCalibration(factory, cm.model, byLoss);
     const ctx: Context = { plan, setup, cm, layouts, runner, factory, given, progress, runs: 0, overCache: Boolean(overCache) };
     try {
       ({ report, s } = byLoss ? await searchLoss(ctx, first) : await search(ctx, heads, first));
@@ -454,10 +454,13 @@ async function measure(ctx: Context, lengths: number[], valueOf: (group: string)
   return stats;
 }
 
-/** The calibration model, or why not: the original's own load error is the user's (exit 2), the patch's a bug. */
-async function openCalibration(factory: SessionFactory, model: ModelProto): Promise<Runner> {
+/**
+ * The calibration model, or why not: the original's own load error is the user's (exit 2), the patch's a bug.
+ * `sameShape`: the loss search runs the one whole prompt of the given tokens for every s.
+ */
+async function openCalibration(factory: SessionFactory, model: ModelProto, sameShape: boolean): Promise<Runner> {
   try {
-    return await factory.openModel(model, 'calibration');
+    return await factory.openModel(model, 'calibration', sameShape);
   } catch (e) {
     if (!(e instanceof LoadFailure)) throw e;
     await factory.release(await factory.open('original'));

@@ -105,11 +105,12 @@ export class SessionFactory {
    * A session of a copy of the patched model made elsewhere (calibration's, with s as inputs), loaded as the
    * variants are: from bytes, or from a file beside its data.
    */
-  async openModel(model: ModelProto, label: string): Promise<Runner> {
+  /** A session of `model`; `sameShape`: its runs all have one shape (Runner.create keeps an arena for them). */
+  async openModel(model: ModelProto, label: string, sameShape = false): Promise<Runner> {
     carryBf16AsFloat(model);
     this.drop(model);
     try {
-      return await Runner.create(this.fromFile ? this.write(label.replace(/\W+/g, '-'), model) : encodeModel(model), label);
+      return await Runner.create(this.fromFile ? this.write(label.replace(/\W+/g, '-'), model) : encodeModel(model), label, 'all', sameShape);
     } catch (e) {
       if (e instanceof InputError) throw e;
       throw new LoadFailure(`onnxruntime cannot load the ${label} model: ${firstLine(e)}`);
