@@ -10,7 +10,7 @@ import { describe, it } from 'node:test';
 import { readModel } from '../src/io/model-file';
 import { ModelProto, ValueInfoProto } from '../src/io/onnx';
 import { cloneModel, patchModel } from '../src/rewrite/patch';
-import { CACHE_OUTPUT_BYTES, cacheOutputs, estimatePeak, pastBytes, sharedPasts } from '../src/verify/memory';
+import { CACHE_OUTPUT_BYTES, cacheLimit, cacheOutputs, estimatePeak, pastBytes, sharedPasts } from '../src/verify/memory';
 import { synthesize } from '../src/verify/inputs';
 import { buildDecoder } from '../bench/decoder';
 import { Graph } from '../src/graph/graph';
@@ -38,20 +38,23 @@ describe(`verification over a KV cache at L = ${L}`, () => {
       const r = await verifyPatch(original, patched, options);
       assert.equal(r.passed, true, explain(r));
       const sweep = r.runs.filter((x) => x.kind === 'sweep');
-      assert.deepEqual(sweep.map((x) => [x.seq, x.past]), [[4, L / 4 - 4], [4, L - 4], [4, 4 * L - 4]]);
+      // The sweep's run at L is the retrofit's (one row at n = L), not run twice.
+      assert.deepEqual(sweep.map((x) => [x.seq, x.past]), [[4, L / 4 - 4], [1, L - 1], [4, 4 * L - 4]]);
+      assert.equal(r.runs.filter((x) => x.kind === 'retrofit').length, 0);
+      assert.ok(r.notes.includes(`length ${L} runs one query token after ${L - 1} cached: the retrofit's run, its last row at n = ${L}`), r.notes.join('\n'));
       // Retrofit parity compared every output on one row at exactly n = L.
       const retrofit = r.checks.find((c) => c.id === 'retrofit')!;
       assert.equal(retrofit.status, 'PASSED', retrofit.summary);
       assert.deepEqual(retrofit.runs.map((x) => x.length), [{ batch: 1, seq: 1, past: L - 1 }]);
       assert.match(retrofit.summary, /every output equals the original's in 1 run/);
       for (const id of ['liveness', 'sharpness']) assert.equal(r.checks.find((c) => c.id === id)!.status, 'PASSED', explain(r));
-      // Each cache run's attention is 4 rows of what a whole prompt of its length holds; the longest run's
+      // Each cache run's attention is its query rows of what a whole prompt of its length holds; the longest run's
       // estimate (weights and the process included) a small fraction of that prompt's.
       const setup = prepare(original, patched, options);
       for (const x of sweep) {
         const cache = estimatePeak(setup.memory, x)!, whole = estimatePeak(setup.memory, { batch: 1, seq: x.seq + x.past, past: 0 })!;
         assert.equal(x.estimatedPeakBytes, cache.total, x.id);
-        assert.equal(cache.attention * (x.seq + x.past), whole.attention * 4, x.id);
+        assert.equal(cache.attention * (x.seq + x.past), whole.attention * x.seq, x.id);
       }
       const longest = sweep[sweep.length - 1];
       const whole = estimatePeak(setup.memory, { batch: 1, seq: 4 * L, past: 0 })!.total;
@@ -182,6 +185,26 @@ describe('the caches a run returns', () => {
     // K and V of 12 layers x 12 heads x 64 at 32768 keys: 2.25 GB; at 512, 36 MB.
     assert.equal(pastBytes(m, { batch: 1, seq: 4, past: 32764 }), 24 * 12 * 32764 * 64 * 4);
     assert.ok(pastBytes(m, { batch: 1, seq: 4, past: 508 }) < CACHE_OUTPUT_BYTES);
+  });
+
+  it('bound the default plan\'s runs to a cache of 6 GB (the 12L × 768 bench decoder at L = 32768 runs to 2L, not 4L), and only the default plan\'s', () => {
+    const decoder = wideDecoder();
+    const g = new Graph(decoder.graph!);
+    const m = { weights: 0, matrices: 25, specs: describeInputs(g), outputs: decoder.graph!.output, fixed: new Map<string, number>() };
+    const shape = (t: number): { batch: number; seq: number; past: number } => ({ batch: 1, seq: 4, past: t - 4 });
+    // 24 inputs of 12 heads × 64 float32: 73728 bytes a key. 65536 keys: 4.5 GB.
+    assert.equal(cacheLimit(m, 65536, shape), null);
+    const cap = cacheLimit(m, 131072, shape)!;
+    assert.equal(cap.length, 4 + Math.floor((6 * 2 ** 30) / 73728));
+    // The flag is rendered where the reason is printed (--max-len on the command line).
+    assert.ok(cap.reason.startsWith('a run of 131072 keys would feed a cache of 9.0 GB; the default plan keeps a run\'s cache within 6.0 GB'), cap.reason);
+    assert.match(cap.reason, /maxLen\W+131072\W+ runs it$/);
+    const patched = patchModel(decoder, { trainLen: 32768 }).model;
+    const sweepOf = (o: VerifyOptions): readonly number[] => prepare(decoder, patched, o).plan.sweep;
+    assert.deepEqual(sweepOf({}), [8192, 16384, 32768, 65536]);
+    assert.deepEqual(sweepOf({ maxLen: 131072 }), [8192, 16384, 32768, 65536, 131072]);
+    assert.deepEqual(sweepOf({ maxMemory: 64 * 2 ** 30 }), [8192, 16384, 32768, 65536, 131072, 262144, 524288]);
+    assert.deepEqual(sweepOf({ lengths: [32768, 131072] }), [32768, 131072]);
   });
 
   it('share two buffers\' values between the layers where a run feeds a large cache, and only there: synthesis fills two, the estimate counts two', () => {

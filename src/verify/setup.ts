@@ -19,7 +19,7 @@ import { dimSources, synthesize } from './inputs';
 import { LengthLimit, positionLimit } from '../analysis/limits';
 import { evaluate, LengthBound, lengthBound, ModelLengths, modelLengths } from '../analysis/reach';
 import { bindGivenDims, describeInputs, DimRule, InputSpec, pinnedShape, RunShape } from '../analysis/signature';
-import { attentionMatrices, CACHE_OUTPUT_BYTES, cacheOutputs, defaultBudget, gb, memoryLimit, MemoryModel, pastBytes, sharedPasts, weightBytes } from './memory';
+import { attentionMatrices, CACHE_OUTPUT_BYTES, cacheLimit, cacheOutputs, defaultBudget, gb, memoryLimit, MemoryModel, pastBytes, sharedPasts, weightBytes } from './memory';
 import { findSites, VerifySite } from './sites';
 import { readTensorFile } from './tensor-files';
 import { elementCount, elemTypeName, Feeds, HostTensor, hostTypeOf } from './tensors';
@@ -148,8 +148,8 @@ export function prepare(original: ModelProto, patched: ModelProto, options: File
   const dropped = droppedCaches(full, sweepShape(input, want));
   // The runs' estimates leave out the outputs the sessions will not return.
   const memory: MemoryModel = { ...full, outputs: full.outputs.filter((o) => !dropped.includes(o.name)) };
-  const budget = memoryCap(memory, options, input, want);
-  const plan = makePlan({ ...input, limit: budget && (!table || budget.length < table.length) ? budget : table });
+  const limits = [table, memoryCap(memory, options, input, want), defaultCacheCap(memory, options, input, want)];
+  const plan = makePlan({ ...input, limit: limits.reduce((a, b) => (b && (!a || b.length < a.length) ? b : a), null) });
   if (dropped.length) plan.notes.push(droppedNote(dropped, plan, memory));
   const shared = sharedNote(plan, memory, given);
   if (shared) plan.notes.push(shared);
@@ -249,6 +249,12 @@ function wantedLongest(options: FileVerifyOptions, p: PlanInput, table: LengthLi
 function memoryCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, want: number): LengthLimit | null {
   const budget = options.maxMemory !== undefined ? { bytes: options.maxMemory, why: `given with ${opt('maxMemory')}` } : defaultBudget();
   return memoryLimit(m, want, (t) => sweepShape(p, t), budget);
+}
+
+/** The default plan's cap on a run's cache (cacheLimit): none where lengths, --max-len or --max-memory are given. */
+function defaultCacheCap(m: MemoryModel, options: FileVerifyOptions, p: PlanInput, want: number): LengthLimit | null {
+  if (options.lengths || options.maxLen !== undefined || options.maxMemory !== undefined) return null;
+  return cacheLimit(m, want, (t) => sweepShape(p, t));
 }
 
 function runKeys(lengths: ModelLengths, specs: readonly InputSpec[], fixed: ReadonlyMap<string, number>, run: RunShape): number {
