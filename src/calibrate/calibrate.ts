@@ -21,9 +21,9 @@ import { NOption, withMasksOfOnes } from '../policy/n-mode';
 import { SValue } from '../policy/scale';
 import { patchModel } from '../rewrite/patch';
 import { PatchReport } from '../rewrite/report';
-import { synthesize } from '../verify/inputs';
+import { CachePool, cachePool, synthesize } from '../verify/inputs';
 import { runId, RunSpec, sweepShape } from '../verify/plan';
-import { Runner } from '../verify/run';
+import { collectGarbage, Runner } from '../verify/run';
 import { firstLine, LoadFailure, SessionFactory } from '../verify/sessions';
 import { isUniform } from '../verify/sharpness';
 import { prepare, Setup } from '../verify/setup';
@@ -105,6 +105,8 @@ interface Context {
   runs: number;
   /** Each length is a few query tokens over a synthesised cache (wholePromptsShort), not a whole prompt. */
   overCache: boolean;
+  /** The caches runs over a large cache share, filled once at N (verify's CachePool); set with the context. */
+  pool?: CachePool;
 }
 
 export async function calibrateSlope(original: ModelProto, options: CalibrateOptions): Promise<CalibrationResult> {
@@ -143,6 +145,8 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
     progress('calibrate: loading the slope patch with s as an input');
     const runner = await openCalibration(factory, cm.model, byLoss);
     const ctx: Context = { plan, setup, cm, layouts, runner, factory, given, progress, runs: 0, overCache: Boolean(overCache) };
+    // Runs grow with their length: the one at N is the largest.
+    ctx.pool = cachePool(setup.specs, setup.fixed, [runOf(ctx, plan.N)], new Set());
     try {
       ({ report, s } = byLoss ? await searchLoss(ctx, first) : await search(ctx, heads, first));
     } finally {
@@ -304,12 +308,13 @@ async function search(ctx: Context, heads: LayerHeads, first: number): Promise<{
     last = { stats, s };
   }
   const found = new Map([...searches].map(([g, x]) => [g, x.result(first)]));
-  // The curve after: the last run when it had the s found (for every group), else the runs again.
+  // The curve after: the last run at N when it had the s found (for every group), and runs at the other lengths.
   const longer = causalOnly ? [plan.N] : lengths.filter((x) => x > plan.L);
-  const reuse = last && [...found].every(([g, v]) => last!.s.get(g) === v) && longer.length === 1;
+  const reuse = last && [...found].every(([g, v]) => last!.s.get(g) === v) ? last.stats : undefined;
   // Nothing reached: no model is written, so there is no after to measure.
   const none = [...searches.values()].every((x) => x.state === 'out of reach' || x.state === 'no fade');
-  const after = none ? before : reuse ? last!.stats : await measure(ctx, longer, (g) => found.get(g) ?? first, `the s found (${describe(found)})`);
+  const after = none ? before
+    : await measure(ctx, reuse ? longer.filter((x) => x !== plan.N) : longer, (g) => found.get(g) ?? first, `the s found (${describe(found)})`, reuse);
   const curve: CurvePoint[] = lengths.map((x) => ({ length: x, before: before.pooled(x), after: x <= plan.L ? before.pooled(x) : after.pooled(x) }));
   const groups: CalibrationGroup[] = [...searches].map(([g, x]) => groupReport(g, x, found.get(g)!, before, after, plan));
   const unset = heads.length ? missingGroups(plan.granularity, heads, searches) : [];
@@ -420,8 +425,8 @@ const describe = (s: Map<string, number>): string => {
 };
 
 /** Runs the calibration session at each length with the s `valueOf` gives each group, and bins every site's rows. */
-async function measure(ctx: Context, lengths: number[], valueOf: (group: string) => number, what: string): Promise<RowStats> {
-  const stats = new RowStats();
+/** The rows' statistics at each length with s from `valueOf`, added to `stats` (new by default). */
+async function measure(ctx: Context, lengths: number[], valueOf: (group: string) => number, what: string, stats = new RowStats()): Promise<RowStats> {
   const { plan, cm, layouts } = ctx;
   const sFeeds = scaleFeeds(cm, (i, head) => {
     const layout = layouts.get(i);
@@ -450,6 +455,8 @@ async function measure(ctx: Context, lengths: number[], valueOf: (group: string)
       const keys = out[cm.keys.get(i) ?? '']?.data[0];
       stats.add(t, layout, keys && keys > 0 ? keys : run.past + run.seq, plan.granularity);
     }
+    // A synthesised cache outside the pool (a run below its threshold) is garbage now, and V8 does not count it as pressure.
+    if (ctx.overCache) await collectGarbage();
   }
   return stats;
 }
@@ -507,7 +514,7 @@ function runOf(ctx: Context, length: number): RunSpec {
 /** Synthesised inputs for the run, with given token ids cut to its length. */
 function inputsOf(ctx: Context, run: RunSpec): Feeds {
   const { setup } = ctx;
-  const feeds = synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: {}, padded: false, seed: 1 + run.seq + run.past });
+  const feeds = synthesize(setup.graph, setup.specs, run, { fixed: setup.fixed, given: {}, padded: false, seed: 1 + run.seq + run.past, pool: ctx.pool });
   for (const [name, t] of Object.entries(ctx.given?.ids ?? {})) {
     const [b, T] = t.dims;
     const data = t.data as BigInt64Array | Int32Array;

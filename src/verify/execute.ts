@@ -6,15 +6,13 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import * as v8 from 'node:v8';
-import * as vm from 'node:vm';
 import { InputError, opt } from '../errors';
 import { runtimeLabel, runtimeReport } from '../onnxruntime';
-import { CachePool, Feeds, synthesize } from './inputs';
-import { estimatePeak, sharedPasts } from './memory';
+import { CachePool, cachePool, Feeds, synthesize } from './inputs';
+import { estimatePeak } from './memory';
 import { runId, RunSpec } from './plan';
 import { RunReport } from './report';
-import { Outputs, OutputTensor, Runner } from './run';
+import { collectGarbage, Outputs, OutputTensor, Runner } from './run';
 import { firstLine, LoadFailure, SESSION_LABELS, SESSION_ORDER, SessionFactory, SessionKey } from './sessions';
 import { Setup } from './setup';
 import { CheckUnit, Outcome, readersOf, sweepEndNote } from './checks/unit';
@@ -141,18 +139,11 @@ export function feedsFor(setup: Setup, run: RunSpec): Feeds {
 const pools = new WeakMap<Setup, CachePool | null>();
 
 /**
- * The shared caches of a verification: sized by the largest batch and key count of its runs over a large cache (a
- * run turned into one query token keeps its key count); null where no run shares its caches.
+ * The shared caches of a verification: sized by its runs over a large cache (a run turned into one query token keeps
+ * its key count).
  */
 function poolOf(setup: Setup): CachePool | undefined {
-  if (!pools.has(setup)) {
-    const given = new Set(Object.keys(setup.given));
-    const large = setup.plan.runs.filter((r) => sharedPasts(setup.specs, r, setup.fixed, given).size > 0);
-    pools.set(setup, large.length ? {
-      capacity: { batch: Math.max(...large.map((r) => r.batch)), seq: 0, past: Math.max(...large.map((r) => r.seq + r.past)) },
-      buffers: new Map(),
-    } : null);
-  }
+  if (!pools.has(setup)) pools.set(setup, cachePool(setup.specs, setup.fixed, setup.plan.runs, new Set(Object.keys(setup.given))) ?? null);
   return pools.get(setup) ?? undefined;
 }
 
@@ -202,18 +193,6 @@ function original(setup: Setup, run: RunSpec, outcome: Outcome, { store, dropped
   }
 }
 
-/**
- * Output tensors live in memory onnxruntime allocated until their JavaScript objects are collected, which V8 does
- * when it sees fit: for a 4096-token run's logits that is 134 MB on top of the next run's peak. The collector is
- * run by hand where outputs were just dropped (Node's --expose-gc, enabled for this call).
- */
-async function collectGarbage(): Promise<void> {
-  // The run's promise machinery holds the outputs until the next turn of the event loop.
-  await new Promise((resolve) => setTimeout(resolve, 0));
-  v8.setFlagsFromString('--expose-gc');
-  (vm.runInNewContext('gc') as () => void)();
-}
-
 /** A deterministic seed per run, so every session sees the same inputs for the same run. */
 function seedOf(id: string): number {
   let h = 2166136261;
@@ -222,7 +201,7 @@ function seedOf(id: string): number {
 }
 
 /** Tensors larger than this are kept in a temporary file until the variants' runs read them. */
-const SPILL_BYTES = 32 * 1024 * 1024;
+export const SPILL_BYTES = 32 * 1024 * 1024;
 
 /** The original's outputs of every run, large tensors on disk so they do not add to a long run's peak memory. */
 class OriginalOutputs {
