@@ -170,17 +170,22 @@ export function makePlan(p: PlanInput): Plan {
 
 /**
  * The retrofit run over a cache: `seq` tokens after top − seq cached. Where the sweep runs top keys too, its run
- * takes this shape instead of being run again: its last rows are at n = top either way, and a run over the
- * longest caches costs the most (0.75 s a session for the 12-layer × 768 decoder at 32768 keys).
+ * takes this shape instead of being run again (its last rows are at n = top either way, and a run over the longest
+ * caches costs the most: 0.75 s a session for the 12-layer × 768 decoder at 32768 keys), where the sweep has two
+ * other lengths. It becomes the retrofit's run, as a separate one would be: the sharpness curve leaves it out (fused
+ * attention's probabilities exposed for one query token over a cache read NaN in GPT-2's com.microsoft Attention
+ * exports), liveness reads it as any run.
  */
 function overCache(plan: Plan, batch: number, seq: number, top: number): string {
-  const sweep = plan.runs.find((r) => r.kind === 'sweep' && r.batch === batch && !r.padded && r.seq + r.past === top);
-  if (!sweep) return addRun(plan.runs, 'retrofit', batch, seq, top - seq);
-  if (sweep.seq !== seq) {
-    plan.notes.push(`length ${top} runs ${seq === 1 ? 'one query token' : `${seq} query tokens`} after ${top - seq} cached: the retrofit's run, its last row at n = ${top}`);
-    Object.assign(sweep, { seq, past: top - seq });
-    sweep.id = runId(sweep);
-  }
+  const sweeps = plan.runs.filter((r) => r.kind === 'sweep');
+  const sweep = sweeps.find((r) => r.batch === batch && !r.padded && r.seq + r.past === top);
+  // The sharpness curve needs two lengths besides it.
+  if (!sweep || sweeps.length < 3) return addRun(plan.runs, 'retrofit', batch, seq, top - seq);
+  // The same shape already (a model whose inputs fix its tokens): one run, read by both as before.
+  if (sweep.seq === seq) return sweep.id;
+  plan.notes.push(`length ${top} runs ${seq === 1 ? 'one query token' : `${seq} query tokens`} after ${top - seq} cached: the retrofit's run, its last row at n = ${top}`);
+  Object.assign(sweep, { seq, past: top - seq, kind: 'retrofit' });
+  sweep.id = runId(sweep);
   return sweep.id;
 }
 
