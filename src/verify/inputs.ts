@@ -37,7 +37,8 @@ export interface CachePool { capacity: RunShape; buffers: Map<string, HostTensor
  * The pool of `runs` (verify's plan, calibrate's lengths): sized by the largest batch and key count of those over a
  * large cache; undefined where none shares its caches. `given`: the user's inputs, never shared.
  */
-export function cachePool(specs: readonly InputSpec[], fixed: ReadonlyMap<string, number>, runs: readonly RunShape[], given: ReadonlySet<string>): CachePool | undefined {
+export function cachePool(specs: readonly InputSpec[], fixed: ReadonlyMap<string, number>, runs: readonly RunShape[],
+  given: ReadonlySet<string>): CachePool | undefined {
   const large = runs.filter((r) => sharedPasts(specs, r, fixed, given).size > 0);
   if (!large.length) return undefined;
   return { capacity: { batch: Math.max(...large.map((r) => r.batch)), seq: 0, past: Math.max(...large.map((r) => r.seq + r.past)) }, buffers: new Map() };
