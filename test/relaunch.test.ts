@@ -23,6 +23,9 @@ describe('relaunch for verification', { skip: process.platform !== 'linux' ? 'gl
       assert.equal(await relaunchForVerify(bin, args, {}), 7);
       assert.deepEqual(JSON.parse(fs.readFileSync(seen, 'utf8')), { t: '8388608', g: 'glibc.malloc.hugetlb=1', args });
     }
+    // calibrate's threshold is lower (its short lengths' caches, 4–8 MB an input).
+    await relaunchForVerify(bin, ['calibrate', 'm.onnx', '--train-len', '8'], {});
+    assert.equal(JSON.parse(fs.readFileSync(seen, 'utf8')).t, '4194304');
     // The user's own tunables are kept, and so is their own hugetlb choice.
     for (const [given, expected] of [['glibc.malloc.arena_max=2', 'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1'], ['glibc.malloc.hugetlb=0', 'glibc.malloc.hugetlb=0']]) {
       await relaunchForVerify(bin, ['verify', 'a', 'b'], { GLIBC_TUNABLES: given });
