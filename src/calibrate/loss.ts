@@ -75,7 +75,8 @@ export type LossState = 'found' | 'no gain' | 'out of reach' | 'searching';
  * The search for the s of lowest loss in [0, max]. Its points are kept sorted by s; the bracket is the best point
  * and its neighbours. After s = 0 and `first` comes first / 2, so a parabola fits from the third run (the loss-
  * optimal s of the LM benchmark's models lies below 1/ln L more often than above). While the best is the largest s
- * measured, s doubles (a minimum further out). Then each step goes to the vertex of the parabola through the
+ * measured, s doubles (a minimum further out), unless the parabola through the last three points turns up between
+ * the last two (the minimum is behind the best: it goes there). Then each step goes to the vertex of the parabola through the
  * bracket (successive parabolic interpolation), or to the golden-section point of the bracket's wider side where
  * the vertex is outside it or too near a point measured. It ends when the bracket is narrower than `width`, or
  * narrower than NARROW of the best s (or of first) with the parabola promising less than `gain` (relative) below
@@ -106,7 +107,12 @@ export class LossSearch {
     if (k === p.length - 1) {
       const s = p[k].s;
       if (s >= this.max) return undefined;
-      return Math.min(this.max, s === 0 ? this.first : 2 * s);
+      if (s === 0) return this.first;
+      // The parabola through the last three turns up between the last two: the minimum lies behind the best, not beyond.
+      const turn = p.length >= 3 ? parabolaMin(p.slice(-3), p[k - 1].s, s) : undefined;
+      const gap = s - p[k - 1].s;
+      if (turn && turn.s > p[k - 1].s + 0.05 * gap && turn.s < s - 0.05 * gap) return turn.s;
+      return Math.min(this.max, 2 * s);
     }
     const lo = p[Math.max(0, k - 1)], b = p[k], hi = p[k + 1];
     if (hi.s - lo.s <= this.width) return undefined;
