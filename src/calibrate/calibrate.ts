@@ -424,8 +424,10 @@ const describe = (s: Map<string, number>): string => {
   return values.length === 1 ? values[0] : `${values.length} values, ${values.slice(0, 3).join(', ')}${values.length > 3 ? ', …' : ''}`;
 };
 
-/** Runs the calibration session at each length with the s `valueOf` gives each group, and bins every site's rows. */
-/** The rows' statistics at each length with s from `valueOf`, added to `stats` (new by default). */
+/**
+ * Runs the calibration session at each length with the s `valueOf` gives each group, and bins every site's rows
+ * into `stats` (new by default).
+ */
 async function measure(ctx: Context, lengths: number[], valueOf: (group: string) => number, what: string, stats = new RowStats()): Promise<RowStats> {
   const { plan, cm, layouts } = ctx;
   const sFeeds = scaleFeeds(cm, (i, head) => {

@@ -172,15 +172,9 @@ export const gb = (bytes: number): string => `${(bytes / GB).toFixed(bytes < 10 
 export function memoryLimit(m: MemoryModel, want: number, shape: (total: number) => RunShape, budget: { bytes: number; why: string }): LengthLimit | null {
   const need = estimatePeak(m, shape(want));
   if (!need || need.total <= budget.bytes) return null;
-  let lo = 1, hi = want;
-  while (hi - lo > 1) {
-    const mid = Math.floor((lo + hi) / 2);
-    if (estimatePeak(m, shape(mid))!.total <= budget.bytes) lo = mid;
-    else hi = mid;
-  }
   const parts = `weights ${gb(need.weights)}, attention ${gb(need.attention)}, inputs and outputs ${gb(need.io)}`;
   return {
-    length: lo,
+    length: longestWithin(want, (t) => estimatePeak(m, shape(t))!.total <= budget.bytes),
     reason: `a run of ${want} tokens would need about ${gb(need.total)} (${parts}), over the memory budget ${gb(budget.bytes)} `
       + `(${budget.why}); ${opt('maxMemory', `${Math.ceil(need.total / GB)}G`)} runs it`,
   };
@@ -198,16 +192,21 @@ export const CACHE_RUN_BYTES = 6 * GB;
 export function cacheLimit(m: MemoryModel, want: number, shape: (total: number) => RunShape): LengthLimit | null {
   const need = pastBytes(m, shape(want));
   if (need <= CACHE_RUN_BYTES) return null;
+  return {
+    length: longestWithin(want, (t) => pastBytes(m, shape(t)) <= CACHE_RUN_BYTES),
+    reason: `a run of ${want} keys would feed a cache of ${gb(need)}; the default plan keeps a run's cache within ${gb(CACHE_RUN_BYTES)}, as its time grows with it (every layer reads the cache and copies it); ${opt('maxLen', String(want))} runs it`,
+  };
+}
+
+/** The longest length below `want` that `fits` (a bisection: what a run needs grows with its length); 1 at least. */
+function longestWithin(want: number, fits: (total: number) => boolean): number {
   let lo = 1, hi = want;
   while (hi - lo > 1) {
     const mid = Math.floor((lo + hi) / 2);
-    if (pastBytes(m, shape(mid)) <= CACHE_RUN_BYTES) lo = mid;
+    if (fits(mid)) lo = mid;
     else hi = mid;
   }
-  return {
-    length: lo,
-    reason: `a run of ${want} keys would feed a cache of ${gb(need)}; the default plan keeps a run's cache within ${gb(CACHE_RUN_BYTES)}, as its time grows with it (every layer reads the cache and copies it); ${opt('maxLen', String(want))} runs it`,
-  };
+  return lo;
 }
 
 /** `--max-memory` values: bytes, or a number with K, M, G or T (powers of 1024). */

@@ -103,9 +103,9 @@ export class SessionFactory {
 
   /**
    * A session of a copy of the patched model made elsewhere (calibration's, with s as inputs), loaded as the
-   * variants are: from bytes, or from a file beside its data.
+   * variants are: from bytes, or from a file beside its data. `sameShape`: its runs all have one shape
+   * (Runner.create keeps an arena for them).
    */
-  /** A session of `model`; `sameShape`: its runs all have one shape (Runner.create keeps an arena for them). */
   async openModel(model: ModelProto, label: string, sameShape = false): Promise<Runner> {
     carryBf16AsFloat(model);
     this.drop(model);
