@@ -268,6 +268,19 @@ describe('the calibration model', () => {
       }
     }
   });
+
+  // onnxruntime runs every node of a session whatever the outputs fetched: statistics the loss never reads took a
+  // quarter of each run of calibrate --match loss.
+  it('for the loss (no statistic): the slope patch with s as an input, and nothing more', () => {
+    const original = readModel(rope);
+    const { model: patched } = patchModel(original, { preset: 'slope', trainLen: L });
+    const setup = prepare(original, patched, { trainLen: L, checks: ['sharpness'] });
+    const cm = calibrationModel(patched, setup.sites, null);
+    assert.deepEqual(cm.model.graph!.node.map((n) => n.name), patched.graph!.node.map((n) => n.name));
+    assert.deepEqual(cm.model.graph!.output.map((v) => v.name), patched.graph!.output.map((v) => v.name));
+    assert.equal(cm.scales.size, setup.sites.length, 'every site takes its s from an input');
+    assert.equal(cm.outputs.size + cm.keys.size, 0);
+  });
 });
 
 describe('the slope search', () => {

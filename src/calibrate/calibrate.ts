@@ -134,7 +134,7 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   fitTargetLength(plan, setup, options.targetLen !== undefined);
   if (overCache) plan.notes.push(overCache);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
-  const cm = calibrationModel(template.model, setup.sites, plan.match === 'entropy' ? 'entropy' : 'max');
+  const cm = calibrationModel(template.model, setup.sites, plan.match === 'loss' ? null : plan.match === 'entropy' ? 'entropy' : 'max');
   const byLoss = plan.match === 'loss';
   const layouts = byLoss ? new Map<number, SiteLayout>() : siteLayouts(setup, template.report, detection, cm, granularity);
   const factory = new SessionFactory(original, template.model, setup.sites, false);

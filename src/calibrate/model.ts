@@ -2,6 +2,8 @@
  * The model calibration runs: a copy of the slope patch whose s initializers are inputs of the main graph (so one
  * onnxruntime session runs every candidate s, fed at each run, with nothing folded into constants), and the
  * attention statistic of every row of every site as outputs (verification's row-max outputs, over all rows).
+ * `stat` null (calibrate by loss, which reads the logits only): no statistic, since onnxruntime computes every
+ * node of a session whatever the run fetches.
  */
 import { modelScopes } from '../graph/scopes';
 import { DataType, ModelProto, toNumber } from '../io/onnx';
@@ -26,9 +28,9 @@ export interface CalibrationModel {
   unseen: string[];
 }
 
-export function calibrationModel(patched: ModelProto, sites: readonly VerifySite[], stat: RowStatistic): CalibrationModel {
+export function calibrationModel(patched: ModelProto, sites: readonly VerifySite[], stat: RowStatistic | null): CalibrationModel {
   const model = cloneModel(patched);
-  const rows = addRowMaxOutputs(model, sites, stat, 'all');
+  const rows = stat ? addRowMaxOutputs(model, sites, stat, 'all') : { outputs: new Map<number, string>(), keys: new Map<number, string>(), unseen: new Map() };
   const scales = new Map<number, { input: string; dims: number[] }>();
   const graphs = modelScopes(model).map((s) => s.graph.proto);
   const main = model.graph!;
