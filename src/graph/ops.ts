@@ -166,8 +166,8 @@ export const OPS: Readonly<Record<string, OpInfo>> = {
   ReduceMean: reduce(18), ReduceSum: reduce(13), ReduceMax: reduce(18), ReduceMin: reduce(18), ReduceProd: reduce(18), ReduceL2: reduce(18),
   NonZero: { shape: R.nonZero, type: 'int64' },
   ArgMax: { type: 'int64' }, ArgMin: { type: 'int64' },
-  // Type only: input 0's (the query of the attention operators, the activations of the others).
-  Attention: {}, MultiHeadAttention: {}, DecoderMaskedMultiHeadAttention: {}, PackedAttention: {},
+  // Type: input 0's (the query of the attention operators, the activations of the others); com.microsoft Attention's and MultiHeadAttention's shapes too.
+  Attention: { shape: R.msAttention }, MultiHeadAttention: { shape: R.msMultiHeadAttention }, DecoderMaskedMultiHeadAttention: {}, PackedAttention: {},
   GroupQueryAttention: {
     positionTable: (n) => (attrInt(n, 'do_rotary') === 1 ? { input: GQA.cos_cache, sin: GQA.sin_cache, what: 'rotary cos cache', positionIds: GQA.position_ids } : undefined),
   },

@@ -306,3 +306,26 @@ export const einsum: ShapeRule = (node, ins) => {
 
 /** GatherElements: the shape of the indices. */
 export const likeInput1: ShapeRule = (_node, ins) => [{ shape: ins[1]?.shape }];
+
+/**
+ * com.microsoft Attention: output [B, S, V] (V the last of qkv_hidden_sizes, else a third of the weights' width);
+ * present [2, B, N, P + S, H] from a past [2, B, N, P, H] (not a shared buffer, whose present is the buffer's
+ * shape). Known, the layers of a decoder share the sequence length, and the patch one mask and n for all of them.
+ */
+export const msAttention: ShapeRule = (node, ins) => {
+  const x = ins[0]?.shape, w = ins[1]?.shape, past = ins[4]?.shape;
+  const sizes = attrInts(node, 'qkv_hidden_sizes');
+  const width = sizes?.length === 3 ? num(sizes[2]) : w?.length === 2 && w[1] ? div(w[1], num(3)) : undefined;
+  const S = x?.length === 3 ? x[1] : undefined;
+  const total = past?.length === 5 && past[3] && S && !node.input[6] ? add(past[3], S) : undefined;
+  const present = past?.length === 5 ? [past[0], past[1], past[2], total, past[4]] : undefined;
+  return [{ shape: x?.length === 3 ? [x[0], x[1], width] : undefined }, { shape: present }];
+};
+
+/** com.microsoft MultiHeadAttention with a query [B, S, D]: output [B, S, V], V from value [B, L, V] or [B, N, L, H]. */
+export const msMultiHeadAttention: ShapeRule = (_node, ins) => {
+  const q = ins[0]?.shape, v = ins[2]?.shape;
+  if (q?.length !== 3) return [{}];
+  const width = v?.length === 3 ? v[2] : v?.length === 4 && v[1] && v[3] ? mul(v[1], v[3]) : undefined;
+  return [{ shape: [q[0], q[1], width] }];
+};
