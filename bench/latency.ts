@@ -8,7 +8,9 @@ import * as ort from 'onnxruntime-node';
 import { makeTensor } from '../src/graph/tensor';
 import { encodeModel, readModel, serializeModel } from '../src/io/model-file';
 import { DataType, ModelProto } from '../src/io/onnx';
+import type { CacheSplit } from '../src/rewrite/ms-attention';
 import { patchModel, PatchOptions } from '../src/rewrite/patch';
+import { readRecord } from '../src/rewrite/record';
 import { node } from '../src/verify/nodes';
 import { buildDecoder, DecoderConfig, decoderFile } from './decoder';
 import { fusedGpt2File } from './fused-gpt2';
@@ -71,6 +73,19 @@ function feeds(cfg: DecoderConfig, seq: number, past: number, model: LatencyCase
   return out;
 }
 
+/** The feeds of a patch whose caches are split (--cache-layout split): each stacked past as its key and value halves. */
+function splitFeeds(input: Record<string, ort.Tensor>, splits: readonly CacheSplit[]): Record<string, ort.Tensor> {
+  const out = { ...input };
+  for (const c of splits) {
+    const t = input[c.past];
+    const data = t.data as Float32Array, half = data.length / 2, dims = t.dims.slice(1);
+    delete out[c.past];
+    out[c.pastKey] = new ort.Tensor('float32', data.slice(0, half), dims);
+    out[c.pastValue] = new ort.Tensor('float32', data.slice(half), dims);
+  }
+  return out;
+}
+
 const quantile = (xs: number[], q: number): number => {
   const s = [...xs].sort((a, b) => a - b);
   const i = (s.length - 1) * q;
@@ -86,21 +101,22 @@ async function timed(session: ort.InferenceSession, input: Record<string, ort.Te
 export async function measureLatency(c: LatencyCase): Promise<LatencyResult> {
   const file = c.model === 'fused' ? fusedGpt2File(c.config) : c.model === 'bert' ? bertFile(c.config) : decoderFile(c.config);
   const original = fs.readFileSync(file);
-  const patched = c.floor ? encodeModel(floorModel(c.config, c.floor === 'ssmax-prior'))
-    : serializeModel(patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model);
+  const patch = c.floor ? undefined : patchModel(readModel(file), c.patch ?? { trainLen: 1024 }).model;
+  const patched = patch ? serializeModel(patch) : encodeModel(floorModel(c.config, c.floor === 'ssmax-prior'));
   // Default session options (graph optimisations, threads); only warnings are silenced.
   const a = await ort.InferenceSession.create(original, { logSeverityLevel: 3 });
   const b = await ort.InferenceSession.create(patched, { logSeverityLevel: 3 });
   const input = feeds(c.config, c.seq, c.past, c.model);
+  const inputB = patch ? splitFeeds(input, readRecord(patch)?.cacheLayout ?? []) : input;
   for (let i = 0; i < 2; i++) {
     await a.run(input);
-    await b.run(input);
+    await b.run(inputB);
   }
   const ta: number[] = [], tb: number[] = [], ratios: number[] = [];
   for (let i = 0; i < c.pairs; i++) {
     const first = i % 2 === 0;
     const x = first ? await timed(a, input) : 0;
-    const y = await timed(b, input);
+    const y = await timed(b, inputB);
     const x2 = first ? x : await timed(a, input);
     ta.push(x2);
     tb.push(y);
@@ -127,6 +143,10 @@ export const LATENCY_CASES: LatencyCase[] = [
   // GPT-2 as onnxruntime's optimizer fuses it: the causal com.microsoft Attention nodes are expanded by the patch.
   { label: 'GPT-2 fused Attention 12L×768, prompt 512', config: WIDE, seq: 512, past: 0, pairs: 16, model: 'fused' },
   { label: 'GPT-2 fused Attention 12L×768, decode 1 token, KV cache 1024', config: WIDE, seq: 1, past: 1024, pairs: 120, model: 'fused' },
+  // The same with its caches split into key and value halves (--cache-layout split, an interface change): MultiHeadAttention.
+  { label: 'GPT-2 fused Attention 12L×768, --cache-layout split, prompt 512', config: WIDE, seq: 512, past: 0, pairs: 16, model: 'fused', patch: { trainLen: 1024, cacheLayout: 'split' } },
+  { label: 'GPT-2 fused Attention 12L×768, --cache-layout split, decode 1 token, KV cache 1024', config: WIDE, seq: 1, past: 1024, pairs: 120, model: 'fused',
+    patch: { trainLen: 1024, cacheLayout: 'split' } },
   // BERT-base in plain ops, which onnxruntime fuses into com.microsoft Attention: the patch writes MultiHeadAttention.
   { label: 'BERT-base encoder 12L×768 (fused at session start), seq 128', config: BERT_BASE, seq: 128, past: 0, pairs: 40, model: 'bert' },
   { label: 'BERT-base encoder 12L×768 (fused at session start), seq 512', config: BERT_BASE, seq: 512, past: 0, pairs: 16, model: 'bert' },

@@ -5,7 +5,7 @@
 const OPTIONS: Record<string, [string, string]> = {
   s: ['s', '--s'], sOrFile: ['s', '--s or --s-file'], trainLen: ['trainLen', '--train-len'], sFile: ['sFile', '--s-file'], n: ['n', '--n'], updateS: ['updateS', '--update-s'],
   force: ['force', '--force-site'], preset: ['preset', '--preset'], b: ['b', '--b'], floorScale: ['floorScale', '--floor-scale'],
-  attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'], fusedAttention: ['fusedAttention', '--fused-attention'],
+  attnScale: ['attnScale', '--attn-scale'], layers: ['layers', '--layers'], fusedAttention: ['fusedAttention', '--fused-attention'], cacheLayout: ['cacheLayout', '--cache-layout'],
   dims: ['dims', '--dim'], inputFiles: ['inputFiles', '--input'], inputs: ['inputs', '--input'], maxLen: ['maxLen', '--max-len'], lengths: ['lengths', '--lengths'],
   maxMemory: ['maxMemory', '--max-memory'],
   checks: ['checks', '--checks'], batch: ['batch', '--batch'], atol: ['atol', '--atol'], rtol: ['rtol', '--rtol'],

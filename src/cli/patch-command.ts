@@ -33,6 +33,7 @@ export interface PatchCliOptions extends VerifyCliOptions {
   updateS?: boolean;
   allowNoOp?: boolean;
   fusedAttention?: string;
+  cacheLayout?: string;
   dryRun?: boolean;
   verify?: boolean;
   forceSite?: string[];
@@ -76,6 +77,7 @@ export function patchProgram(cmd: Command): Command {
     .option('--update-s', 'on an already patched model, replace s instead of refusing')
     .option('--allow-no-op', 'write a patch that changes no output at any length the model can run (fixed lengths where the factor is 1), refused otherwise')
     .option('--fused-attention <m>', 'auto (default): plain-op attention that onnxruntime fuses at session start is written as com.microsoft MultiHeadAttention, so it stays fused | off: keep plain ops (a model for another runtime)')
+    .option('--cache-layout <l>', 'stacked (default): keep the model\'s caches | split: com.microsoft Attention\'s stacked past/present [2, B, N, T, H] become key and value halves, so decoding runs fused too (changes the model\'s inputs and outputs; docs/factor.md)')
     .option('--dry-run', 'report what would be patched; write nothing')
     .option('--json', 'print the JSON report on stdout (also on errors)')
     .option('--verify', 'run original and patched on onnxruntime and check the patch before writing (see ssmax-patch verify --help)')
@@ -196,6 +198,7 @@ function patchValues(o: PatchCliOptions, n: NOption, trainLen: number | undefine
     layers: layersValue(o.layers), allowNoOp: o.allowNoOp,
     // patchModel checks the value (auto | off) and names the flag in its error.
     fusedAttention: o.fusedAttention as PatchOptions['fusedAttention'],
+    cacheLayout: o.cacheLayout as PatchOptions['cacheLayout'],
   };
 }
 

@@ -300,8 +300,9 @@ export class Graph {
     this.query.forget();
   }
 
-  addInput(v: ValueInfoProto): void {
-    this.proto.input.push(v);
+  /** Declares a graph input, at `index` of the inputs (default last). */
+  addInput(v: ValueInfoProto, index = this.proto.input.length): void {
+    this.proto.input.splice(index, 0, v);
     this.inputNames.add(v.name);
     this.valueInfoIndex.set(v.name, v);
     this.registry.tensors.add(v.name);
@@ -314,11 +315,19 @@ export class Graph {
     this.query.forget();
   }
 
-  /** Declares a new graph output (its value_info entry, if the graph has one, still tells its type). */
-  addOutput(v: ValueInfoProto): void {
-    this.proto.output.push(v);
+  /** Declares a new graph output, at `index` of the outputs (default last; its value_info entry, if the graph has one, still tells its type). */
+  addOutput(v: ValueInfoProto, index = this.proto.output.length): void {
+    this.proto.output.splice(index, 0, v);
     this.outputNames.add(v.name);
     this.indexDeclarations(new Set([v.name]));
+    this.query.forget();
+  }
+
+  /** Takes a graph output's declaration out (the tensor itself stays if a node writes it). */
+  removeOutput(name: string): void {
+    this.proto.output = this.proto.output.filter((v) => v.name !== name);
+    this.outputNames.delete(name);
+    this.indexDeclarations(new Set([name]));
     this.query.forget();
   }
 

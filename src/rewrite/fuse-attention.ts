@@ -26,7 +26,9 @@ import { Builder } from './builder';
 /** The journal owner of a site's fusion edits, and of the domain import they need. */
 export const fusedOwner = (layer: number): string => `L${layer}/fused`;
 export const FUSED_DOMAIN_OWNER = 'fused';
-export const isFusedOwner = (owner: string): boolean => owner === FUSED_DOMAIN_OWNER || owner.endsWith('/fused');
+/** The owner of a layer's split cache (`--cache-layout split`, ms-attention.ts): undone with the fused ones for verification's plain-op form. */
+export const layoutOwner = (layer: number): string => `L${layer}/layout`;
+export const isFusedOwner = (owner: string): boolean => owner === FUSED_DOMAIN_OWNER || owner.endsWith('/fused') || owner.endsWith('/layout');
 
 /** What the report says of a fused site. */
 export const FUSED_NOTE = 'written as com.microsoft MultiHeadAttention with the scaled query: a block of plain ops in the form onnxruntime '

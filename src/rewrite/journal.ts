@@ -37,6 +37,16 @@ export interface ScopeEdits {
    * one-node model holding the node's own bytes, so revert puts back exactly what was there.
    */
   removed?: string[];
+  /**
+   * Graph inputs and outputs the patch took out (`--cache-layout split` replaces a stacked cache by its halves),
+   * each with its position and its declaration as base64 of a model declaring it, so revert puts back those bytes.
+   */
+  removedInputs?: Declared[];
+  removedOutputs?: Declared[];
+  /** Initializers the patch inserted and then took out again (the stacked cache's, when split), as base64 of a model holding each. */
+  removedInitializers?: string[];
+  /** Graph outputs added (the halves of a split cache). */
+  outputs?: string[];
   /** For the model-wide entry (scope `model`): the default-domain opset import raised from `from` to `to`. */
   opset?: { from: number; to: number };
   /**
@@ -50,6 +60,12 @@ export interface ScopeEdits {
    */
   order?: string[];
 }
+
+/**
+ * A graph input or output declaration the patch removed: where it was, and its bytes.
+ * @internal
+ */
+export interface Declared { index: number; value: string }
 
 /** The entry of an owner's edits in one scope, before any edit. */
 export function emptyEdits(scope: string, owner: string): ScopeEdits {
@@ -105,9 +121,39 @@ export class Editor {
     this.edits.initializers.push(t.name);
   }
 
-  addInput(v: ValueInfoProto): void {
-    this.graph.addInput(v);
+  /** Declares a graph input, at `index` of the inputs (default last). */
+  addInput(v: ValueInfoProto, index?: number): void {
+    this.graph.addInput(v, index);
     this.edits.inputs.push(v.name);
+  }
+
+  /** Takes an initializer out; its bytes go into the journal. */
+  removeInitializer(name: string): void {
+    const t = this.graph.proto.initializer.find((x) => x.name === name);
+    if (!t) throw new Error(`the journal removes initializer '${name}', which the graph does not have`);
+    const model = holding(null);
+    model.graph!.initializer.push(t);
+    (this.edits.removedInitializers ??= []).push(Buffer.from(serializeModel(model)).toString('base64'));
+    this.graph.removeInitializer(name);
+  }
+
+  /** Takes a graph input out; its position and declaration go into the journal. */
+  removeInput(name: string): void {
+    const index = this.graph.proto.input.findIndex((v) => v.name === name);
+    (this.edits.removedInputs ??= []).push({ index, value: declaration(this.graph.proto.input[index], 'input') });
+    this.graph.removeInput(name);
+  }
+
+  /** Takes a graph output out; its position and declaration go into the journal. */
+  removeOutput(name: string): void {
+    const index = this.graph.proto.output.findIndex((v) => v.name === name);
+    (this.edits.removedOutputs ??= []).push({ index, value: declaration(this.graph.proto.output[index], 'output') });
+    this.graph.removeOutput(name);
+  }
+
+  addOutput(v: ValueInfoProto, index?: number): void {
+    this.graph.addOutput(v, index);
+    (this.edits.outputs ??= []).push(v.name);
   }
 }
 
@@ -141,18 +187,34 @@ export class Journal {
 
   record(): ScopeEdits[] {
     const edits = [...this.scopes.values()].map((e) => e.edits)
-      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length + (e.removed?.length ?? 0) > 0 || e.order);
+      .filter((e) => e.nodes.length + e.initializers.length + e.inputs.length + e.rewired.length + (e.removed?.length ?? 0)
+        + (e.removedInitializers?.length ?? 0) + (e.removedInputs?.length ?? 0) + (e.removedOutputs?.length ?? 0) + (e.outputs?.length ?? 0) > 0 || e.order);
     // The opset and imports go first: revert replays in reverse, so they are restored last.
     return [...(this.opset ? [this.opset] : []), ...this.domains, ...edits];
   }
 }
 
-/** A model holding one node: serialized, the node's bytes are the ones it was read from (io/emit.ts). */
-function holding(node: NodeProto): ModelProto {
+/** A model holding one node or declaration: serialized, its bytes are the ones it was read from (io/emit.ts). */
+function holding(node: NodeProto | null, declared: ValueInfoProto[] = []): ModelProto {
   return {
     irVersion: 8, opsetImport: [{ domain: '', version: 1 }], producerName: '', producerVersion: '', metadataProps: [], functions: [],
-    graph: { node: [node], name: 'removed', initializer: [], input: [], output: [], valueInfo: [] },
+    graph: { node: node ? [node] : [], name: 'removed', initializer: [], input: declared, output: [], valueInfo: [] },
   };
+}
+
+function declaration(v: ValueInfoProto, what: 'input' | 'output'): string {
+  if (!v) throw new Error(`the journal removes a graph ${what} the graph does not declare`);
+  return Buffer.from(serializeModel(holding(null, [v]))).toString('base64');
+}
+
+/** An initializer the journal removed, decoded from its entry (keeping its bytes). */
+export function removedInitializer(entry: string): TensorProto {
+  return parseModel(Buffer.from(entry, 'base64'), 'the patch journal').graph!.initializer[0];
+}
+
+/** A graph input or output declaration the journal removed, decoded from its entry (keeping its bytes). */
+export function removedDeclaration(entry: Declared): ValueInfoProto {
+  return parseModel(Buffer.from(entry.value, 'base64'), 'the patch journal').graph!.input[0];
 }
 
 /** A node the journal removed, decoded from its entry (keeping those bytes, so it is written back unchanged). */

@@ -21,10 +21,10 @@
  */
 import { FusedSite } from '../detect/fused';
 import { inputList, inputOf, MS_ATTENTION, MULTI_HEAD_ATTENTION, NPlan, outputOf } from '../graph/attention-ops';
-import { attrFloat, attrInts } from '../graph/graph';
+import { attrFloat, attrInts, Graph } from '../graph/graph';
 import { constantOf, show } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
-import { DataType } from '../io/onnx';
+import { DataType, ValueInfoProto } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
 import { Builder } from './builder';
 import { factorBnsd, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
@@ -65,10 +65,33 @@ export const EXPANSION_COST = 'node expanded into its definition: QKV projection
   + 'reading the half each product does not need once more instead of copying; expected cost (12L × 768 GPT-2, onnxruntime CPU): '
   + 'prompts 0.97–0.98× the original\'s time, decoding 1.12–1.13× (its stacked present allows no cheaper form; docs/factor.md)';
 
-/** The factor and prior of one expanded site: the preset, s (as given and its tensor), θ when a prior is added. */
-export interface ExpansionParams { preset: Preset; s?: LayerScale; sName?: string; theta?: ThetaTensors }
+/** What the split cache costs (`--cache-layout split`), for the report. */
+export const SPLIT_COST = 'node written as com.microsoft MultiHeadAttention on the scaled query, its cache split into past/present key and '
+  + 'value (--cache-layout split: the model\'s interface changed, docs/factor.md); no expansion cost: onnxruntime runs it fused';
 
-export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, p: ExpansionParams, plan: MaskIndexPlan): InsertedFused {
+/**
+ * The factor and prior of one expanded site: the preset, s (as given and its tensor), θ when a prior is added;
+ * `split`: the builder (journalled as the layout's owner) that rewrites the site's stacked cache as its halves.
+ */
+export interface ExpansionParams { preset: Preset; s?: LayerScale; sName?: string; theta?: ThetaTensors; split?: Builder }
+
+/**
+ * A stacked cache `--cache-layout split` replaced by its halves: the graph input `past` [2, B, N, P, H] by `pastKey`
+ * and `pastValue` [B, N, P, H], the output `present` by `presentKey` and `presentValue` (the record's cacheLayout).
+ */
+export interface CacheSplit {
+  /** The stacked cache input [2, B, N, P, H] the patch removed, and the halves [B, N, P, H] that replace it. */
+  past: string;
+  pastKey: string;
+  pastValue: string;
+  /** The stacked cache output [2, B, N, P + S, H] the patch removed, and the halves [B, N, P + S, H] that replace it. */
+  present: string;
+  presentKey: string;
+  presentValue: string;
+}
+
+export function expandMsAttention(b: Builder, shared: ExpansionShared, site: FusedSite, p: ExpansionParams,
+  plan: MaskIndexPlan): InsertedFused & { split?: CacheSplit } {
   const node = site.node;
   const input = (role: Role): string | undefined => inputOf(MS_ATTENTION, node, role) || undefined;
   const dtype = site.queryType ?? DataType.FLOAT;
@@ -85,11 +108,76 @@ export function expandMsAttention(b: Builder, shared: ExpansionShared, site: Fus
     const prior = fusedPrior(b, p.theta, { ...masks.lengths, past: masks.lengths.P }, f && factorBnsd(b, f), dtype);
     bias = bias ? b.op('Add', [bias, prior], {}, PART.attentionBiasPrior) : prior;
   }
+  const first = { nodes: b.editor.edits.nodes.length, initializers: b.editor.edits.initializers.length };
   const kv = cache(b, node, k, v, heads);
   const S = shared.shapes.dim(at(node, 'input'), 1);
   const form = { rows: S && constantOf(S), dtype };
-  attend(b, applied?.output ?? q, kv, bias, heads, attentionScale(shared, site, dtype), outputOf(MS_ATTENTION, node, 'output'), form);
-  return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows };
+  const scale = attentionScale(shared, site, dtype);
+  const query = applied?.output ?? q;
+  attend(b, query, kv, bias, heads, scale, outputOf(MS_ATTENTION, node, 'output'), form);
+  // The split form replaces the cache and attention just written: undoing it (verification's plain-op form) gives them back.
+  const written = { nodes: b.editor.edits.nodes.slice(first.nodes), initializers: b.editor.edits.initializers.slice(first.initializers) };
+  const split = p.split && splitCache(p.split, node, { query, k, v, bias, heads, scale }, written);
+  return { factor: applied?.output ?? '', apply: applied?.apply ?? '', factorType: applied?.factorType ?? DataType.FLOAT, rows: masks.rows, ...(split ? { split } : {}) };
+}
+
+/**
+ * Why a site's stacked cache cannot be split ('' when it can): its past must be a graph input and its present a
+ * graph output of the main graph, nothing else may read them but Shape nodes (of the past; rewritten to the same
+ * shape from its halves), and the cache must not be a shared buffer (past_sequence_length).
+ */
+export function unsplittable(graph: Graph, node: FusedSite['node'], main: boolean): string {
+  const past = at(node, 'past'), present = outputOf(MS_ATTENTION, node, 'present');
+  if (!past || !present) return 'it has no cache (past and present)';
+  if (!main) return 'it is inside a subgraph, whose interface its caller fixes';
+  if (at(node, 'past_sequence_length')) return 'its cache is a shared buffer (past_sequence_length)';
+  if (!graph.inputs.has(past) || !graph.outputs.has(present)) return `its cache is not the model's own input and output ('${past}', '${present}')`;
+  const other = graph.consumersOf(past).find((n) => n !== node && (n.opType !== 'Shape' || n.attribute.length > 0));
+  if (other) return `'${past}' is read by ${other.opType} '${other.name}' too`;
+  if (graph.consumersOf(present).length) return `'${present}' is read inside the graph`;
+  return '';
+}
+
+interface SplitParts { query: string; k: string; v: string; bias?: string; heads: number; scale: Scale }
+
+/**
+ * The site's cache split (the header's stacked cache given up for the interface MultiHeadAttention takes): the
+ * nodes and constants `inserted` for the stacked cache and its attention come out, the graph input and output of the stacked
+ * cache are replaced by their halves in the same places, one MultiHeadAttention reads the halves and writes the
+ * new ones, and a Shape of the stacked past still read (the mask's lengths, or the model's own) becomes the same
+ * shape from the key half.
+ */
+function splitCache(lb: Builder, node: FusedSite['node'], parts: SplitParts, inserted: { nodes: string[]; initializers: string[] }): CacheSplit {
+  const g = lb.graph;
+  const past = at(node, 'past'), present = outputOf(MS_ATTENTION, node, 'present');
+  const names = new Set(inserted.nodes);
+  for (const n of g.nodes.filter((x) => names.has(x.name))) lb.editor.remove(n);
+  // Their constants go too (onnxruntime would warn of each initializer nothing reads).
+  for (const t of inserted.initializers) if (!g.consumersOf(t).length) lb.editor.removeInitializer(t);
+  const half = (v: ValueInfoProto, part: 'key' | 'value'): ValueInfoProto => {
+    const t = v.type?.tensorType;
+    const dims = t?.shape?.dim.slice(1);
+    const shape = dims ? { shape: { dim: dims } } : {};
+    return { name: g.uniqueName(`${v.name}.${part}`), type: { tensorType: { elemType: t?.elemType ?? DataType.FLOAT, ...shape } } };
+  };
+  const pastDecl = g.proto.input.find((v) => v.name === past)!, presentDecl = g.proto.output.find((v) => v.name === present)!;
+  const [pk, pv, yk, yv] = [half(pastDecl, 'key'), half(pastDecl, 'value'), half(presentDecl, 'key'), half(presentDecl, 'value')];
+  const inputAt = g.proto.input.indexOf(pastDecl), outputAt = g.proto.output.indexOf(presentDecl);
+  lb.editor.removeInput(past);
+  lb.editor.addInput(pk, inputAt);
+  lb.editor.addInput(pv, inputAt + 1);
+  lb.editor.removeOutput(present);
+  lb.editor.addOutput(yk, outputAt);
+  lb.editor.addOutput(yv, outputAt + 1);
+  for (const reader of g.consumersOf(past)) {
+    lb.editor.remove(reader);
+    lb.node('Concat', [lb.int64('stacked_dim', [2]), lb.op('Shape', [pk.name], {}, 'past_key_shape')], [reader.output[0]], { axis: 0 }, '', 'past_shape');
+  }
+  const attrs = { num_heads: parts.heads, ...(parts.scale.given !== undefined ? { scale: { float: parts.scale.given } } : {}) };
+  const caches = { past_key: pk.name, past_value: pv.name };
+  const inputs = inputList(MULTI_HEAD_ATTENTION, { query: parts.query, key: parts.k, value: parts.v, attention_bias: parts.bias, ...caches });
+  lb.node(MULTI_HEAD_ATTENTION.opType, inputs, [outputOf(MS_ATTENTION, node, 'output'), yk.name, yv.name], attrs, MULTI_HEAD_ATTENTION.domain);
+  return { past, pastKey: pk.name, pastValue: pv.name, present, presentKey: yk.name, presentValue: yv.name };
 }
 
 /** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */

@@ -21,7 +21,8 @@ import { checkInsertedTypes } from './type-check';
 import { PatchRecord, readRecord, writeRecord } from './record';
 import { PatchResult } from './report';
 import type { RopeSiteRecord } from './rope';
-import { AnySite, FusedAttention, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
+import type { CacheSplit } from './ms-attention';
+import { AnySite, CacheLayout, FusedAttention, orderedSites, scalesForSites, SitePatcher, siteNode, thetasForSites } from './sites';
 import { describeSpec, specOf, StaleRecord, updateByNames, updateFromRecord, updateRenamed } from './update';
 import { VERSION } from '../version';
 import { lengthReport, ModelLengths, modelLengths } from '../analysis/reach';
@@ -55,6 +56,13 @@ export interface PatchOptions extends PlanOptions {
    * too; 'off' keeps plain ops (a model for another runtime).
    */
   fusedAttention?: FusedAttention;
+  /**
+   * 'split': where com.microsoft Attention keeps K and V stacked in one cache input and output of the model
+   * ([2, B, N, T, H]), replace them by their halves ([B, N, T, H] each: `<past>.key`, `<past>.value`, `<present>.key`,
+   * `<present>.value`) so the site runs fused (MultiHeadAttention) when decoding too. It changes the model's
+   * interface (docs/factor.md); default 'stacked' keeps it.
+   */
+  cacheLayout?: CacheLayout;
 }
 
 /**
@@ -92,7 +100,7 @@ function patchClone(out: ModelProto, scopes: Scope[], detection: Detection, plan
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`, 'not-patched');
   // Read before the factors go in: the shapes of the model as it was.
   const lengths = modelLengths(scopes, detection);
-  const report = insertFactors(out, scopes, detection, all, plan, fusionOption(options.fusedAttention));
+  const report = insertFactors(out, scopes, detection, all, plan, fusionOption(options.fusedAttention), layoutOption(options.cacheLayout));
   checkInsertedTypes(out);
   const reach = lengthReport(ropeCap(lengths, scopes, report.rope?.sites ?? []), report.sites, plan.preset, plan.trainLen);
   if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message, 'cannot-patch');
@@ -146,6 +154,11 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 
+function layoutOption(value: unknown): CacheLayout {
+  if (value === undefined || value === 'stacked' || value === 'split') return value ?? 'stacked';
+  throw new InputError(`${opt('cacheLayout', String(value))}: expected stacked or split`, 'usage');
+}
+
 function fusionOption(value: unknown): FusedAttention {
   if (value === undefined || value === 'auto' || value === 'off') return value ?? 'auto';
   throw new InputError(`${opt('fusedAttention', String(value))}: expected auto or off`, 'usage');
@@ -171,26 +184,42 @@ function ropeSiteText(r: RopeSiteRecord): string {
   return `the rotary caches '${r.table.cos}', '${r.table.sin}', recomputed from the frequencies fitted to them${grown}`;
 }
 
-function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan, fusion: FusedAttention): PatchResult['report'] {
+function insertFactors(out: ModelProto, scopes: Scope[], detection: Detection, all: AnySite[], plan: PatchPlan, fusion: FusedAttention,
+  layout: CacheLayout): PatchResult['report'] {
   const { sites, skipped } = selectSites(all, detection.skipped, plan);
   const scales = plan.spec && scalesForSites(plan.spec, sites, skipped);
   const thetas = plan.prior && thetasForSites(plan.prior, sites, skipped);
   const irVersion = toNumber(out.irVersion);
-  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion, fusion, plan.window);
+  const patcher = new SitePatcher(out, scopes, plan.preset, plan.n, irVersion, fusion, plan.window, layout);
   const results = sites.map((a, i) => patcher.patch(a, { s: scales?.[i], theta: thetas?.[i] }));
+  const splitNotes = layout === 'split' ? splitReport(patcher.splits, patcher.unsplit) : [];
   const rope = plan.rope && { ...plan.rope, sites: patcher.rope(plan.rope) };
   const { journal, nSources, notes } = patcher.finish();
   writeRecord(out, { tool: 'ssmax-patch', version: VERSION, preset: plan.preset.kind, scale: plan.spec ? describeSpec(plan.spec) : 'none',
     ...(plan.prior ? { prior: { kind: plan.prior.kind, from: plan.prior.from } } : {}), ...(plan.window ? { window: plan.window } : {}),
-    ...(rope ? { rope } : {}),
+    ...(rope ? { rope } : {}), ...(patcher.splits.length ? { cacheLayout: patcher.splits } : {}),
     trainLen: plan.trainLen, ...presetParams(plan.preset), sites: results.map((r) => r.record), journal });
   const fused = results.filter((r) => r.site.fused).length;
   const fusedNote = fused ? [`${fused} site(s) written as com.microsoft MultiHeadAttention, so they stay fused on onnxruntime: the patched model now needs onnxruntime (--fused-attention off, or the option fusedAttention 'off', keeps plain ONNX ops for other runtimes)`] : [];
   const ropeNote = rope ? [`RoPE rescaled: ${ropeText(rope)} at ${rope.sites.map(ropeSiteText).join(', ')}; the angles change at every position, inside L too`] : [];
   return {
     sites: results.map((r) => r.site), skipped, updated: false, opset: defaultOpset(out), irVersion, preset: plan.preset.kind, nSources,
-    notes: [...notes, ...fusedNote, ...ropeNote], ...(rope ? { rope } : {}),
+    notes: [...notes, ...fusedNote, ...ropeNote, ...splitNotes], ...(rope ? { rope } : {}),
   };
+}
+
+/**
+ * What `--cache-layout split` did: the inputs and outputs it replaced, and each site whose cache stays stacked
+ * with the reason; refused where it split nothing (the flag would otherwise be silently ignored).
+ */
+function splitReport(splits: readonly CacheSplit[], unsplit: readonly string[]): string[] {
+  if (!splits.length) {
+    const why = unsplit.length ? unsplit.join('; ') : 'no com.microsoft Attention with a stacked cache (past and present) was patched';
+    throw new InputError(`${opt('cacheLayout', 'split')} splits the stacked KV cache of com.microsoft Attention, and this model has none to split: ${why}`, 'cannot-patch');
+  }
+  const pairs = splits.map((c) => `'${c.past}' → '${c.pastKey}', '${c.pastValue}'; '${c.present}' → '${c.presentKey}', '${c.presentValue}'`);
+  return [`the model's interface changed (cache layout split): each stacked cache [2, B, N, T, H] is two inputs and two outputs [B, N, T, H]: ${pairs.join('; ')}`,
+    ...unsplit];
 }
 
 /** The sites in the chosen layers; the others are reported as skipped. */

@@ -6,6 +6,7 @@ import { DataType, ModelProto, NodeProto } from '../io/onnx';
 import { Preset } from '../policy/factor';
 import { isScaleName, RECORD_KEY } from '../identity';
 import { ScopeEdits } from './journal';
+import type { CacheSplit } from './ms-attention';
 import type { PresetName } from '../policy/factor';
 import type { PriorName, ThetaName } from '../policy/prior';
 import type { WindowSpec } from '../policy/window';
@@ -57,6 +58,8 @@ export interface PatchRecord {
   window?: WindowSpec;
   /** RoPE rescaled, if asked: how, and each constant of frequencies it rescaled. */
   rope?: RopeSpec & { sites: RopeSiteRecord[] };
+  /** The stacked caches `--cache-layout split` replaced by their halves (the model's interface changed). */
+  cacheLayout?: CacheSplit[];
   trainLen?: number;
   b?: number;
   floorScale?: number;

@@ -13,7 +13,7 @@ import { validateGraph } from '../graph/validate';
 import { ModelProto, NodeProto } from '../io/onnx';
 import { Factor, findFactors } from './existing';
 import { APPLY_NAME } from '../identity';
-import { orderKeys, removedNode, ScopeEdits } from './journal';
+import { orderKeys, removedDeclaration, removedInitializer, removedNode, ScopeEdits } from './journal';
 import { lowerOpset } from './opset';
 import { findScaleTensor, PatchRecord, readRecord, recordedLabel, removeRecord, writeRecord } from './record';
 import { isFusedOwner } from './fuse-attention';
@@ -83,7 +83,10 @@ export function unfusedModel(model: ModelProto): ModelProto | null {
     if (e instanceof StaleJournal) return null;
     throw e;
   }
-  writeRecord(out, { ...record, journal: record.journal.filter((e) => !isFusedOwner(e.owner)) });
+  // The split caches are back in their stacked form: the record no longer names them.
+  const rest: PatchRecord = { ...record, journal: record.journal.filter((e) => !isFusedOwner(e.owner)) };
+  delete rest.cacheLayout;
+  writeRecord(out, rest);
   return out;
 }
 
@@ -157,6 +160,11 @@ function undoEdits(graph: Graph, edits: ScopeEdits): void {
     graph.removeInitializer(name);
   }
   for (const name of edits.inputs) graph.removeInput(name);
+  for (const name of edits.outputs ?? []) graph.removeOutput(name);
+  // Declarations come back where they were: the last removed first, so every index is the one it had then.
+  for (const d of [...(edits.removedInputs ?? [])].reverse()) graph.addInput(removedDeclaration(d), d.index);
+  for (const d of [...(edits.removedOutputs ?? [])].reverse()) graph.addOutput(removedDeclaration(d), d.index);
+  for (const t of [...(edits.removedInitializers ?? [])].reverse().map(removedInitializer)) graph.addInitializer(t);
   // Nodes the patch replaced come back (in place, once restoreOrder runs), and their outputs keep their value_info.
   const back = [...(edits.removed ?? [])].reverse().map(removedNode);
   for (const node of back) graph.insertNode(node);

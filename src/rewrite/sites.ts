@@ -20,9 +20,9 @@ import type { WindowSpec } from '../policy/window';
 import { Builder } from './builder';
 import { addFusedPrior, describePlan, insertFused, InsertedFused, modeOf, planFor } from './fused';
 import { insertGroupScale, insertScale, ScaleContext, Target } from './insert-scale';
-import { EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention } from './ms-attention';
+import { CacheSplit, EXPANSION_COST, ExpansionParams, ExpansionShared, expandMsAttention, SPLIT_COST, unsplittable } from './ms-attention';
 import { expandOnnxAttention, ONNX_EXPANSION_COST } from './onnx-attention';
-import { FUSED_DOMAIN_OWNER, FUSED_NOTE, fuseBlock, fusableBlock, FusableBlock, fusedOwner, onlyInside } from './fuse-attention';
+import { FUSED_DOMAIN_OWNER, FUSED_NOTE, fuseBlock, fusableBlock, FusableBlock, fusedOwner, layoutOwner, onlyInside } from './fuse-attention';
 import { callInputName, namePrefix, PART } from '../identity';
 import { Journal, ScopeEdits } from './journal';
 import { memo } from '../memo';
@@ -38,6 +38,8 @@ import { PatchedSite } from './report';
 
 /** Whether plain-op attention that onnxruntime fuses is written as a fused operator (auto) or kept in plain ops (off). */
 export type FusedAttention = 'auto' | 'off';
+/** A stacked KV cache kept as it is (default), or split into key and value halves (an interface change, asked for). */
+export type CacheLayout = 'stacked' | 'split';
 
 export type AnySite = { kind: 'softmax'; site: AttentionSite } | { kind: 'fused'; site: FusedSite } | { kind: 'call'; site: CallSite };
 
@@ -64,9 +66,13 @@ export class SitePatcher {
   private readonly byPath: Map<string, Scope>;
   private readonly originals: Map<Scope, NodeProto[]>;
   private readonly opset: OpsetGuard;
+  /** Caches split (`--cache-layout split`), and the sites whose cache stays stacked, with the reason. */
+  readonly splits: CacheSplit[] = [];
+  readonly unsplit: string[] = [];
 
   constructor(private readonly model: ModelProto, private readonly scopes: Scope[], private readonly preset: Preset, private readonly option: NOption,
-    private readonly irVersion: number, private readonly fusion: FusedAttention = 'auto', private readonly window?: WindowSpec) {
+    private readonly irVersion: number, private readonly fusion: FusedAttention = 'auto', private readonly window?: WindowSpec,
+    private readonly layout: CacheLayout = 'stacked') {
     this.opset = new OpsetGuard(model, scopes, this.journal);
     this.byPath = new Map(scopes.map((s) => [s.path, s]));
     this.originals = new Map(scopes.map((s) => [s, [...s.graph.nodes]]));
@@ -239,15 +245,30 @@ export class SitePatcher {
     this.opset.ensure(scope, `${where}: the factor on a fused operator's query`);
     const logits = inputOf(opSpec(site.op), site.node, queryInput(site.query));
     let inserted: InsertedFused | undefined;
-    if (plan.kind === 'mask-index') inserted = expandMsAttention(b, this.context(scope).expansion, site, params, plan);
-    else {
+    let split: CacheSplit | undefined;
+    if (plan.kind === 'mask-index') {
+      const done = expandMsAttention(b, this.context(scope).expansion, site, { ...params, split: this.splitter(scope, site) }, plan);
+      ({ split, ...inserted } = done);
+      if (split) this.splits.push(split);
+    } else {
       if (this.preset.kind !== 'none') inserted = insertFused(b, site, this.preset, params.s!, plan, scope.opset, params.sName!);
       const factor = { preset: this.preset, s: params.sName, perHead: Array.isArray(params.s), rows: inserted?.rows };
       if (params.theta) addFusedPrior(b, site, plan, factor, params.theta, scope.shapes);
     }
     const why = option === 'auto' ? `auto: ${site.mask.reason}` : `n mode ${option} as asked`;
     const nReason = `${why}; ${describePlan(plan, opSpec(site.op))}${option === 'causal' && mode === 'keys' ? ' (this operator cannot take a per-row n)' : ''}`;
-    return { n: mode, nReason, logits, target: 'query', inserted, expanded: plan.kind === 'mask-index' ? EXPANSION_COST : undefined };
+    return { n: mode, nReason, logits, target: 'query', inserted, expanded: plan.kind === 'mask-index' ? (split ? SPLIT_COST : EXPANSION_COST) : undefined };
+  }
+
+  /** The builder that splits this site's stacked cache (journalled as its layout), where that was asked and can be done. */
+  private splitter(scope: Scope, site: FusedSite): Builder | undefined {
+    if (this.layout !== 'split') return undefined;
+    const why = unsplittable(scope.graph, site.node, scope.kind === 'main');
+    if (why) {
+      this.unsplit.push(`${nodeLabel(site.node)} keeps its stacked cache: ${why}`);
+      return undefined;
+    }
+    return this.builder(scope, site.layer, layoutOwner(site.layer));
   }
 
   /** ONNX Attention whose factor cannot go on Q: expanded, the factor on the logits after the cap. */

@@ -6,15 +6,16 @@
  */
 import { Graph } from '../graph/graph';
 import { makeTensor } from '../graph/tensor';
-import { modelScopes, Scope } from '../graph/scopes';
+import { defaultOpsetOf, modelScopes, Scope } from '../graph/scopes';
 import { readsOf, topoSort } from '../graph/toposort';
-import { DataType, ModelProto, NodeProto, toNumber } from '../io/onnx';
+import { InputError } from '../errors';
+import { DataType, ModelProto, NodeProto, toNumber, ValueInfoProto } from '../io/onnx';
 import { findFactors } from '../rewrite/existing';
 import { cloneModel } from '../rewrite/patch';
 import { readRecord, SiteRecord } from '../rewrite/record';
 import type { RopeSiteRecord } from '../rewrite/rope';
 import { fusedOwner } from '../rewrite/fuse-attention';
-import { constant, node, PREFIX } from './nodes';
+import { constant, node, PREFIX, versionedNodes } from './nodes';
 import { findSites } from './sites';
 import { NO_WINDOW, WindowSpec } from '../policy/window';
 
@@ -156,6 +157,43 @@ function dropUnread(scope: Scope, inserted: (scope: Scope, n: NodeProto) => bool
     changed = dead.size > 0;
     if (changed) graph.removeNodes(dead);
   }
+}
+
+/**
+ * A patch written with `--cache-layout split` behind the original's interface, for the runs that compare the model
+ * as written with the original: each stacked cache input [2, B, N, T, H] is split inside into the halves the patch
+ * reads, and each stacked present is stacked from the halves it writes. Gather and Concat copy and never round, so
+ * the adapted model computes what the patch does, fed and read as the original. Other models are left as they are.
+ * Edits in place: give it a deep copy.
+ */
+export function withStackedCache(model: ModelProto): void {
+  const splits = readRecord(model)?.cacheLayout;
+  if (!splits?.length) return;
+  const graph = new Graph(model.graph!);
+  const opset = defaultOpsetOf(model.opsetImport);
+  const g = graph.proto;
+  for (const c of splits) {
+    const key = g.input.find((v) => v.name === c.pastKey), present = g.output.find((v) => v.name === c.presentKey);
+    if (!key || !present) throw new InputError(`the patch record's split cache '${c.past}' does not match the model's inputs and outputs: the model was edited after patching`, 'cannot-verify');
+    g.input.splice(g.input.indexOf(key), 1, stacked(key, c.past));
+    g.input = g.input.filter((v) => v.name !== c.pastValue);
+    g.output.splice(g.output.indexOf(present), 1, stacked(present, c.present));
+    g.output = g.output.filter((v) => v.name !== c.presentValue);
+    [c.pastKey, c.pastValue].forEach((half, i) => {
+      const index = constant(graph, `${half}/index`, DataType.INT64, [], [i]);
+      g.node.unshift(index, node('Gather', [c.past, index.output[0]], half, { axis: 0 }));
+    });
+    const halves = [c.presentKey, c.presentValue].flatMap((half) => versionedNodes(graph, 'Unsqueeze', [half], graph.uniqueName(`${PREFIX}${half}/stacked`), opset, { axes: [0] }));
+    g.node.push(...halves, node('Concat', halves.filter((n) => n.opType === 'Unsqueeze').map((n) => n.output[0]), c.present, { axis: 0 }));
+  }
+  topoSort(g);
+}
+
+/** The declaration of a stacked cache [2, …] from one of its halves. */
+function stacked(half: ValueInfoProto, name: string): ValueInfoProto {
+  const t = half.type?.tensorType;
+  const dims = t?.shape?.dim;
+  return { name, type: { tensorType: { elemType: t?.elemType ?? DataType.FLOAT, ...(dims ? { shape: { dim: [{ dimValue: 2 }, ...dims] } } : {}) } } };
 }
 
 /**

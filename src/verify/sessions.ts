@@ -21,7 +21,7 @@ import { readRecord } from '../rewrite/record';
 import { SessionReport } from './report';
 import { addRowMaxOutputs, RowMaxOutputs } from './row-max';
 import { Optimization, Runner } from './run';
-import { carryBf16AsFloat, withUnitFactor } from './runtime-model';
+import { carryBf16AsFloat, withStackedCache, withUnitFactor } from './runtime-model';
 import { PREFIX } from './nodes';
 import { makeScratch, removeScratch } from './scratch';
 import { VerifySite } from './sites';
@@ -87,6 +87,7 @@ export class SessionFactory {
   /** The patched model as it is (no outputs added) at an optimisation level: whether it loads (load-check.ts). */
   async openPatched(optimization: Optimization): Promise<Runner> {
     const model = cloneModel(this.written);
+    withStackedCache(model);
     carryBf16AsFloat(model);
     return this.create('patched', model, optimization, `patched-${optimization}`);
   }
@@ -137,7 +138,11 @@ export class SessionFactory {
     switch (key) {
       case 'original': return this.withRowMax('original', cloneModel(this.original));
       case 'patched': return this.withRowMax('patched', cloneModel(this.patched));
-      case 'unit': return withUnitFactor(this.written);
+      case 'unit': {
+        const m = withUnitFactor(this.written);
+        withStackedCache(m);
+        return m;
+      }
       case 'probe': case 'probeLast': {
         const m = cloneModel(this.patched);
         const r = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last', key === 'probe' ? readRecord(this.patched)?.rope?.sites : []);

@@ -138,9 +138,13 @@ async function executePlan(subject: PlanSubject, optimization: Optimization, why
 
 /** What the report says of sites the patch wrote as fused operators: which model each check ran. */
 function fusedNote(written: ModelProto): string {
-  const count = readRecord(written)?.journal.filter((e) => isFusedOwner(e.owner) && e.owner !== FUSED_DOMAIN_OWNER).length ?? 0;
+  const record = readRecord(written);
+  const count = record?.journal.filter((e) => isFusedOwner(e.owner) && e.owner !== FUSED_DOMAIN_OWNER).length ?? 0;
+  const split = record?.cacheLayout?.length
+    ? `; the model's caches are split (--cache-layout split): those runs fed it through Gather nodes splitting each stacked cache input of the original's interface and read it through a Concat stacking each present's halves, copies that cannot round`
+    : '';
   return `${count} site(s) are written as com.microsoft MultiHeadAttention (blocks in the form onnxruntime fuses): wiring parity ran the model as written `
-    + 'with factor 1, so the fused operators compute what the original\'s plain ops did; the other checks read the same factors on the plain-op form of those sites';
+    + `with factor 1, so the fused operators compute what the original's plain ops did; the other checks read the same factors on the plain-op form of those sites${split}`;
 }
 
 /** Each check's verdict, in check order (a check reads the verdicts before it); checks not selected are skipped. */
