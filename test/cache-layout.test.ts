@@ -20,6 +20,7 @@ import { readRecord } from '../src/rewrite/record';
 import { revertModel, unfusedModel } from '../src/rewrite/revert';
 import { verifyPatch } from '../src/verify/verify';
 import { cli, removeScratch, tmpdir } from './support/io';
+import { bypassFactors } from './support/tamper';
 import { countFused, optimisedCount } from './support/fused';
 import { CORPUS, corpusSkip } from './support/ref';
 
@@ -125,6 +126,18 @@ describe('--cache-layout split on com.microsoft Attention with a stacked cache',
     const bad = await verifyPatch(original, swapped, { trainLen: L });
     assert.equal(bad.passed, false);
     assert.match(bad.checks.find((c) => c.id === 'wiring')!.status, /FAILED/);
+  });
+
+  it('verification fails a split patch whose MultiHeadAttention bypasses the factor (its plain-op form, read by the other checks, has it)', async () => {
+    const report = await verifyPatch(original, split.model, { trainLen: L });
+    assert.match(report.checks.find((c) => c.id === 'wiring')!.summary, /the patch as written \(fused\) equals its plain-op form past L/);
+    const bypassed = structuredClone(split.model);
+    bypassFactors(bypassed);
+    const bad = await verifyPatch(original, bypassed, { trainLen: L });
+    const wiring = bad.checks.find((c) => c.id === 'wiring')!;
+    assert.equal(wiring.status, 'FAILED');
+    assert.match(wiring.summary, /the patch as written \(fused operators\) does not compute what its plain-op form computes past L/);
+    assert.equal(bad.passed, false);
   });
 });
 

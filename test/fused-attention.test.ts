@@ -18,6 +18,7 @@ import { patchModel } from '../src/rewrite/patch';
 import { revertModel, unfusedModel } from '../src/rewrite/revert';
 import { verifyPatch } from '../src/verify/verify';
 import { removeScratch, tmpdir } from './support/io';
+import { bypassFactors } from './support/tamper';
 
 after(removeScratch);
 
@@ -104,6 +105,16 @@ describe('plain-op attention onnxruntime fuses stays fused after the patch', () 
     }
     const bad = await verifyPatch(original, broken, { maxLen: 256 });
     assert.equal(bad.checks.find((c) => c.id === 'wiring')!.status, 'FAILED');
+  });
+
+  // The other checks read the plain-op form, which has the factor: only the written model shows the bypass.
+  it('verification fails a fused patch whose MultiHeadAttention reads the unscaled query', async () => {
+    const bypassed = structuredClone(fused.model);
+    bypassFactors(bypassed);
+    const bad = await verifyPatch(original, bypassed, { maxLen: 256 });
+    const wiring = bad.checks.find((c) => c.id === 'wiring')!;
+    assert.equal(wiring.status, 'FAILED', wiring.summary);
+    assert.match(wiring.summary, /does not compute what its plain-op form computes past L/);
   });
 
   it('refuses an unknown mode', () => {

@@ -26,14 +26,15 @@ import { PREFIX } from './nodes';
 import { makeScratch, removeScratch } from './scratch';
 import { VerifySite } from './sites';
 
-export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched';
+/** `written`: the patch as written where the checks read its plain-op form (fused sites), at its real factor. */
+export type SessionKey = 'original' | 'unit' | 'probe' | 'probeLast' | 'patched' | 'written';
 
 /** The order sessions run in: the original first (its outputs are what the others are compared with). */
-export const SESSION_ORDER: SessionKey[] = ['original', 'unit', 'probe', 'probeLast', 'patched'];
+export const SESSION_ORDER: SessionKey[] = ['original', 'unit', 'probe', 'probeLast', 'patched', 'written'];
 
 export const SESSION_LABELS: Record<SessionKey, string> = {
   original: 'original', unit: 'patched with factor 1', probe: 'patched with probe outputs',
-  probeLast: 'patched with last-row probe outputs', patched: 'patched',
+  probeLast: 'patched with last-row probe outputs', patched: 'patched', written: 'patched as written (fused)',
 };
 
 /** A patched variant that onnxruntime refuses: every check that needs it fails with the reason. */
@@ -61,6 +62,11 @@ export class SessionFactory {
   constructor(private readonly original: ModelProto, private readonly patched: ModelProto, private readonly sites: readonly VerifySite[],
     private readonly sharpness: boolean, readonly optimization: Optimization = 'all', private readonly written: ModelProto = patched) {
     this.fromFile = [original, patched].some((m) => externalFiles(m).length > 0 || filesSize(m) > FILE_THRESHOLD);
+  }
+
+  /** Whether the checks read a plain-op form of the patch, and the patch as written is another model. */
+  get fusedForm(): boolean {
+    return this.written !== this.patched;
   }
 
   /** Graph outputs every variant runs without (the caches of a plan that feeds a large one, Setup.droppedOutputs). */
@@ -138,8 +144,8 @@ export class SessionFactory {
     switch (key) {
       case 'original': return this.withRowMax('original', cloneModel(this.original));
       case 'patched': return this.withRowMax('patched', cloneModel(this.patched));
-      case 'unit': {
-        const m = withUnitFactor(this.written);
+      case 'unit': case 'written': {
+        const m = key === 'unit' ? withUnitFactor(this.written) : cloneModel(this.written);
         withStackedCache(m);
         return m;
       }

@@ -12,6 +12,7 @@ import { estimatePeak } from './memory';
 import { CHECK_IDS, CheckId } from './plan';
 import type { RunIdentity } from './report';
 import { SESSION_LABELS, SESSION_ORDER, SessionFactory } from './sessions';
+import { unfusedModel } from '../rewrite/revert';
 import { prepare, Setup } from './setup';
 import { LivenessCheck } from './checks/liveness';
 import { ProbeCheck } from './checks/probe';
@@ -69,8 +70,10 @@ function peakOf(setup: Setup, run: RunShape): { estimatedPeakBytes?: number } {
 }
 
 function subjectPlan(original: ModelProto, patched: ModelProto, options: FileVerifyOptions, subject: string): SubjectPlan {
-  const setup = prepare(original, patched, options);
-  const factory = new SessionFactory(original, patched, setup.sites, setup.checks.has('sharpness'));
+  // As runVerification does: the checks read the plain-op form of fused sites, and the patch as written is compared with it.
+  const plain = unfusedModel(patched);
+  const setup = prepare(original, plain ?? patched, options);
+  const factory = new SessionFactory(original, plain ?? patched, setup.sites, setup.checks.has('sharpness'), 'all', patched);
   try {
     const { units } = checkUnits({ setup, factory, notes: setup.plan.notes });
     return {

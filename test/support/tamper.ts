@@ -136,3 +136,17 @@ export function doubleN(m: ModelProto, path = 'main'): number {
 export function nPlusOne(m: ModelProto, path = 'main'): number {
   return opOnN(m, 'Add', 1, 'plus_one', path);
 }
+
+/**
+ * Every main-graph site's factor bypassed in the model as written: what read the scaled query reads the query. The
+ * journal is left as it was, so a plain-op form undone from it (fused sites) still has the factor.
+ */
+export function bypassFactors(m: ModelProto): void {
+  const g = new Graph(m.graph!);
+  for (const site of recordOf(m).sites.filter((s) => (s.scope ?? 'main') === 'main')) {
+    const apply = g.nodes.find((n) => n.name === site.apply);
+    if (!apply) throw new Error(`no apply node ${site.apply}`);
+    const query = apply.input.find((i) => i !== site.factor)!;
+    g.redirect(apply.output[0], query);
+  }
+}
