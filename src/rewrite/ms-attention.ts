@@ -63,7 +63,8 @@ const LOWEST: Record<number, number> = { [DataType.FLOAT]: -3.4028234663852886e3
 export const EXPANSION_COST = 'node expanded into its definition: QKV projection as MatMul + Add; several query rows (a prompt) on '
   + 'MultiHeadAttention with K and V copied out of the stacked cache; one row (decoding) in plain ops over the stacked cache, '
   + 'reading the half each product does not need once more instead of copying; expected cost (12L × 768 GPT-2, onnxruntime CPU): '
-  + 'prompts 0.97–0.98× the original\'s time, decoding 1.12–1.13× (its stacked present allows no cheaper form; docs/factor.md)';
+  + 'prompts 0.97–0.98× the original\'s time, decoding about 1.06× (its stacked cache allows no cheaper form; --cache-layout split, '
+  + 'an interface change, runs it fused; docs/factor.md)';
 
 /** What the split cache costs (`--cache-layout split`), for the report. */
 export const SPLIT_COST = 'node written as com.microsoft MultiHeadAttention on the scaled query, its cache split into past/present key and '
