@@ -18,6 +18,7 @@ import { ModelProto } from '../src/io/onnx';
 import { patchModel } from '../src/rewrite/patch';
 import { readRecord } from '../src/rewrite/record';
 import { revertModel, unfusedModel } from '../src/rewrite/revert';
+import { planVerification } from '../src/verify/verification-plan';
 import { verifyPatch } from '../src/verify/verify';
 import { cli, removeScratch, tmpdir } from './support/io';
 import { bypassFactors } from './support/tamper';
@@ -126,6 +127,14 @@ describe('--cache-layout split on com.microsoft Attention with a stacked cache',
     const bad = await verifyPatch(original, swapped, { trainLen: L });
     assert.equal(bad.passed, false);
     assert.match(bad.checks.find((c) => c.id === 'wiring')!.status, /FAILED/);
+  });
+
+  it('the verification plan lists the run where the patch as written meets its plain-op form: the first past L', () => {
+    const [main] = planVerification(original, split.model, { trainLen: L }).subjects;
+    const written = main.runs.filter((r) => r.reads.some((x) => x.session === 'patched as written (fused)'));
+    assert.equal(written.length, 1);
+    assert.deepEqual(written[0].reads.find((x) => x.session === 'patched as written (fused)')!.checks, ['wiring']);
+    assert.equal(written[0].id, main.runs.find((r) => r.kind !== 'short' && r.keys > L)!.id);
   });
 
   it('verification fails a split patch whose MultiHeadAttention bypasses the factor (its plain-op form, read by the other checks, has it)', async () => {
