@@ -12,6 +12,9 @@
  *             ops on present itself, where reading the half a product does not need costs less than copying K and V
  *             out (an If picks at run time)
  *
+ * With `--cache-layout split` (asked for: it changes the model's interface) the stacked cache input and output become
+ * key and value halves, and the site one MultiHeadAttention reading and writing them (splitCache).
+ *
  * The mask the kernel would build (PrepareMask in onnxruntime's attention_helper.h) is built here as an additive
  * bias with the same values: mask_filter_value where mask_index hides a key, the type's lowest value where causal
  * masking does. n_{b,i} counts the keys left visible, from every mask_index format the operator accepts: key
@@ -26,7 +29,7 @@ import { constantOf, show } from '../graph/poly';
 import { Shapes } from '../graph/shapes';
 import { DataType, ValueInfoProto } from '../io/onnx';
 import { LayerScale } from '../policy/scale';
-import { Builder } from './builder';
+import { AttrValue, Builder } from './builder';
 import { factorBnsd, InsertedFused, INT64_MAX, RowFactor, Rows, scaleRows } from './fused';
 import { PART } from '../identity';
 import { memo } from '../memo';
@@ -143,42 +146,56 @@ interface SplitParts { query: string; k: string; v: string; bias?: string; heads
 
 /**
  * The site's cache split (the header's stacked cache given up for the interface MultiHeadAttention takes): the
- * nodes and constants `inserted` for the stacked cache and its attention come out, the graph input and output of the stacked
- * cache are replaced by their halves in the same places, one MultiHeadAttention reads the halves and writes the
- * new ones, and a Shape of the stacked past still read (the mask's lengths, or the model's own) becomes the same
- * shape from the key half.
+ * nodes and constants `inserted` for the stacked cache and its attention come out, the graph input and output of
+ * the stacked cache are replaced by their halves in the same places, one MultiHeadAttention reads the halves and
+ * writes the new ones, and a Shape of the stacked past still read (the mask's lengths, or the model's own) becomes
+ * the same shape from the key half.
  */
 function splitCache(lb: Builder, node: FusedSite['node'], parts: SplitParts, inserted: { nodes: string[]; initializers: string[] }): CacheSplit {
   const g = lb.graph;
-  const past = at(node, 'past'), present = outputOf(MS_ATTENTION, node, 'present');
   const names = new Set(inserted.nodes);
   for (const n of g.nodes.filter((x) => names.has(x.name))) lb.editor.remove(n);
   // Their constants go too (onnxruntime would warn of each initializer nothing reads).
   for (const t of inserted.initializers) if (!g.consumersOf(t).length) lb.editor.removeInitializer(t);
-  const half = (v: ValueInfoProto, part: 'key' | 'value'): ValueInfoProto => {
-    const t = v.type?.tensorType;
-    const dims = t?.shape?.dim.slice(1);
-    const shape = dims ? { shape: { dim: dims } } : {};
-    return { name: g.uniqueName(`${v.name}.${part}`), type: { tensorType: { elemType: t?.elemType ?? DataType.FLOAT, ...shape } } };
-  };
-  const pastDecl = g.proto.input.find((v) => v.name === past)!, presentDecl = g.proto.output.find((v) => v.name === present)!;
-  const [pk, pv, yk, yv] = [half(pastDecl, 'key'), half(pastDecl, 'value'), half(presentDecl, 'key'), half(presentDecl, 'value')];
-  const inputAt = g.proto.input.indexOf(pastDecl), outputAt = g.proto.output.indexOf(presentDecl);
-  lb.editor.removeInput(past);
-  lb.editor.addInput(pk, inputAt);
-  lb.editor.addInput(pv, inputAt + 1);
-  lb.editor.removeOutput(present);
-  lb.editor.addOutput(yk, outputAt);
-  lb.editor.addOutput(yv, outputAt + 1);
-  for (const reader of g.consumersOf(past)) {
+  const [pastKey, pastValue] = splitDeclaration(lb, at(node, 'past'), 'input');
+  const [presentKey, presentValue] = splitDeclaration(lb, outputOf(MS_ATTENTION, node, 'present'), 'output');
+  for (const reader of g.consumersOf(at(node, 'past'))) {
     lb.editor.remove(reader);
-    lb.node('Concat', [lb.int64('stacked_dim', [2]), lb.op('Shape', [pk.name], {}, 'past_key_shape')], [reader.output[0]], { axis: 0 }, '', 'past_shape');
+    lb.node('Concat', [lb.int64('stacked_dim', [2]), lb.op('Shape', [pastKey], {}, 'past_key_shape')], [reader.output[0]], { axis: 0 }, '', 'past_shape');
   }
-  const attrs = { num_heads: parts.heads, ...(parts.scale.given !== undefined ? { scale: { float: parts.scale.given } } : {}) };
-  const caches = { past_key: pk.name, past_value: pv.name };
+  const caches = { past_key: pastKey, past_value: pastValue };
   const inputs = inputList(MULTI_HEAD_ATTENTION, { query: parts.query, key: parts.k, value: parts.v, attention_bias: parts.bias, ...caches });
-  lb.node(MULTI_HEAD_ATTENTION.opType, inputs, [outputOf(MS_ATTENTION, node, 'output'), yk.name, yv.name], attrs, MULTI_HEAD_ATTENTION.domain);
-  return { past, pastKey: pk.name, pastValue: pv.name, present, presentKey: yk.name, presentValue: yv.name };
+  lb.node(MULTI_HEAD_ATTENTION.opType, inputs, [outputOf(MS_ATTENTION, node, 'output'), presentKey, presentValue], attentionAttrs(parts.heads, parts.scale),
+    MULTI_HEAD_ATTENTION.domain);
+  return { past: at(node, 'past'), pastKey, pastValue, present: outputOf(MS_ATTENTION, node, 'present'), presentKey, presentValue };
+}
+
+/**
+ * A stacked cache's graph input or output [2, …] replaced, in its place, by its key and value halves `<name>.key`,
+ * `<name>.value` [ …] (the same declaration without the leading 2). Returns their names.
+ */
+function splitDeclaration(lb: Builder, name: string, kind: 'input' | 'output'): [string, string] {
+  const list = kind === 'input' ? lb.graph.proto.input : lb.graph.proto.output;
+  const stacked = list.find((v) => v.name === name)!;
+  const index = list.indexOf(stacked);
+  const t = stacked.type?.tensorType;
+  const dims = t?.shape?.dim.slice(1);
+  const halves = (['key', 'value'] as const).map((part): ValueInfoProto => ({
+    name: lb.graph.uniqueName(`${name}.${part}`), type: { tensorType: { elemType: t?.elemType ?? DataType.FLOAT, ...(dims ? { shape: { dim: dims } } : {}) } },
+  }));
+  if (kind === 'input') {
+    lb.editor.removeInput(name);
+    halves.forEach((v, i) => lb.editor.addInput(v, index + i));
+  } else {
+    lb.editor.removeOutput(name);
+    halves.forEach((v, i) => lb.editor.addOutput(v, index + i));
+  }
+  return [halves[0].name, halves[1].name];
+}
+
+/** MultiHeadAttention's attributes: the head count, and the operator's scale where it gave one (else 1/√H, the default of both). */
+function attentionAttrs(heads: number, scale: Scale): Record<string, AttrValue> {
+  return { num_heads: heads, ...(scale.given !== undefined ? { scale: { float: scale.given } } : {}) };
 }
 
 /** The operator's `scale`, else 1/√H with H the query's head size (from qkv_hidden_sizes or the weights' width). */
@@ -226,10 +243,9 @@ function attend(b: Builder, q: string, kv: Cache, bias: string | undefined, head
  * and any attention_bias as its attention_bias. Returns its output ([B, S, N·H_v]), written to `output` if given.
  */
 function rows(b: Builder, q: string, K: string, V: string, bias: string | undefined, heads: number, scale: Scale, output?: string): string {
-  const attrs = { num_heads: heads, ...(scale.given !== undefined ? { scale: { float: scale.given } } : {}) };
   const inputs = inputList(MULTI_HEAD_ATTENTION, { query: q, key: K, value: V, attention_bias: bias });
   const out = output ?? b.graph.uniqueName(`${b.prefix}attention`);
-  b.node(MULTI_HEAD_ATTENTION.opType, inputs, [out], attrs, MULTI_HEAD_ATTENTION.domain);
+  b.node(MULTI_HEAD_ATTENTION.opType, inputs, [out], attentionAttrs(heads, scale), MULTI_HEAD_ATTENTION.domain);
   return out;
 }
 
