@@ -161,6 +161,11 @@ describe('--cache-layout split where nothing can be split', () => {
     assert.ok(!fs.existsSync(out));
   });
 
+  it('an Attention the patch keeps whole (n = keys needs no expansion) keeps its stacked cache, and the refusal says why', () => {
+    assert.throws(() => patchModel(original, { trainLen: L, n: 'keys', cacheLayout: 'split' }),
+      (e: unknown) => e instanceof InputError && /none to split: l0_attn keeps its stacked cache: the operator is kept whole \(n = Tk/.test(e.message));
+  });
+
   it('GreedySearch\'s decoder: its caches are the operator\'s subgraph\'s, whose interface it fixes', { skip: corpusSkip('ort_tiny_gpt2_greedysearch_with_init_decoder.onnx') }, () => {
     const r = cli([path.join(CORPUS, 'ort_tiny_gpt2_greedysearch_with_init_decoder.onnx'), '--train-len', '64', '--cache-layout', 'split', '-o', path.join(dir, 'greedy.onnx')]);
     assert.notEqual(r.code, 0);

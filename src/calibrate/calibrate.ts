@@ -134,8 +134,8 @@ export async function calibrateSlope(original: ModelProto, options: CalibrateOpt
   fitTargetLength(plan, setup, options.targetLen !== undefined);
   if (overCache) plan.notes.push(overCache);
   const given = givenIds(setup, options.inputs ?? {}, plan.N);
-  const cm = calibrationModel(template.model, setup.sites, plan.match === 'loss' ? null : plan.match === 'entropy' ? 'entropy' : 'max');
   const byLoss = plan.match === 'loss';
+  const cm = calibrationModel(template.model, setup.sites, byLoss ? null : plan.match === 'entropy' ? 'entropy' : 'max');
   const layouts = byLoss ? new Map<number, SiteLayout>() : siteLayouts(setup, template.report, detection, cm, granularity);
   const factory = new SessionFactory(original, template.model, setup.sites, false);
   factory.dropOutputs = new Set(setup.droppedOutputs);

@@ -100,7 +100,8 @@ function patchClone(out: ModelProto, scopes: Scope[], detection: Detection, plan
   if (plan.update) throw new InputError(`${opt('updateS')}: the model has no SSMax patch to update`, 'not-patched');
   // Read before the factors go in: the shapes of the model as it was.
   const lengths = modelLengths(scopes, detection);
-  const report = insertFactors(out, scopes, detection, all, plan, fusionOption(options.fusedAttention), layoutOption(options.cacheLayout));
+  const report = insertFactors(out, scopes, detection, all, plan, choice('fusedAttention', options.fusedAttention, ['auto', 'off'] as const),
+    choice('cacheLayout', options.cacheLayout, ['stacked', 'split'] as const));
   checkInsertedTypes(out);
   const reach = lengthReport(ropeCap(lengths, scopes, report.rope?.sites ?? []), report.sites, plan.preset, plan.trainLen);
   if (reach?.effect === 'none' && !options.allowNoOp) throw new InputError(reach.message, 'cannot-patch');
@@ -154,14 +155,11 @@ function update(model: ModelProto, scopes: Scope[], detection: Detection, all: A
   return updateRenamed(model, scopes[0].graph, renamed, specOf(plan), detection.skipped);
 }
 
-function layoutOption(value: unknown): CacheLayout {
-  if (value === undefined || value === 'stacked' || value === 'split') return value ?? 'stacked';
-  throw new InputError(`${opt('cacheLayout', String(value))}: expected stacked or split`, 'usage');
-}
-
-function fusionOption(value: unknown): FusedAttention {
-  if (value === undefined || value === 'auto' || value === 'off') return value ?? 'auto';
-  throw new InputError(`${opt('fusedAttention', String(value))}: expected auto or off`, 'usage');
+/** A string option's value among `allowed` (the first is the default when it is absent); anything else is refused. */
+function choice<T extends string>(option: 'fusedAttention' | 'cacheLayout', value: unknown, allowed: readonly [T, T]): T {
+  if (value === undefined) return allowed[0];
+  if ((allowed as readonly unknown[]).includes(value)) return value as T;
+  throw new InputError(`${opt(option, String(value))}: expected ${allowed.join(' or ')}`, 'usage');
 }
 
 /**

@@ -6,7 +6,7 @@
 import { siteNodeLabel } from '../detect/site';
 import { AttentionSite, CallSite, Detection, SkippedSoftmax } from '../detect/find-attention';
 import { FusedSite } from '../detect/fused';
-import { inputOf, opSpec, queryInput } from '../graph/attention-ops';
+import { inputOf, MS_ATTENTION, opSpec, queryInput } from '../graph/attention-ops';
 import { HIDDEN_GAP, maskUses } from '../detect/mask-uses';
 import { InputError, opt, prefixed } from '../errors';
 import { Graph, nodeLabel } from '../graph/graph';
@@ -251,6 +251,10 @@ export class SitePatcher {
       ({ split, ...inserted } = done);
       if (split) this.splits.push(split);
     } else {
+      // Only the expansion can split a cache: an Attention kept whole (its n from shapes) keeps its stacked one, and says so.
+      if (this.layout === 'split' && site.op === MS_ATTENTION.id && inputOf(MS_ATTENTION, site.node, 'past')) {
+        this.unsplit.push(`${nodeLabel(site.node)} keeps its stacked cache: the operator is kept whole (${describePlan(plan, MS_ATTENTION)}), not expanded`);
+      }
       if (this.preset.kind !== 'none') inserted = insertFused(b, site, this.preset, params.s!, plan, scope.opset, params.sName!);
       const factor = { preset: this.preset, s: params.sName, perHead: Array.isArray(params.s), rows: inserted?.rows };
       if (params.theta) addFusedPrior(b, site, plan, factor, params.theta, scope.shapes);

@@ -164,11 +164,11 @@ function dropUnread(scope: Scope, inserted: (scope: Scope, n: NodeProto) => bool
  * as written with the original: each stacked cache input [2, B, N, T, H] is split inside into the halves the patch
  * reads, and each stacked present is stacked from the halves it writes. Gather and Concat copy and never round, so
  * the adapted model computes what the patch does, fed and read as the original. Other models are left as they are.
- * Edits in place: give it a deep copy.
+ * Edits in place and returns the model: give it a deep copy.
  */
-export function withStackedCache(model: ModelProto): void {
+export function withStackedCache(model: ModelProto): ModelProto {
   const splits = readRecord(model)?.cacheLayout;
-  if (!splits?.length) return;
+  if (!splits?.length) return model;
   const graph = new Graph(model.graph!);
   const opset = defaultOpsetOf(model.opsetImport);
   const g = graph.proto;
@@ -187,6 +187,7 @@ export function withStackedCache(model: ModelProto): void {
     g.node.push(...halves, node('Concat', halves.filter((n) => n.opType === 'Unsqueeze').map((n) => n.output[0]), c.present, { axis: 0 }));
   }
   topoSort(g);
+  return model;
 }
 
 /** The declaration of a stacked cache [2, …] from one of its halves. */

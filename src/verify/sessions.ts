@@ -92,8 +92,7 @@ export class SessionFactory {
 
   /** The patched model as it is (no outputs added) at an optimisation level: whether it loads (load-check.ts). */
   async openPatched(optimization: Optimization): Promise<Runner> {
-    const model = cloneModel(this.written);
-    withStackedCache(model);
+    const model = withStackedCache(cloneModel(this.written));
     carryBf16AsFloat(model);
     return this.create('patched', model, optimization, `patched-${optimization}`);
   }
@@ -144,11 +143,8 @@ export class SessionFactory {
     switch (key) {
       case 'original': return this.withRowMax('original', cloneModel(this.original));
       case 'patched': return this.withRowMax('patched', cloneModel(this.patched));
-      case 'unit': case 'written': {
-        const m = key === 'unit' ? withUnitFactor(this.written) : cloneModel(this.written);
-        withStackedCache(m);
-        return m;
-      }
+      case 'unit': return withStackedCache(withUnitFactor(this.written));
+      case 'written': return withStackedCache(cloneModel(this.written));
       case 'probe': case 'probeLast': {
         const m = cloneModel(this.patched);
         const r = addProbeOutputs(m, this.sites, key === 'probe' ? 'all' : 'last', key === 'probe' ? readRecord(this.patched)?.rope?.sites : []);

@@ -143,8 +143,10 @@ function fusedNote(written: ModelProto): string {
   const split = record?.cacheLayout?.length
     ? `; the model's caches are split (--cache-layout split): those runs fed it through Gather nodes splitting each stacked cache input of the original's interface and read it through a Concat stacking each present's halves, copies that cannot round`
     : '';
-  return `${count} site(s) are written as com.microsoft MultiHeadAttention (blocks in the form onnxruntime fuses): wiring parity ran the model as written `
-    + `with factor 1, so the fused operators compute what the original's plain ops did; the other checks read the same factors on the plain-op form of those sites${split}`;
+  const what = record?.cacheLayout?.length ? 'com.microsoft Attention with its cache split' : 'blocks in the form onnxruntime fuses';
+  return `${count} site(s) are written as com.microsoft MultiHeadAttention (${what}): wiring parity ran the model as written with factor 1 `
+    + '(the fused operators compute what the original\'s plain ops did) and at its real factor past L against the plain-op form of those sites, '
+    + `on which the other checks read the same factors${split}`;
 }
 
 /** Each check's verdict, in check order (a check reads the verdicts before it); checks not selected are skipped. */
